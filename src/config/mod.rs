@@ -1,0 +1,4 @@
+//! Configuration: flags, the topology model, presets, and sysfs discovery.
+
+pub mod pci;
+pub mod topology;

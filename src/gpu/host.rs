@@ -1,0 +1,76 @@
+//! `host` pool backend: a sealed-size memfd per GPU, shared exactly like a
+//! CUDA VMM fd. Lets the whole daemon run (and be tested) without GPUs.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::unistd::ftruncate;
+
+use super::{GpuError, PoolAllocator, RxPool, ShmemType};
+use crate::config::pci::PciAddr;
+
+const PAGE: u64 = 4096;
+
+#[derive(Debug, Default)]
+pub struct HostAllocator;
+
+#[derive(Debug)]
+pub struct HostPool {
+    gpu: PciAddr,
+    fd: OwnedFd,
+    size: u64,
+}
+
+impl PoolAllocator for HostAllocator {
+    fn backend(&self) -> &'static str {
+        "host"
+    }
+
+    fn allocate(&self, gpu: PciAddr, size: u64, shmem: ShmemType) -> Result<Box<dyn RxPool>, GpuError> {
+        let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: gpu.to_string(), op, msg };
+        if shmem == ShmemType::File {
+            return Err(op_err("allocate", "--gpu_shmem_type=file needs the cuda backend".into()));
+        }
+        let size = size.div_ceil(PAGE).max(1) * PAGE;
+        let name = format!("tcpx-rxdm-pool-{gpu}");
+        let fd = memfd_create(name.as_str(), MFdFlags::MFD_CLOEXEC)
+            .map_err(|e| op_err("memfd_create", e.to_string()))?;
+        let len = i64::try_from(size).map_err(|_| op_err("ftruncate", format!("size {size} too large")))?;
+        ftruncate(&fd, len).map_err(|e| op_err("ftruncate", e.to_string()))?;
+        Ok(Box::new(HostPool { gpu, fd, size }))
+    }
+}
+
+impl RxPool for HostPool {
+    fn share_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn alignment(&self) -> u64 {
+        PAGE
+    }
+
+    fn describe(&self) -> String {
+        format!("memfd pool for {} ({} bytes)", self.gpu, self.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::stat::fstat;
+
+    #[test]
+    fn pool_fd_has_rounded_size() {
+        let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
+        let pool = HostAllocator.allocate(gpu, 10_000, ShmemType::Fd).unwrap();
+        assert_eq!(pool.size(), 12_288);
+        let st = fstat(pool.share_fd()).unwrap();
+        assert_eq!(st.st_size as u64, pool.size());
+        assert!(HostAllocator.allocate(gpu, 1, ShmemType::File).is_err());
+    }
+}

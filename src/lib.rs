@@ -1,0 +1,16 @@
+//! tcpx-rxdm: receive-datapath manager for GPUDirect-TCPX NICs.
+//!
+//! # Layout
+//! - [`config`]: flags, topology model, presets (textproto), sysfs discovery.
+//! - [`wire`]: framing (u16 BE length + protobuf), messages, fd passing, test client.
+//! - [`rules`]: pure rule bookkeeping: slots, queue loads, flow keys.
+//! - [`nic`]: the `NicControl` trait, its backends (ethtool, sim), prime/restore.
+//! - [`gpu`]: the `PoolAllocator` and `QueueBinder` traits and their backends.
+//! - [`server`]: Unix-socket endpoints, connection loop, dispatch.
+//! - [`metrics`]: Prometheus registry and the HTTP endpoints.
+//! - [`daemon`]: lifecycle: prime → allocate → bind → serve → restore.
+
+pub mod config;
+pub mod gpu;
+pub mod nic;
+pub mod wire;

@@ -1,0 +1,208 @@
+//! NIC control: the [`NicControl`] trait the daemon programs NICs through, the
+//! backends behind it, and prime/restore built on top of it.
+//!
+//! Backends are synchronous: every call is one short kernel round trip (an ioctl
+//! or a netlink request), made from a NIC's own worker thread, never from the
+//! async runtime.
+
+pub mod sim;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use nix::errno::Errno;
+use serde::Serialize;
+
+/// A TCP flow as the NIC matches it. `src` is the remote peer, `dst` the local
+/// receiving socket; both have the same address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowSpec {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+}
+
+impl FlowSpec {
+    pub fn is_v6(&self) -> bool {
+        self.dst.is_ipv6()
+    }
+}
+
+/// One steering rule as the NIC reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct NicRule {
+    pub loc: u32,
+    pub queue: u32,
+    #[serde(serialize_with = "ser_sock")]
+    pub src: SocketAddr,
+    #[serde(serialize_with = "ser_sock")]
+    pub dst: SocketAddr,
+}
+
+fn ser_sock<S: serde::Serializer>(a: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(a)
+}
+
+/// Which operation failed; names match the `--sim_fault` op names where one exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NicOp {
+    AddRule,
+    DelRule,
+    ListRules,
+    RuleCapacity,
+    Channels,
+    GetRss,
+    SetRss,
+    GetFeature,
+    SetFeature,
+    GetPrivFlags,
+    SetPrivFlag,
+    GetTcpDataSplit,
+    SetTcpDataSplit,
+    Stat,
+    Ifindex,
+    Addresses,
+}
+
+impl NicOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            NicOp::AddRule => "add_rule",
+            NicOp::DelRule => "del_rule",
+            NicOp::ListRules => "list_rules",
+            NicOp::RuleCapacity => "rule_capacity",
+            NicOp::Channels => "channels",
+            NicOp::GetRss => "get_rss",
+            NicOp::SetRss => "set_rss",
+            NicOp::GetFeature => "get_feature",
+            NicOp::SetFeature => "set_feature",
+            NicOp::GetPrivFlags => "get_priv_flags",
+            NicOp::SetPrivFlag => "set_priv_flag",
+            NicOp::GetTcpDataSplit => "get_tcp_data_split",
+            NicOp::SetTcpDataSplit => "set_tcp_data_split",
+            NicOp::Stat => "stat",
+            NicOp::Ifindex => "ifindex",
+            NicOp::Addresses => "addresses",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<NicOp> {
+        ALL_OPS.iter().copied().find(|op| op.name() == s)
+    }
+}
+
+pub const ALL_OPS: [NicOp; 16] = [
+    NicOp::AddRule,
+    NicOp::DelRule,
+    NicOp::ListRules,
+    NicOp::RuleCapacity,
+    NicOp::Channels,
+    NicOp::GetRss,
+    NicOp::SetRss,
+    NicOp::GetFeature,
+    NicOp::SetFeature,
+    NicOp::GetPrivFlags,
+    NicOp::SetPrivFlag,
+    NicOp::GetTcpDataSplit,
+    NicOp::SetTcpDataSplit,
+    NicOp::Stat,
+    NicOp::Ifindex,
+    NicOp::Addresses,
+];
+
+impl fmt::Display for NicOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed NIC operation: which interface, which operation, the kernel's errno,
+/// and optional detail (e.g. a netlink extended ack message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{op} on {ifname} failed: {errno}{}", detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+pub struct NicError {
+    pub ifname: String,
+    pub op: NicOp,
+    pub errno: Errno,
+    pub detail: Option<String>,
+}
+
+impl NicError {
+    pub fn new(ifname: &str, op: NicOp, errno: Errno) -> Self {
+        NicError { ifname: ifname.to_string(), op, errno, detail: None }
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+}
+
+pub type NicResult<T> = Result<T, NicError>;
+
+/// tcp-data-split as ethtool rings report it (`ETHTOOL_A_RINGS_TCP_DATA_SPLIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum DataSplit {
+    Unknown,
+    Disabled,
+    Enabled,
+}
+
+/// Everything the daemon needs from a NIC. Implemented by the ethtool backend
+/// (real hardware) and the simulated NIC.
+pub trait NicControl: Send + Sync {
+    /// Backend name for logs and `/debug/config`.
+    fn backend(&self) -> &'static str;
+
+    fn ifindex(&self, ifname: &str) -> NicResult<u32>;
+    /// Addresses currently configured on the interface.
+    fn addresses(&self, ifname: &str) -> NicResult<Vec<IpAddr>>;
+    /// Number of combined (or rx) channels currently configured.
+    fn channels(&self, ifname: &str) -> NicResult<u32>;
+
+    /// Inserts a rule steering `flow` to `queue` at slot `loc`.
+    fn add_rule(&self, ifname: &str, flow: &FlowSpec, queue: u32, loc: u32) -> NicResult<()>;
+    fn del_rule(&self, ifname: &str, loc: u32) -> NicResult<()>;
+    fn list_rules(&self, ifname: &str) -> NicResult<Vec<NicRule>>;
+    /// How many rule slots the NIC has.
+    fn rule_capacity(&self, ifname: &str) -> NicResult<u32>;
+
+    /// The RSS indirection table.
+    fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>>;
+    fn set_rss_table(&self, ifname: &str, table: &[u32]) -> NicResult<()>;
+    /// Spreads RSS evenly over queues `0..n` (`ethtool -X equal n`).
+    fn set_rss_equal(&self, ifname: &str, n: u32) -> NicResult<()> {
+        let size = self.rss_table(ifname)?.len();
+        let table: Vec<u32> = (0..size as u32).map(|i| i % n.max(1)).collect();
+        self.set_rss_table(ifname, &table)
+    }
+
+    fn feature(&self, ifname: &str, name: &str) -> NicResult<bool>;
+    fn set_feature(&self, ifname: &str, name: &str, on: bool) -> NicResult<()>;
+    /// Private flags in driver order with their current values.
+    fn priv_flags(&self, ifname: &str) -> NicResult<Vec<(String, bool)>>;
+    fn set_priv_flag(&self, ifname: &str, name: &str, on: bool) -> NicResult<()>;
+    fn tcp_data_split(&self, ifname: &str) -> NicResult<DataSplit>;
+    fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()>;
+
+    /// One driver statistic by name (e.g. `reset_cnt`); `None` if the driver has no such stat.
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>>;
+}
+
+/// A link-level event on a managed NIC, fed to the daemon by a monitor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NicEvent {
+    /// Link went down (operstate not up / IFF_UP cleared).
+    LinkDown(String),
+    /// Interface disappeared.
+    Removed(String),
+    /// The driver's reset counter increased (VF reset).
+    Reset { ifname: String, before: u64, after: u64 },
+    /// Some interface's addresses changed: the dst-address map must be rebuilt.
+    AddressesChanged,
+}
+
+pub const FEATURE_NTUPLE: &str = "rx-ntuple-filter";
+pub const PRIV_HEADER_SPLIT: &str = "enable-header-split";
+pub const PRIV_STRICT_HEADER_SPLIT: &str = "enable-strict-header-split";
+pub const PRIV_MAX_RX_BUFFER: &str = "enable-max-rx-buffer-size";
+pub const STAT_RESET_CNT: &str = "reset_cnt";

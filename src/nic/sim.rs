@@ -1,0 +1,448 @@
+//! The simulated NIC (SPEC §6.5): a real [`NicControl`] backend with its own
+//! state, limits and failure modes, used by the embedded default run and by
+//! the behaviour tests. Not a mock: it enforces what a driver enforces.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::errno::Errno;
+
+use super::*;
+
+pub const SIM_CHANNELS: u32 = 16;
+pub const SIM_RULE_CAPACITY: u32 = 100_000;
+pub const SIM_RSS_TABLE_SIZE: usize = 128;
+const SIM_PRIV_FLAGS: [&str; 3] = [PRIV_HEADER_SPLIT, PRIV_STRICT_HEADER_SPLIT, PRIV_MAX_RX_BUFFER];
+
+/// A fault to inject: operation `op` fails with `errno`, either with
+/// probability `prob` on each call or exactly on the `nth` call (1-based).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    pub op: NicOp,
+    pub errno: Errno,
+    pub trigger: Trigger,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trigger {
+    Probability(f64),
+    Nth(u64),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid --sim_fault {0:?}: {1}")]
+pub struct FaultParseError(pub String, pub &'static str);
+
+impl FromStr for Fault {
+    type Err = FaultParseError;
+
+    /// `OP:ERRNO:PROB`, e.g. `add_rule:EBUSY:0.5`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why| FaultParseError(s.to_string(), why);
+        let mut parts = s.split(':');
+        let (Some(op), Some(errno), Some(prob), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(err("expected OP:ERRNO:PROB"));
+        };
+        let op =
+            match op {
+                "add_rule" => NicOp::AddRule,
+                "del_rule" => NicOp::DelRule,
+                "set_feature" => NicOp::SetFeature,
+                "set_priv_flag" => NicOp::SetPrivFlag,
+                "set_rss" => NicOp::SetRss,
+                "list_rules" => NicOp::ListRules,
+                _ => return Err(err(
+                    "OP must be one of add_rule, del_rule, set_feature, set_priv_flag, set_rss, list_rules",
+                )),
+            };
+        let errno = errno_from_name(errno).ok_or_else(|| err("ERRNO must be an errno name such as EBUSY"))?;
+        let prob: f64 = prob.parse().map_err(|_| err("PROB must be a number in [0,1]"))?;
+        if !(0.0..=1.0).contains(&prob) {
+            return Err(err("PROB must be a number in [0,1]"));
+        }
+        Ok(Fault { op, errno, trigger: Trigger::Probability(prob) })
+    }
+}
+
+/// Parses an errno name (`EBUSY`) into its value.
+pub fn errno_from_name(name: &str) -> Option<Errno> {
+    // The errno values Linux uses on every architecture we build for.
+    const NAMES: &[(&str, Errno)] = &[
+        ("EPERM", Errno::EPERM),
+        ("ENOENT", Errno::ENOENT),
+        ("EIO", Errno::EIO),
+        ("E2BIG", Errno::E2BIG),
+        ("EAGAIN", Errno::EAGAIN),
+        ("ENOMEM", Errno::ENOMEM),
+        ("EACCES", Errno::EACCES),
+        ("EBUSY", Errno::EBUSY),
+        ("EEXIST", Errno::EEXIST),
+        ("ENODEV", Errno::ENODEV),
+        ("EINVAL", Errno::EINVAL),
+        ("ENOSPC", Errno::ENOSPC),
+        ("ERANGE", Errno::ERANGE),
+        ("ENOTSUP", Errno::EOPNOTSUPP),
+        ("EOPNOTSUPP", Errno::EOPNOTSUPP),
+        ("ETIMEDOUT", Errno::ETIMEDOUT),
+        ("ENETDOWN", Errno::ENETDOWN),
+        ("ENXIO", Errno::ENXIO),
+        ("EFAULT", Errno::EFAULT),
+    ];
+    NAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, e)| *e)
+}
+
+#[derive(Debug, Clone)]
+struct SimState {
+    index: u32,
+    addresses: Vec<IpAddr>,
+    channels: u32,
+    capacity: u32,
+    rules: BTreeMap<u32, NicRule>,
+    features: HashMap<String, bool>,
+    priv_flags: Vec<(String, bool)>,
+    data_split: DataSplit,
+    rss: Vec<u32>,
+    stats: HashMap<String, u64>,
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    faults: Vec<Fault>,
+    delays: HashMap<NicOp, Duration>,
+    calls: HashMap<NicOp, u64>,
+    rng: u64,
+}
+
+impl FaultState {
+    fn next_f64(&mut self) -> f64 {
+        // xorshift64*: plenty for fault sampling, no dependency.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A set of simulated NICs, keyed by interface name.
+#[derive(Debug)]
+pub struct SimNic {
+    nics: HashMap<String, Mutex<SimState>>,
+    faults: Mutex<FaultState>,
+}
+
+/// Conventional sim address of `ethN`: `192.168.N.2`; other names use their position.
+pub fn sim_address(ifname: &str, position: usize) -> IpAddr {
+    let n = ifname.strip_prefix("eth").and_then(|d| d.parse::<u8>().ok()).unwrap_or((position + 1) as u8);
+    IpAddr::V4(Ipv4Addr::new(192, 168, n, 2))
+}
+
+impl SimNic {
+    pub fn new<S: AsRef<str>>(ifnames: &[S]) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            | 1;
+        let nics = ifnames
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let name = name.as_ref().to_string();
+                let state = SimState {
+                    index: 100 + i as u32,
+                    addresses: vec![sim_address(&name, i)],
+                    channels: SIM_CHANNELS,
+                    capacity: SIM_RULE_CAPACITY,
+                    rules: BTreeMap::new(),
+                    features: [(FEATURE_NTUPLE.to_string(), false)].into_iter().collect(),
+                    priv_flags: SIM_PRIV_FLAGS.iter().map(|f| (f.to_string(), false)).collect(),
+                    data_split: DataSplit::Disabled,
+                    rss: (0..SIM_RSS_TABLE_SIZE as u32).map(|i| i % SIM_CHANNELS).collect(),
+                    stats: [(STAT_RESET_CNT.to_string(), 0)].into_iter().collect(),
+                };
+                (name, Mutex::new(state))
+            })
+            .collect();
+        SimNic { nics, faults: Mutex::new(FaultState { rng: seed, ..Default::default() }) }
+    }
+
+    // ---- test API -------------------------------------------------------
+
+    /// Adds a fault (from `--sim_fault` or a test).
+    pub fn inject(&self, fault: Fault) {
+        self.faults.lock().expect("sim fault lock").faults.push(fault);
+    }
+
+    /// Fails the `nth` (1-based, counted from now) call of `op` with `errno`.
+    pub fn fail_nth(&self, op: NicOp, nth: u64, errno: Errno) {
+        let mut f = self.faults.lock().expect("sim fault lock");
+        let done = f.calls.get(&op).copied().unwrap_or(0);
+        f.faults.push(Fault { op, errno, trigger: Trigger::Nth(done + nth) });
+    }
+
+    /// Delays every call of `op`.
+    pub fn delay(&self, op: NicOp, by: Duration) {
+        self.faults.lock().expect("sim fault lock").delays.insert(op, by);
+    }
+
+    pub fn clear_faults(&self) {
+        let mut f = self.faults.lock().expect("sim fault lock");
+        f.faults.clear();
+        f.delays.clear();
+    }
+
+    /// How many times `op` was called on any NIC.
+    pub fn calls(&self, op: NicOp) -> u64 {
+        self.faults.lock().expect("sim fault lock").calls.get(&op).copied().unwrap_or(0)
+    }
+
+    pub fn set_capacity(&self, ifname: &str, capacity: u32) {
+        if let Some(n) = self.nics.get(ifname) {
+            n.lock().expect("sim nic lock").capacity = capacity;
+        }
+    }
+
+    pub fn set_addresses(&self, ifname: &str, addrs: Vec<IpAddr>) {
+        if let Some(n) = self.nics.get(ifname) {
+            n.lock().expect("sim nic lock").addresses = addrs;
+        }
+    }
+
+    pub fn bump_stat(&self, ifname: &str, name: &str) {
+        if let Some(n) = self.nics.get(ifname) {
+            *n.lock().expect("sim nic lock").stats.entry(name.to_string()).or_default() += 1;
+        }
+    }
+
+    // ---- internals ------------------------------------------------------
+
+    /// Counts the call, applies delays, and returns an injected failure if one fires.
+    fn enter(&self, ifname: &str, op: NicOp) -> NicResult<()> {
+        let (delay, fail) = {
+            let mut f = self.faults.lock().expect("sim fault lock");
+            let n = {
+                let c = f.calls.entry(op).or_default();
+                *c += 1;
+                *c
+            };
+            let delay = f.delays.get(&op).copied();
+            let mut fail = None;
+            for i in 0..f.faults.len() {
+                if f.faults[i].op != op {
+                    continue;
+                }
+                let fires = match f.faults[i].trigger {
+                    Trigger::Nth(k) => k == n,
+                    Trigger::Probability(p) => p >= 1.0 || (p > 0.0 && f.next_f64() < p),
+                };
+                if fires {
+                    fail = Some(f.faults[i].errno);
+                    if matches!(f.faults[i].trigger, Trigger::Nth(_)) {
+                        f.faults.remove(i);
+                    }
+                    break;
+                }
+            }
+            (delay, fail)
+        };
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
+        match fail {
+            Some(errno) => Err(NicError::new(ifname, op, errno).with_detail("injected fault")),
+            None => Ok(()),
+        }
+    }
+
+    fn with<T>(
+        &self,
+        ifname: &str,
+        op: NicOp,
+        f: impl FnOnce(&mut SimState) -> Result<T, Errno>,
+    ) -> NicResult<T> {
+        let nic = self.nics.get(ifname).ok_or_else(|| NicError::new(ifname, op, Errno::ENODEV))?;
+        self.enter(ifname, op)?;
+        let mut st = nic.lock().expect("sim nic lock");
+        f(&mut st).map_err(|e| NicError::new(ifname, op, e))
+    }
+}
+
+impl NicControl for SimNic {
+    fn backend(&self) -> &'static str {
+        "sim"
+    }
+
+    fn ifindex(&self, ifname: &str) -> NicResult<u32> {
+        self.with(ifname, NicOp::Ifindex, |s| Ok(s.index))
+    }
+
+    fn addresses(&self, ifname: &str) -> NicResult<Vec<IpAddr>> {
+        self.with(ifname, NicOp::Addresses, |s| Ok(s.addresses.clone()))
+    }
+
+    fn channels(&self, ifname: &str) -> NicResult<u32> {
+        self.with(ifname, NicOp::Channels, |s| Ok(s.channels))
+    }
+
+    fn add_rule(&self, ifname: &str, flow: &FlowSpec, queue: u32, loc: u32) -> NicResult<()> {
+        self.with(ifname, NicOp::AddRule, |s| {
+            if !s.features.get(FEATURE_NTUPLE).copied().unwrap_or(false) {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            if queue >= s.channels || loc >= s.capacity || flow.src.is_ipv6() != flow.dst.is_ipv6() {
+                return Err(Errno::EINVAL);
+            }
+            if s.rules.contains_key(&loc) {
+                return Err(Errno::EBUSY);
+            }
+            if s.rules.values().any(|r| r.src == flow.src && r.dst == flow.dst) {
+                return Err(Errno::EEXIST);
+            }
+            s.rules.insert(loc, NicRule { loc, queue, src: flow.src, dst: flow.dst });
+            Ok(())
+        })
+    }
+
+    fn del_rule(&self, ifname: &str, loc: u32) -> NicResult<()> {
+        self.with(ifname, NicOp::DelRule, |s| s.rules.remove(&loc).map(|_| ()).ok_or(Errno::ENOENT))
+    }
+
+    fn list_rules(&self, ifname: &str) -> NicResult<Vec<NicRule>> {
+        self.with(ifname, NicOp::ListRules, |s| Ok(s.rules.values().copied().collect()))
+    }
+
+    fn rule_capacity(&self, ifname: &str) -> NicResult<u32> {
+        self.with(ifname, NicOp::RuleCapacity, |s| Ok(s.capacity))
+    }
+
+    fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {
+        self.with(ifname, NicOp::GetRss, |s| Ok(s.rss.clone()))
+    }
+
+    fn set_rss_table(&self, ifname: &str, table: &[u32]) -> NicResult<()> {
+        self.with(ifname, NicOp::SetRss, |s| {
+            if table.len() != s.rss.len() || table.iter().any(|&q| q >= s.channels) {
+                return Err(Errno::EINVAL);
+            }
+            s.rss = table.to_vec();
+            Ok(())
+        })
+    }
+
+    fn feature(&self, ifname: &str, name: &str) -> NicResult<bool> {
+        self.with(ifname, NicOp::GetFeature, |s| s.features.get(name).copied().ok_or(Errno::EOPNOTSUPP))
+    }
+
+    fn set_feature(&self, ifname: &str, name: &str, on: bool) -> NicResult<()> {
+        self.with(ifname, NicOp::SetFeature, |s| {
+            let cur = s.features.get_mut(name).ok_or(Errno::EOPNOTSUPP)?;
+            // Drivers drop their flow rules when ntuple filtering is turned off.
+            if name == FEATURE_NTUPLE && *cur && !on {
+                s.rules.clear();
+            }
+            *cur = on;
+            Ok(())
+        })
+    }
+
+    fn priv_flags(&self, ifname: &str) -> NicResult<Vec<(String, bool)>> {
+        self.with(ifname, NicOp::GetPrivFlags, |s| Ok(s.priv_flags.clone()))
+    }
+
+    fn set_priv_flag(&self, ifname: &str, name: &str, on: bool) -> NicResult<()> {
+        self.with(ifname, NicOp::SetPrivFlag, |s| {
+            let flag = s.priv_flags.iter_mut().find(|(n, _)| n == name).ok_or(Errno::EOPNOTSUPP)?;
+            flag.1 = on;
+            Ok(())
+        })
+    }
+
+    fn tcp_data_split(&self, ifname: &str) -> NicResult<DataSplit> {
+        self.with(ifname, NicOp::GetTcpDataSplit, |s| Ok(s.data_split))
+    }
+
+    fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()> {
+        self.with(ifname, NicOp::SetTcpDataSplit, |s| {
+            s.data_split = if on { DataSplit::Enabled } else { DataSplit::Disabled };
+            Ok(())
+        })
+    }
+
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
+        self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(sp: u16) -> FlowSpec {
+        FlowSpec { src: format!("10.1.0.2:{sp}").parse().unwrap(), dst: "192.168.1.2:5000".parse().unwrap() }
+    }
+
+    #[test]
+    fn rules_need_ntuple_and_valid_queue_and_free_slot() {
+        let nic = SimNic::new(&["eth1"]);
+        assert_eq!(nic.add_rule("eth1", &flow(1), 8, 0).unwrap_err().errno, Errno::EOPNOTSUPP);
+        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
+        assert_eq!(nic.add_rule("eth1", &flow(2), 8, 0).unwrap_err().errno, Errno::EBUSY);
+        assert_eq!(nic.add_rule("eth1", &flow(2), 16, 1).unwrap_err().errno, Errno::EINVAL);
+        assert_eq!(nic.add_rule("eth1", &flow(1), 9, 1).unwrap_err().errno, Errno::EEXIST);
+        assert_eq!(nic.list_rules("eth1").unwrap().len(), 1);
+        assert_eq!(nic.del_rule("eth1", 5).unwrap_err().errno, Errno::ENOENT);
+        // ntuple off flushes the table, as real drivers do.
+        nic.set_feature("eth1", FEATURE_NTUPLE, false).unwrap();
+        assert!(nic.list_rules("eth1").unwrap().is_empty());
+    }
+
+    #[test]
+    fn faults_fire_by_nth_and_probability() {
+        let nic = SimNic::new(&["eth1"]);
+        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        nic.fail_nth(NicOp::AddRule, 2, Errno::ENOSPC);
+        nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
+        let e = nic.add_rule("eth1", &flow(2), 8, 1).unwrap_err();
+        assert_eq!((e.op, e.errno), (NicOp::AddRule, Errno::ENOSPC));
+        nic.add_rule("eth1", &flow(2), 8, 1).unwrap();
+        nic.inject("del_rule:EBUSY:1".parse().unwrap());
+        assert_eq!(nic.del_rule("eth1", 0).unwrap_err().errno, Errno::EBUSY);
+        nic.clear_faults();
+        nic.inject("del_rule:EBUSY:0".parse().unwrap());
+        nic.del_rule("eth1", 0).unwrap();
+    }
+
+    #[test]
+    fn fault_flag_parsing() {
+        let f: Fault = "set_rss:EAGAIN:0.25".parse().unwrap();
+        assert_eq!(f, Fault { op: NicOp::SetRss, errno: Errno::EAGAIN, trigger: Trigger::Probability(0.25) });
+        for bad in [
+            "add_rule:EBUSY",
+            "frob:EBUSY:1",
+            "add_rule:ENOPE:1",
+            "add_rule:EBUSY:2",
+            "add_rule:EBUSY:x",
+            "a:b:c:d",
+        ] {
+            assert!(bad.parse::<Fault>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn rss_equal_spreads_over_first_queues() {
+        let nic = SimNic::new(&["eth2"]);
+        nic.set_rss_equal("eth2", 8).unwrap();
+        let t = nic.rss_table("eth2").unwrap();
+        assert_eq!(t.len(), SIM_RSS_TABLE_SIZE);
+        assert!(t.iter().all(|&q| q < 8));
+        assert_eq!(nic.addresses("eth2").unwrap(), vec!["192.168.2.2".parse::<IpAddr>().unwrap()]);
+    }
+}
