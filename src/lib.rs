@@ -13,4 +13,5 @@
 pub mod config;
 pub mod gpu;
 pub mod nic;
+pub mod rules;
 pub mod wire;
