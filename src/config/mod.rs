@@ -1,4 +1,5 @@
 //! Configuration: flags, the topology model, presets, and sysfs discovery.
 
+pub mod discovery;
 pub mod pci;
 pub mod topology;
