@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use prost_reflect::{DescriptorPool, DynamicMessage};
 
+use super::discovery;
 use super::flags::Flags;
-use super::topology::{Topology, TopologyError};
+use super::topology::{NicSpec, Topology, TopologyError};
 use crate::wire::{proto, DESCRIPTORS};
 
 pub const A3VM: &str = include_str!("../../presets/a3vm.textproto");
@@ -96,6 +97,73 @@ pub fn select_source(flags: &Flags) -> Result<(Source, Option<String>), ConfigEr
             _ => return Err(ConfigError::ManualWithoutTopology),
         },
         path => (Source::File(PathBuf::from(path)), Some(read(Path::new(path))?)),
+    })
+}
+
+/// Resolves the effective topology from the flags: source, parse, discovery
+/// where the source needs it, overrides, validation.
+pub fn resolve_topology(flags: &Flags) -> Result<(Topology, Source), ConfigError> {
+    let (source, text) = select_source(flags)?;
+    let name = source.describe();
+    let invalid = |err| ConfigError::Invalid { source_name: name.clone(), err };
+    let discover = |rss: u32, q: u32| {
+        discovery::discover(&flags.sysfs_root(), flags.num_hops, rss, q, &interface_has_address)
+            .map_err(|e| ConfigError::Discovery(e.to_string()))
+    };
+    let mut topo = match text {
+        None => {
+            let mut topo = Topology::from_proto(&Default::default()).map_err(invalid)?;
+            topo.nics = discover(topo.rss_set_size, topo.tcpd_queue_size)?;
+            topo
+        }
+        Some(text) => {
+            let mut msg = parse_textproto(&text, &name)?;
+            if source == Source::Preset("a6") {
+                let found = discover(
+                    msg.rss_set_size.unwrap_or(8).max(0) as u32,
+                    msg.tcpd_queue_size.unwrap_or(8).max(0) as u32,
+                )?;
+                fill_from_discovery(&mut msg, &found)?;
+            }
+            Topology::from_proto(&msg).map_err(invalid)?
+        }
+    };
+    apply_overrides(&mut topo, &source, flags);
+    topo.validate().map_err(invalid)?;
+    Ok((topo, source))
+}
+
+/// a6: one GPU per NIC, PCI addresses taken from discovery by ifname.
+fn fill_from_discovery(
+    msg: &mut proto::GpuRxqConfigurationList,
+    found: &[NicSpec],
+) -> Result<(), ConfigError> {
+    for cfg in &mut msg.gpu_rxq_configs {
+        let ifname = cfg.ifname.clone().unwrap_or_default();
+        let nic = found
+            .iter()
+            .find(|n| n.ifname == ifname)
+            .ok_or_else(|| ConfigError::Discovery(format!("preset a6: {ifname} not found in sysfs")))?;
+        if nic.gpus.len() != 1 || cfg.gpu_infos.len() != 1 {
+            return Err(ConfigError::Discovery(format!(
+                "preset a6 expects one GPU behind {ifname}, discovery found {}",
+                nic.gpus.len()
+            )));
+        }
+        cfg.nic_pci_addr = nic.pci.map(|p| p.to_string());
+        cfg.gpu_infos[0].gpu_pci_addr = Some(nic.gpus[0].pci.to_string());
+    }
+    Ok(())
+}
+
+/// Whether an interface has an IPv4 or IPv6 address (discovery skips those without).
+pub fn interface_has_address(ifname: &str) -> bool {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return false;
+    };
+    addrs.into_iter().any(|a| {
+        a.interface_name == ifname
+            && a.address.is_some_and(|s| s.as_sockaddr_in().is_some() || s.as_sockaddr_in6().is_some())
     })
 }
 
