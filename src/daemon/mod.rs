@@ -174,13 +174,13 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     drop(events_tx); // monitors hold their own senders
     let state = node.state.clone().expect("set by start");
 
-    routes.set_ready(true);
-    tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
     if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
         if let Err(e) = write_health_line(&path) {
             tracing::warn!(path, error = %e, "could not write HEALTH_CHECK_LOG_FILE");
         }
     }
+    routes.set_ready(true);
+    tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
 
     let reason = tokio::select! {
         _ = sigterm.recv() => StopReason::Signal("SIGTERM"),
