@@ -391,3 +391,19 @@ fn connection_limit_makes_extra_clients_wait() {
     third.stream().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert!(matches!(third.recv().unwrap().payload, Some(Payload::QueueIdResponse(_))));
 }
+
+#[test]
+fn socket_group_flag_sets_the_group() {
+    use std::os::unix::fs::MetadataExt;
+    // Debian's `daemon` group has gid 1; a numeric gid works as well.
+    for (flag, gid) in [("--socket_group=daemon", 1), ("--socket_group=2", 2)] {
+        let d = Daemon::start(&[flag]);
+        for name in ["rx_rule_manager", "get_gpu_fd_0000:04:00.0"] {
+            assert_eq!(std::fs::metadata(d.sock(name)).unwrap().gid(), gid, "{flag} {name}");
+        }
+    }
+    let (code, err) =
+        run_to_exit(&["--gpu_nic_preset=sim", "--metrics_address=", "--socket_group=no-such-group-x"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--socket_group"), "{err}");
+}
