@@ -6,6 +6,7 @@
 //! async runtime.
 
 pub mod nl;
+pub mod rtnl;
 pub mod sim;
 
 use std::fmt;
