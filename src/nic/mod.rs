@@ -6,6 +6,7 @@
 //! async runtime.
 
 pub mod ethtool;
+pub mod family;
 pub mod nl;
 pub mod rtnl;
 pub mod sim;
