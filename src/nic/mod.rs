@@ -7,6 +7,7 @@
 
 pub mod ethtool;
 pub mod family;
+pub mod monitor;
 pub mod nl;
 pub mod rtnl;
 pub mod sim;
