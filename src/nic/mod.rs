@@ -11,6 +11,7 @@ pub mod monitor;
 pub mod nl;
 pub mod rtnl;
 pub mod sim;
+pub mod tuning;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
