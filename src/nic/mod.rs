@@ -9,6 +9,7 @@ pub mod ethtool;
 pub mod family;
 pub mod monitor;
 pub mod nl;
+pub mod prime;
 pub mod rtnl;
 pub mod sim;
 pub mod tuning;

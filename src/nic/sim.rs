@@ -3,7 +3,7 @@
 //! the behaviour tests. Not a mock: it enforces what a driver enforces.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -139,10 +139,14 @@ pub struct SimNic {
     faults: Mutex<FaultState>,
 }
 
-/// Conventional sim address of `ethN`: `192.168.N.2`; other names use their position.
-pub fn sim_address(ifname: &str, position: usize) -> IpAddr {
+/// Addresses of simulated `ethN`: `192.168.N.2` and `fd00:0:0:N::2`; names
+/// without a number use their position (1-based) as N.
+pub fn sim_addresses(ifname: &str, position: usize) -> Vec<IpAddr> {
     let n = ifname.strip_prefix("eth").and_then(|d| d.parse::<u8>().ok()).unwrap_or((position + 1) as u8);
-    IpAddr::V4(Ipv4Addr::new(192, 168, n, 2))
+    vec![
+        IpAddr::V4(Ipv4Addr::new(192, 168, n, 2)),
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, n as u16, 0, 0, 0, 2)),
+    ]
 }
 
 impl SimNic {
@@ -159,7 +163,7 @@ impl SimNic {
                 let name = name.as_ref().to_string();
                 let state = SimState {
                     index: 100 + i as u32,
-                    addresses: vec![sim_address(&name, i)],
+                    addresses: sim_addresses(&name, i),
                     channels: SIM_CHANNELS,
                     capacity: SIM_RULE_CAPACITY,
                     rules: BTreeMap::new(),
@@ -470,6 +474,7 @@ mod tests {
         let t = nic.rss_table("eth2").unwrap();
         assert_eq!(t.len(), SIM_RSS_TABLE_SIZE);
         assert!(t.iter().all(|&q| q < 8));
-        assert_eq!(nic.addresses("eth2").unwrap(), vec!["192.168.2.2".parse::<IpAddr>().unwrap()]);
+        let want: Vec<IpAddr> = vec!["192.168.2.2".parse().unwrap(), "fd00:0:0:2::2".parse().unwrap()];
+        assert_eq!(nic.addresses("eth2").unwrap(), want);
     }
 }
