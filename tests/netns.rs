@@ -339,3 +339,55 @@ fn netns_tuning_sysctls_and_routes_applied_and_restored() {
     assert_eq!(route6(), route6_before);
     assert_eq!(std::fs::read_to_string(&hystart).unwrap(), "3");
 }
+
+/// What `ethtool -k` and `ethtool -l` show, read through the backend.
+fn nic_snapshot(nic: &EthtoolNic) -> (Vec<(String, bool)>, tcpx_rxdm::nic::ethtool::genl::Channels) {
+    (nic.feature_states("eth1").unwrap(), nic.channel_counts("eth1").unwrap())
+}
+
+/// The issue's acceptance check: the real daemon on a veth (no ntuple) fails
+/// cleanly, names the interface and the operation, and leaves the NIC as found.
+#[test]
+fn netns_daemon_on_veth_fails_cleanly_and_leaves_the_nic_as_found() {
+    let _g = serial();
+    let ns = Netns::new("daemon");
+    let before = ns.run(|| nic_snapshot(&EthtoolNic::open().unwrap()));
+    assert!(before.0.iter().any(|(n, on)| n == "tx-scatter-gather" && *on), "{before:?}");
+    let uds = tempfile::tempdir().unwrap();
+    let topo = |ifname: &str| {
+        format!(
+            r#"gpu_rxq_configs {{ gpu_infos {{ gpu_pci_addr: "0000:04:00.0" queue_ids: 2 queue_ids: 3 }} nic_pci_addr: "0000:06:00.0" ifname: "{ifname}" }} rss_set_size: 2 tcpd_queue_size: 2 max_rx_rules: 100"#
+        )
+    };
+    let daemon = |backend: &str, ifname: &str| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_tcpx-rxdm")])
+            .arg("--gpu_nic_preset=manual")
+            .arg(format!("--gpu_nic_topology_proto={}", topo(ifname)))
+            .arg(format!("--nic_backend={backend}"))
+            .args(["--gpu_backend=host", "--bind_backend=none", "--metrics_address="])
+            .arg(format!("--uds_path={}", uds.path().display()))
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    for backend in ["ethtool", "auto"] {
+        let (code, stderr) = daemon(backend, "eth1");
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let last = stderr.lines().last().unwrap();
+        assert!(
+            last.contains("eth1") && last.contains("rule_capacity") && last.contains("EOPNOTSUPP"),
+            "{last}"
+        );
+        assert!(std::fs::read_dir(uds.path()).unwrap().next().is_none(), "socket folder cleaned up");
+    }
+    let after = ns.run(|| nic_snapshot(&EthtoolNic::open().unwrap()));
+    assert_eq!(before, after);
+
+    // `auto` with an interface this host lacks is a configuration error.
+    let (code, stderr) = daemon("auto", "eth9");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("interface eth9 not found"), "{stderr}");
+}

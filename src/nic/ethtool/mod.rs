@@ -109,16 +109,26 @@ impl EthtoolNic {
         self.ask(ifname, NicOp::Channels, genl::channels_set(self.family, ifname, rx, combined)).map(drop)
     }
 
+    /// Every kernel feature with its state on `ifname`, in bit order (for
+    /// snapshots and `/debug`).
+    pub fn feature_states(&self, ifname: &str) -> NicResult<Vec<(String, bool)>> {
+        let op = NicOp::GetFeature;
+        let names = self.feature_names(ifname, op)?;
+        let active = self.features(ifname, op)?.active;
+        Ok(names.iter().zip(active).map(|(n, on)| (n.clone(), on)).collect())
+    }
+
+    fn feature_names(&self, ifname: &str, op: NicOp) -> NicResult<&[String]> {
+        if let Some(n) = self.feature_names.get() {
+            return Ok(n);
+        }
+        let r = self.ask(ifname, op, genl::strset_features(self.family, ifname))?;
+        let names = genl::parse_strset(&r).map_err(|e| nl_err(ifname, op, e))?;
+        Ok(self.feature_names.get_or_init(|| names))
+    }
+
     fn features_index(&self, ifname: &str, op: NicOp, name: &str) -> NicResult<usize> {
-        let names = match self.feature_names.get() {
-            Some(n) => n,
-            None => {
-                let r = self.ask(ifname, op, genl::strset_features(self.family, ifname))?;
-                let names = genl::parse_strset(&r).map_err(|e| nl_err(ifname, op, e))?;
-                self.feature_names.get_or_init(|| names)
-            }
-        };
-        names.iter().position(|n| n == name).ok_or_else(|| {
+        self.feature_names(ifname, op)?.iter().position(|n| n == name).ok_or_else(|| {
             NicError::new(ifname, op, Errno::EOPNOTSUPP).with_detail(format!("kernel has no feature {name}"))
         })
     }
