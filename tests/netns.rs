@@ -267,6 +267,20 @@ fn netns_monitor_sees_link_down_address_change_and_removal() {
     });
 }
 
+/// Host tuning applied inside `ns`, undone there when dropped.
+struct TuningInNs<'a> {
+    ns: &'a Netns,
+    tuning: Option<HostTuning>,
+}
+
+impl Drop for TuningInNs<'_> {
+    fn drop(&mut self) {
+        if let Some(mut t) = self.tuning.take() {
+            self.ns.run(move || drop(t.restore()));
+        }
+    }
+}
+
 fn read_sysctl(name: &str) -> String {
     std::fs::read_to_string(format!("/proc/sys/net/{name}"))
         .unwrap()
@@ -297,7 +311,7 @@ fn netns_tuning_sysctls_and_routes_applied_and_restored() {
     std::fs::write(&hystart, "3\n").unwrap();
     let params = TuningParams { initcwnd: 128, rto_min_ms: 2, quickack: 1 };
 
-    let mut tuning = ns.run(|| {
+    let tuning = ns.run(|| {
         let before = read_sysctl("ipv4/tcp_rmem");
         let plan = TuningPlan::Native { procfs_root: "/proc".into(), sysfs_root: sysfs.path().into() };
         let (tuning, errors) = HostTuning::apply(&params, &plan);
@@ -309,6 +323,9 @@ fn netns_tuning_sysctls_and_routes_applied_and_restored() {
         assert_eq!(read_sysctl("ipv4/tcp_no_metrics_save"), "1");
         tuning
     });
+    // Restore must happen in the namespace too, even if an assert below fails:
+    // /proc/sys/net and rtnetlink follow the calling thread's namespace.
+    let mut tuning = TuningInNs { ns: &ns, tuning: Some(tuning) };
     // Seen from a process in the namespace too, and not in the host's.
     let in_ns = |name: &str| {
         let out = Command::new("ip").args(["netns", "exec", &ns.name, "cat", name]).output().unwrap();
@@ -330,9 +347,10 @@ fn netns_tuning_sysctls_and_routes_applied_and_restored() {
     let tuned6 = route6();
     assert!(tuned6.contains("initcwnd 128") && tuned6.contains("rto_min 2ms"), "{tuned6}");
 
+    let mut t = tuning.tuning.take().unwrap();
     ns.run(|| {
-        tuning.restore().unwrap();
-        tuning.restore().unwrap();
+        t.restore().unwrap();
+        t.restore().unwrap();
         assert_ne!(read_sysctl("ipv4/tcp_rmem"), "4096 1048576 15728640");
     });
     assert_eq!(ns.ip(&["route", "show"]), routes_before);

@@ -98,7 +98,9 @@ pub fn sysctl_dir(procfs_root: &Path) -> PathBuf {
     }
 }
 
-/// Applied tuning and what it takes to undo it.
+/// Applied tuning and what it takes to undo it. Restore in the network
+/// namespace `apply` ran in: `/proc/sys/net` and rtnetlink follow the calling
+/// thread's namespace.
 #[derive(Debug, Default)]
 pub struct HostTuning {
     /// Files changed, with their previous contents, in the order written.
