@@ -7,6 +7,7 @@ use crate::config::presets::Source;
 use crate::config::topology::Topology;
 use crate::gpu::host::HostAllocator;
 use crate::gpu::{NoBinder, PoolAllocator, QueueBinder};
+use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
 
@@ -21,11 +22,24 @@ pub struct Backends {
 }
 
 pub fn select(flags: &Flags, topo: &Topology, source: &Source) -> Result<Backends, DaemonError> {
+    // `auto`: the sim preset means simulated NICs (its eth1..eth4 may exist on
+    // the host and must not be touched); anything else means real NICs,
+    // which must then exist.
     let use_sim = match flags.nic_backend {
         NicBackendKind::Sim => true,
         NicBackendKind::Auto => *source == Source::Preset("sim"),
         NicBackendKind::Ethtool => false,
     };
+    if flags.nic_backend == NicBackendKind::Auto && !use_sim {
+        let class_net = flags.sysfs_root().join("class/net");
+        if let Some(n) = topo.nics.iter().find(|n| !class_net.join(&n.ifname).exists()) {
+            return Err(DaemonError::Config(format!(
+                "--nic_backend=auto: interface {} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
+                n.ifname,
+                class_net.display()
+            )));
+        }
+    }
     let (nic, sim): (Arc<dyn NicControl>, Option<Arc<SimNic>>) = if use_sim {
         let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
         let sim = Arc::new(SimNic::new(&ifnames));
@@ -34,7 +48,9 @@ pub fn select(flags: &Flags, topo: &Topology, source: &Source) -> Result<Backend
         }
         (sim.clone(), Some(sim))
     } else {
-        return Err(DaemonError::Runtime("the ethtool NIC backend is not available in this build".into()));
+        let nic =
+            EthtoolNic::open().map_err(|e| DaemonError::Runtime(format!("ethtool NIC backend: {e}")))?;
+        (Arc::new(nic), None)
     };
     if !flags.sim_fault.is_empty() && sim.is_none() {
         return Err(DaemonError::Config("--sim_fault needs --nic_backend=sim".into()));

@@ -15,6 +15,7 @@ use super::*;
 pub const SIM_CHANNELS: u32 = 16;
 pub const SIM_RULE_CAPACITY: u32 = 100_000;
 pub const SIM_RSS_TABLE_SIZE: usize = 128;
+pub const SIM_RX_RING: RxRing = RxRing { current: 1024, max: 4096 };
 const SIM_PRIV_FLAGS: [&str; 3] = [PRIV_HEADER_SPLIT, PRIV_STRICT_HEADER_SPLIT, PRIV_MAX_RX_BUFFER];
 
 /// A fault to inject: operation `op` fails with `errno`, either with
@@ -107,6 +108,7 @@ struct SimState {
     features: HashMap<String, bool>,
     priv_flags: Vec<(String, bool)>,
     data_split: DataSplit,
+    rx_ring: RxRing,
     rss: Vec<u32>,
     stats: HashMap<String, u64>,
 }
@@ -175,6 +177,7 @@ impl SimNic {
                     features: [(FEATURE_NTUPLE.to_string(), false)].into_iter().collect(),
                     priv_flags: SIM_PRIV_FLAGS.iter().map(|f| (f.to_string(), false)).collect(),
                     data_split: DataSplit::Disabled,
+                    rx_ring: SIM_RX_RING,
                     rss: (0..SIM_RSS_TABLE_SIZE as u32).map(|i| i % SIM_CHANNELS).collect(),
                     stats: [(STAT_RESET_CNT.to_string(), 0)].into_iter().collect(),
                 };
@@ -401,6 +404,20 @@ impl NicControl for SimNic {
     fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
         self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
     }
+
+    fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {
+        self.with(ifname, NicOp::GetRing, |s| Ok(s.rx_ring))
+    }
+
+    fn set_rx_ring(&self, ifname: &str, size: u32) -> NicResult<()> {
+        self.with(ifname, NicOp::SetRing, |s| {
+            if size == 0 || size > s.rx_ring.max {
+                return Err(Errno::EINVAL);
+            }
+            s.rx_ring.current = size;
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -456,6 +473,16 @@ mod tests {
         ] {
             assert!(bad.parse::<Fault>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn rx_ring_is_settable_up_to_its_max() {
+        let nic = SimNic::new(&["eth1"]);
+        assert_eq!(nic.rx_ring("eth1").unwrap(), SIM_RX_RING);
+        nic.set_rx_ring("eth1", 512).unwrap();
+        assert_eq!(nic.rx_ring("eth1").unwrap().current, 512);
+        assert_eq!(nic.set_rx_ring("eth1", SIM_RX_RING.max + 1).unwrap_err().errno, Errno::EINVAL);
+        assert_eq!(nic.set_rx_ring("eth1", 0).unwrap_err().errno, Errno::EINVAL);
     }
 
     #[test]
