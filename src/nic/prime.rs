@@ -3,6 +3,7 @@
 //! restore undoes them in reverse, so the NIC ends exactly as it was read, and
 //! a failed start rolls back what it had applied.
 
+use super::family::{probe_family, DriverFamily, FALLBACK_RING_LARGE, FALLBACK_RING_SMALL};
 use super::*;
 
 /// How this driver turns header split on (SPEC §6.3).
@@ -12,8 +13,22 @@ pub enum HeaderSplit {
     PrivFlags,
     /// Upstream rings `tcp-data-split`.
     DataSplit,
-    /// Neither: no header split control.
+    /// Neither, but ring sizes are settable: resize the ring after binding so
+    /// the driver rebuilds its page pools over the bound memory.
+    RingSizeFallback,
+    /// No header split control at all.
     Unsupported,
+}
+
+impl From<&DriverFamily> for HeaderSplit {
+    fn from(f: &DriverFamily) -> Self {
+        match f {
+            DriverFamily::PrivFlags { .. } => HeaderSplit::PrivFlags,
+            DriverFamily::Rings { .. } => HeaderSplit::DataSplit,
+            DriverFamily::RingSizeFallback { .. } => HeaderSplit::RingSizeFallback,
+            DriverFamily::NoHeaderSplit => HeaderSplit::Unsupported,
+        }
+    }
 }
 
 /// One applied change and the value it replaced.
@@ -23,6 +38,7 @@ enum Undo {
     PrivFlag(String, bool),
     DataSplit(bool),
     Rss(Vec<u32>),
+    RxRing(u32),
 }
 
 /// A failed prime/restore step.
@@ -73,6 +89,14 @@ impl PrimedNic {
                     self.undo.push(Undo::DataSplit(before_on));
                 }
             }
+            Change::RxRing(size) => {
+                let before = nic.rx_ring(&ifname).map_err(err)?.current;
+                nic.set_rx_ring(&ifname, size).map_err(err)?;
+                // Only the size read first is worth restoring.
+                if !self.undo.iter().any(|u| matches!(u, Undo::RxRing(_))) {
+                    self.undo.push(Undo::RxRing(before));
+                }
+            }
             Change::RssEqual(n) => {
                 let before = nic.rss_table(&ifname).map_err(err)?;
                 nic.set_rss_equal(&ifname, n).map_err(err)?;
@@ -95,6 +119,9 @@ impl PrimedNic {
                     )
                 }),
             HeaderSplit::DataSplit => self.run(nic, "enable tcp-data-split", Change::DataSplit(true)),
+            HeaderSplit::RingSizeFallback => self
+                .run(nic, "shrink rx ring (fallback)", Change::RxRing(FALLBACK_RING_SMALL))
+                .and_then(|_| self.run(nic, "grow rx ring (fallback)", Change::RxRing(FALLBACK_RING_LARGE))),
             HeaderSplit::Unsupported => Ok(()),
         }
     }
@@ -109,6 +136,7 @@ impl PrimedNic {
                 Undo::PrivFlag(name, on) => ("restore private flag", nic.set_priv_flag(ifname, name, *on)),
                 Undo::DataSplit(on) => ("restore tcp-data-split", nic.set_tcp_data_split(ifname, *on)),
                 Undo::Rss(table) => ("restore RSS table", nic.set_rss_table(ifname, table)),
+                Undo::RxRing(size) => ("restore rx ring size", nic.set_rx_ring(ifname, *size)),
             };
             if let Err(source) = r {
                 errors.push(PrimeError { ifname: ifname.to_string(), step, source });
@@ -128,19 +156,7 @@ enum Change {
     PrivFlag(&'static str, bool),
     DataSplit(bool),
     RssEqual(u32),
-}
-
-/// Picks the header-split family by probing the private-flag string set.
-pub fn probe_header_split(nic: &dyn NicControl, ifname: &str) -> HeaderSplit {
-    if let Ok(flags) = nic.priv_flags(ifname) {
-        if flags.iter().any(|(n, _)| n == PRIV_HEADER_SPLIT) {
-            return HeaderSplit::PrivFlags;
-        }
-    }
-    match nic.tcp_data_split(ifname) {
-        Ok(DataSplit::Enabled | DataSplit::Disabled) => HeaderSplit::DataSplit,
-        _ => HeaderSplit::Unsupported,
-    }
+    RxRing(u32),
 }
 
 /// Primes `ifname`: flush stale rules (ntuple off → on), header split off,
@@ -150,7 +166,8 @@ pub fn prime(nic: &dyn NicControl, ifname: &str, rss_set_size: u32) -> Result<Pr
     let err = |step, source| PrimeError { ifname: ifname.to_string(), step, source };
     let channels = nic.channels(ifname).map_err(|e| err("read channels", e))?;
     let rule_capacity = nic.rule_capacity(ifname).map_err(|e| err("read rule capacity", e))?;
-    let header_split = probe_header_split(nic, ifname);
+    let family = probe_family(nic, ifname).map_err(|e| err("probe driver family", e))?;
+    let header_split = HeaderSplit::from(&family);
     let mut primed =
         PrimedNic { ifname: ifname.to_string(), header_split, channels, rule_capacity, undo: Vec::new() };
     let result = (|| {
@@ -169,7 +186,7 @@ pub fn prime(nic: &dyn NicControl, ifname: &str, rss_set_size: u32) -> Result<Pr
                 primed.run(nic, "enable max rx buffer size", Change::PrivFlag(PRIV_MAX_RX_BUFFER, true))?;
             }
             HeaderSplit::DataSplit => primed.run(nic, "disable tcp-data-split", Change::DataSplit(false))?,
-            HeaderSplit::Unsupported => {}
+            HeaderSplit::RingSizeFallback | HeaderSplit::Unsupported => {}
         }
         primed.run(nic, "enable ntuple", Change::Feature(FEATURE_NTUPLE, true))?;
         primed.run(nic, "set RSS equal", Change::RssEqual(rss_set_size))
@@ -218,6 +235,33 @@ mod tests {
         assert!(p.restore(&nic).is_empty());
         assert_eq!(state(&nic), before);
         assert!(p.restore(&nic).is_empty(), "restore is idempotent");
+    }
+
+    #[test]
+    fn every_driver_family_primes_enables_and_restores() {
+        use crate::nic::sim::SimDriver;
+        for (driver, family) in [
+            (SimDriver::GvePrivFlags, HeaderSplit::PrivFlags),
+            (SimDriver::UpstreamRings, HeaderSplit::DataSplit),
+            (SimDriver::RingSizeOnly, HeaderSplit::RingSizeFallback),
+        ] {
+            let nic = SimNic::new(&["eth1"]);
+            nic.model_driver("eth1", driver);
+            let before = (state(&nic), nic.rx_ring("eth1").unwrap());
+            let mut p = prime(&nic, "eth1", 8).unwrap();
+            assert_eq!(p.header_split, family);
+            p.enable_header_split(&nic).unwrap();
+            match family {
+                HeaderSplit::DataSplit => assert_eq!(nic.tcp_data_split("eth1").unwrap(), DataSplit::Enabled),
+                HeaderSplit::RingSizeFallback => {
+                    assert_eq!(nic.rx_ring("eth1").unwrap().current, FALLBACK_RING_LARGE);
+                    assert_eq!(nic.calls(NicOp::SetRing), 2, "shrink then grow");
+                }
+                _ => assert!(nic.priv_flags("eth1").unwrap().iter().all(|(_, on)| *on)),
+            }
+            assert!(p.restore(&nic).is_empty());
+            assert_eq!((state(&nic), nic.rx_ring("eth1").unwrap()), before, "{driver:?}");
+        }
     }
 
     #[test]

@@ -113,6 +113,14 @@ struct SimState {
     stats: HashMap<String, u64>,
 }
 
+/// Driver families the simulator can model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimDriver {
+    GvePrivFlags,
+    UpstreamRings,
+    RingSizeOnly,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct SimRule {
     queue: u32,
@@ -226,6 +234,28 @@ impl SimNic {
     pub fn set_addresses(&self, ifname: &str, addrs: Vec<IpAddr>) {
         if let Some(n) = self.nics.get(ifname) {
             n.lock().expect("sim nic lock").addresses = addrs;
+        }
+    }
+
+    /// Makes `ifname` behave like another driver family (SPEC §6.3): the
+    /// default is gve with private flags.
+    pub fn model_driver(&self, ifname: &str, family: SimDriver) {
+        if let Some(n) = self.nics.get(ifname) {
+            let mut s = n.lock().expect("sim nic lock");
+            match family {
+                SimDriver::GvePrivFlags => {
+                    s.priv_flags = SIM_PRIV_FLAGS.iter().map(|f| (f.to_string(), false)).collect();
+                    s.data_split = DataSplit::Disabled;
+                }
+                SimDriver::UpstreamRings => {
+                    s.priv_flags.clear();
+                    s.data_split = DataSplit::Disabled;
+                }
+                SimDriver::RingSizeOnly => {
+                    s.priv_flags.clear();
+                    s.data_split = DataSplit::Unknown;
+                }
+            }
         }
     }
 
@@ -396,6 +426,9 @@ impl NicControl for SimNic {
 
     fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()> {
         self.with(ifname, NicOp::SetTcpDataSplit, |s| {
+            if s.data_split == DataSplit::Unknown {
+                return Err(Errno::EOPNOTSUPP);
+            }
             s.data_split = if on { DataSplit::Enabled } else { DataSplit::Disabled };
             Ok(())
         })
