@@ -11,6 +11,10 @@
 //! - [`daemon`]: lifecycle: prime → allocate → bind → serve → restore.
 
 pub mod config;
+pub mod daemon;
 pub mod gpu;
+pub mod metrics;
 pub mod nic;
+pub mod rules;
+pub mod server;
 pub mod wire;

@@ -5,6 +5,7 @@
 //! or a netlink request), made from a NIC's own worker thread, never from the
 //! async runtime.
 
+pub mod prime;
 pub mod sim;
 
 use std::fmt;

@@ -1,6 +1,7 @@
 //! The client protocol (SPEC §4): message types, framing, fd passing, and a
 //! small blocking client used by tests and tools.
 
+pub mod client;
 pub mod frame;
 
 /// Messages of package `gpudirect_tcpxd`, generated from `proto/`.

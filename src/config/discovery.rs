@@ -1,0 +1,265 @@
+//! Sysfs discovery of the GPU ↔ NIC topology (SPEC §3.3, `--gpu_nic_preset=auto`).
+//!
+//! A NIC's GPUs are the NVIDIA display/3D functions found below the PCIe switch that
+//! sits `num_hops` levels above the NIC. Everything is read through `sysfs_root`, so
+//! tests run discovery on a fabricated tree of directories and relative symlinks.
+
+use std::cmp::Ordering;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use tracing::{debug, info};
+
+use super::pci::PciAddr;
+use super::topology::{GpuSpec, NicSpec};
+
+const NVIDIA_VENDOR: u32 = 0x10de;
+/// PCI base class of display controllers (VGA 0x0300xx, 3D 0x0302xx — H100 reports
+/// 0x030200). NVSwitches and NVIDIA bridges have other classes and are not GPUs.
+const DISPLAY_BASE_CLASS: u32 = 0x03;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("num_hops must be at least 1")]
+    ZeroHops,
+    #[error("resolving sysfs root {path}: {source}")]
+    ResolveRoot { path: PathBuf, source: io::Error },
+    #[error("listing {path}: {source}")]
+    ReadDir { path: PathBuf, source: io::Error },
+    #[error("resolving device link {path}: {source}")]
+    ResolveDevice { path: PathBuf, source: io::Error },
+    #[error("reading {path}: {source}")]
+    ReadAttr { path: PathBuf, source: io::Error },
+    #[error("{path} holds {value:?}, expected a hex number like 0x10de")]
+    BadAttr { path: PathBuf, value: String },
+    #[error("NIC {ifname}: tcpd_queue_size {tcpd_queue_size} cannot be split evenly over its {gpus} GPUs")]
+    UnevenQueueSplit { ifname: String, gpus: usize, tcpd_queue_size: u32 },
+}
+
+/// Discovers NICs with GPUs behind a shared PCIe switch.
+///
+/// `has_address` says whether an interface has an IPv4/IPv6 address (the daemon asks
+/// netlink; tests pass closures); interfaces without one are skipped. NICs come out in
+/// natural ifname order (eth2 < eth10), GPUs in PCI address order, and each NIC's
+/// `tcpd_queue_size` queues from `rss_set_size` on are split evenly over its GPUs.
+/// An empty result is not an error here; topology validation reports it.
+pub fn discover(
+    sysfs_root: &Path,
+    num_hops: u32,
+    rss_set_size: u32,
+    tcpd_queue_size: u32,
+    has_address: &dyn Fn(&str) -> bool,
+) -> Result<Vec<NicSpec>, DiscoveryError> {
+    if num_hops == 0 {
+        return Err(DiscoveryError::ZeroHops);
+    }
+    // Resolved device paths are compared against the resolved root.
+    let root = sysfs_root
+        .canonicalize()
+        .map_err(|source| DiscoveryError::ResolveRoot { path: sysfs_root.to_path_buf(), source })?;
+    let net_dir = root.join("class/net");
+    let mut ifnames =
+        list_dir(&net_dir)?.into_iter().filter_map(|(name, _)| name.into_string().ok()).collect::<Vec<_>>();
+    ifnames.sort_by(|a, b| natural_cmp(a, b));
+
+    let mut nics = Vec::new();
+    for ifname in ifnames {
+        let link = net_dir.join(&ifname).join("device");
+        let device = match link.canonicalize() {
+            Ok(p) => p,
+            // Virtual interfaces have no device link; one may also vanish mid-scan.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                debug!(%ifname, "no device link, skipped");
+                continue;
+            }
+            Err(source) => return Err(DiscoveryError::ResolveDevice { path: link, source }),
+        };
+        let Some(chain) = pci_chain(&root, &device) else {
+            debug!(%ifname, device = %device.display(), "not a PCI device, skipped");
+            continue;
+        };
+        let nic_pci = *chain.last().expect("pci_chain is never empty");
+        if chain.len() <= num_hops as usize {
+            debug!(%ifname, %nic_pci, num_hops, "too close to the root complex, skipped");
+            continue;
+        }
+        if !has_address(&ifname) {
+            debug!(%ifname, "no IP address, skipped");
+            continue;
+        }
+        let switch = device.ancestors().nth(num_hops as usize).expect("chain is deeper than num_hops");
+        let mut gpus = Vec::new();
+        find_gpus(switch, &mut gpus)?;
+        if gpus.is_empty() {
+            debug!(%ifname, %nic_pci, switch = %switch.display(), "no GPU below the switch, skipped");
+            continue;
+        }
+        gpus.sort();
+        let gpus = split_queues(&ifname, &gpus, rss_set_size, tcpd_queue_size)?;
+        info!(%ifname, %nic_pci, gpus = ?gpus.iter().map(|g| g.pci).collect::<Vec<_>>(), "discovered NIC");
+        nics.push(NicSpec { ifname, pci: Some(nic_pci), gpus });
+    }
+    Ok(nics)
+}
+
+/// The PCI functions from the root complex down to `device`, if `device` is
+/// `<root>/devices/pciDDDD:BB/<pci>/…/<pci>`; `None` for virtual and platform devices.
+fn pci_chain(root: &Path, device: &Path) -> Option<Vec<PciAddr>> {
+    let mut parts = device.strip_prefix(root).ok()?.components();
+    if parts.next() != Some(Component::Normal("devices".as_ref())) {
+        return None;
+    }
+    let root_complex = parts.next()?.as_os_str().to_str()?;
+    if !root_complex.starts_with("pci") {
+        return None;
+    }
+    let chain = parts.map(|c| c.as_os_str().to_str().and_then(parse_pci_name)).collect::<Option<Vec<_>>>()?;
+    (!chain.is_empty()).then_some(chain)
+}
+
+/// Parses a sysfs PCI directory name, which is always the full `dddd:bb:dd.f`
+/// (`PciAddr` alone also accepts the short form clients may send).
+fn parse_pci_name(name: &str) -> Option<PciAddr> {
+    let b = name.as_bytes();
+    if b.len() != 12 || b[4] != b':' || b[7] != b':' || b[10] != b'.' {
+        return None;
+    }
+    name.parse().ok()
+}
+
+/// Collects the NVIDIA GPUs anywhere below `dir`, descending only into real
+/// directories named like PCI functions (never through symlinks such as `driver`).
+fn find_gpus(dir: &Path, out: &mut Vec<PciAddr>) -> Result<(), DiscoveryError> {
+    for (name, is_dir) in list_dir(dir)? {
+        let Some(pci) = name.to_str().and_then(parse_pci_name) else { continue };
+        if !is_dir {
+            continue;
+        }
+        let path = dir.join(&name);
+        if read_hex(&path.join("vendor"))? == NVIDIA_VENDOR
+            && read_hex(&path.join("class"))? >> 16 == DISPLAY_BASE_CLASS
+        {
+            out.push(pci);
+        }
+        find_gpus(&path, out)?;
+    }
+    Ok(())
+}
+
+/// Gives GPU i of k the queues `rss + i*Q/k .. rss + (i+1)*Q/k`.
+fn split_queues(
+    ifname: &str,
+    gpus: &[PciAddr],
+    rss_set_size: u32,
+    tcpd_queue_size: u32,
+) -> Result<Vec<GpuSpec>, DiscoveryError> {
+    let k = gpus.len() as u32;
+    if tcpd_queue_size < k || tcpd_queue_size % k != 0 {
+        return Err(DiscoveryError::UnevenQueueSplit {
+            ifname: ifname.to_string(),
+            gpus: gpus.len(),
+            tcpd_queue_size,
+        });
+    }
+    let per_gpu = tcpd_queue_size / k;
+    Ok(gpus
+        .iter()
+        .zip(0..)
+        .map(|(&pci, i)| {
+            let first = rss_set_size + i * per_gpu;
+            GpuSpec { pci, queues: (first..first + per_gpu).collect() }
+        })
+        .collect())
+}
+
+/// Entries of `dir` with whether each is a directory (not following symlinks).
+fn list_dir(dir: &Path) -> Result<Vec<(std::ffi::OsString, bool)>, DiscoveryError> {
+    let err = |source| DiscoveryError::ReadDir { path: dir.to_path_buf(), source };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(err)? {
+        let entry = entry.map_err(err)?;
+        let is_dir = entry.file_type().map_err(err)?.is_dir();
+        out.push((entry.file_name(), is_dir));
+    }
+    Ok(out)
+}
+
+fn read_hex(path: &Path) -> Result<u32, DiscoveryError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| DiscoveryError::ReadAttr { path: path.to_path_buf(), source })?;
+    let value = text.trim();
+    value
+        .strip_prefix("0x")
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .ok_or_else(|| DiscoveryError::BadAttr { path: path.to_path_buf(), value: value.to_string() })
+}
+
+/// Orders names with embedded numbers by value: `eth2 < eth10`.
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (a.first(), b.first()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
+                let (na, ra) = split_digits(a);
+                let (nb, rb) = split_digits(b);
+                let (za, zb) = (trim_zeros(na), trim_zeros(nb));
+                let ord = za.len().cmp(&zb.len()).then(za.cmp(zb)).then(na.len().cmp(&nb.len()));
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+                (a, b) = (ra, rb);
+            }
+            (Some(x), Some(y)) => {
+                if x != y {
+                    return x.cmp(y);
+                }
+                (a, b) = (&a[1..], &b[1..]);
+            }
+        }
+    }
+}
+
+fn split_digits(s: &[u8]) -> (&[u8], &[u8]) {
+    s.split_at(s.iter().position(|c| !c.is_ascii_digit()).unwrap_or(s.len()))
+}
+
+fn trim_zeros(s: &[u8]) -> &[u8] {
+    &s[s.iter().position(|&c| c != b'0').unwrap_or(s.len())..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_order() {
+        let mut names = vec!["eth10", "eth2", "lo", "eth1", "enp6s0", "eth02", "eth"];
+        names.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(names, ["enp6s0", "eth", "eth1", "eth2", "eth02", "eth10", "lo"]);
+    }
+
+    #[test]
+    fn pci_names_are_full_form_only() {
+        assert_eq!(parse_pci_name("0000:8a:00.0").map(|p| p.to_string()).as_deref(), Some("0000:8a:00.0"));
+        for s in ["8a:00.0", "pci0000:00", "10000:e0:06.0", "virtio0", "0000:8a:00.0x", "net"] {
+            assert!(parse_pci_name(s).is_none(), "{s} accepted");
+        }
+    }
+
+    #[test]
+    fn splits_queues_evenly() {
+        let gpus: Vec<PciAddr> =
+            ["0000:04:00.0", "0000:05:00.0"].iter().map(|s| s.parse().unwrap()).collect();
+        let out = split_queues("eth1", &gpus, 8, 8).unwrap();
+        assert_eq!(out[0].queues, [8, 9, 10, 11]);
+        assert_eq!(out[1].queues, [12, 13, 14, 15]);
+        assert!(matches!(
+            split_queues("eth1", &gpus, 8, 3),
+            Err(DiscoveryError::UnevenQueueSplit { gpus: 2, tcpd_queue_size: 3, .. })
+        ));
+        assert!(split_queues("eth1", &gpus, 8, 0).is_err());
+    }
+}

@@ -1,0 +1,318 @@
+//! Command-line flags (SPEC §3.1): the reference's absl-style names and forms,
+//! plus ours. `normalize_args` turns absl forms into what clap parses.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser, ValueEnum};
+
+use crate::gpu::ShmemType;
+use crate::nic::sim::Fault;
+
+/// Preset names accepted by `--gpu_nic_preset` besides a file path.
+pub const PRESET_NAMES: [&str; 6] = ["auto", "a3vm", "a3vm4gpu4nic", "a6", "sim", "manual"];
+
+/// Boolean flags, for `--noflag` and `--flag` / `--flag=bool` forms.
+const BOOL_FLAGS: [&str; 2] = ["monitor_shutdown", "show_version"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NicBackendKind {
+    Auto,
+    Ethtool,
+    Sim,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GpuBackendKind {
+    Auto,
+    Cuda,
+    Host,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BindBackendKind {
+    Auto,
+    Tcpx,
+    Devmem,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Host tuning parameters from `--setup_param "--verbose A B C"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupParam {
+    /// Empty `--setup_param`: no host tuning at all.
+    Off,
+    Tune {
+        initcwnd: u32,
+        rto_min_ms: u32,
+        quickack: u32,
+    },
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "tcpx-rxdm",
+    about = "Receive-datapath manager for GPUDirect-TCPX NICs",
+    disable_version_flag = true
+)]
+pub struct Flags {
+    /// auto (sysfs discovery), a3vm, a3vm4gpu4nic, a6, sim, manual, or a path to a preset file.
+    #[arg(long = "gpu_nic_preset", default_value = "auto", value_parser = parse_preset)]
+    pub gpu_nic_preset: String,
+    /// Topology textproto file (with --gpu_nic_preset=manual).
+    #[arg(long = "gpu_nic_topology")]
+    pub gpu_nic_topology: Option<PathBuf>,
+    /// Inline topology textproto (with --gpu_nic_preset=manual).
+    #[arg(long = "gpu_nic_topology_proto", allow_hyphen_values = true)]
+    pub gpu_nic_topology_proto: Option<String>,
+    /// fd (VMM memory shared as a POSIX fd) or file (legacy CUDA IPC handle).
+    #[arg(long = "gpu_shmem_type", value_enum, default_value = "fd")]
+    pub gpu_shmem_type: ShmemType,
+    /// Folder for the Unix sockets (created if missing).
+    #[arg(long = "uds_path", default_value = "/run/tcpx")]
+    pub uds_path: PathBuf,
+    /// Bytes per GPU pool; 0 = the topology's value or 4 GiB.
+    #[arg(long = "rx_pool_size", default_value_t = 0)]
+    pub rx_pool_size: u64,
+    /// Rule slots per NIC; 0 = the topology's value. Ignored for a3vm.
+    #[arg(long = "max_rx_rules", default_value_t = 0)]
+    pub max_rx_rules: u32,
+    /// Host tuning: "--verbose INITCWND RTO_MIN_MS QUICKACK"; empty disables tuning.
+    #[arg(long = "setup_param", default_value = "--verbose 128 2 0", allow_hyphen_values = true, value_parser = parse_setup_param)]
+    pub setup_param: SetupParam,
+    /// Run <path>/setup.sh and <path>/teardown.sh instead of native host tuning.
+    #[arg(long = "tuning_script_path")]
+    pub tuning_script_path: Option<PathBuf>,
+    /// Exit when the last registered application disconnects.
+    #[arg(long = "monitor_shutdown", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub monitor_shutdown: bool,
+    /// Print the version and exit.
+    #[arg(long = "show_version", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub show_version: bool,
+    /// PCIe hops from a NIC up to the switch it shares with its GPUs (discovery).
+    #[arg(long = "num_hops", default_value_t = 2)]
+    pub num_hops: u32,
+
+    /// NIC control backend.
+    #[arg(long = "nic_backend", value_enum, default_value = "auto")]
+    pub nic_backend: NicBackendKind,
+    /// GPU pool backend.
+    #[arg(long = "gpu_backend", value_enum, default_value = "auto")]
+    pub gpu_backend: GpuBackendKind,
+    /// How pools are bound to NIC queues.
+    #[arg(long = "bind_backend", value_enum, default_value = "auto")]
+    pub bind_backend: BindBackendKind,
+    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz, /debug/*); empty disables.
+    #[arg(long = "metrics_address", default_value = "0.0.0.0:9467", value_parser = parse_listen_addr)]
+    pub metrics_address: ListenAddr,
+    /// Mode of the socket files, octal.
+    #[arg(long = "socket_mode", default_value = "0660", value_parser = parse_mode)]
+    pub socket_mode: u32,
+    /// Group owning the socket files (name or gid).
+    #[arg(long = "socket_group")]
+    pub socket_group: Option<String>,
+    /// Log format.
+    #[arg(long = "log_format", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides.
+    #[arg(long = "log_level", default_value = "info")]
+    pub log_level: String,
+    /// Root of sysfs (default /hostsysfs when present, else /sys).
+    #[arg(long = "sysfs_root")]
+    pub sysfs_root: Option<PathBuf>,
+    /// Root of procfs (default /hostprocsysfs when present, else /proc).
+    #[arg(long = "procfs_root")]
+    pub procfs_root: Option<PathBuf>,
+    /// Most client connections served at once; more wait in the backlog.
+    #[arg(long = "max_connections", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Simulated NIC fault OP:ERRNO:PROB (repeatable), e.g. add_rule:EBUSY:0.1.
+    #[arg(long = "sim_fault", action = ArgAction::Append)]
+    pub sim_fault: Vec<Fault>,
+}
+
+impl Flags {
+    pub fn sysfs_root(&self) -> PathBuf {
+        default_root(&self.sysfs_root, "/hostsysfs", "/sys")
+    }
+
+    pub fn procfs_root(&self) -> PathBuf {
+        default_root(&self.procfs_root, "/hostprocsysfs", "/proc")
+    }
+
+    /// Parses normalised-or-not arguments (the program name first).
+    pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, clap::Error> {
+        Flags::try_parse_from(normalize_args(args))
+    }
+}
+
+fn default_root(flag: &Option<PathBuf>, host: &str, plain: &str) -> PathBuf {
+    match flag {
+        Some(p) => p.clone(),
+        None if std::path::Path::new(host).is_dir() => PathBuf::from(host),
+        None => PathBuf::from(plain),
+    }
+}
+
+/// Rewrites absl flag forms into clap's: `-flag[=v]` → `--flag[=v]`,
+/// `--noflag` → `--flag=false` for boolean flags. Stops at a bare `--`.
+pub fn normalize_args<I: IntoIterator<Item = String>>(args: I) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut passthrough = false;
+    for (i, arg) in args.into_iter().enumerate() {
+        if i == 0 || passthrough || arg == "-" {
+            out.push(arg);
+            continue;
+        }
+        if arg == "--" {
+            passthrough = true;
+            out.push(arg);
+            continue;
+        }
+        let long = if arg.starts_with("--") {
+            arg
+        } else if arg.starts_with('-') && arg.len() > 2 && arg.as_bytes()[1].is_ascii_alphabetic() {
+            format!("-{arg}")
+        } else {
+            out.push(arg);
+            continue;
+        };
+        let name = long[2..].split('=').next().unwrap_or_default();
+        match name.strip_prefix("no") {
+            Some(flag) if BOOL_FLAGS.contains(&flag) && !long.contains('=') => {
+                out.push(format!("--{flag}=false"));
+            }
+            _ => out.push(long),
+        }
+    }
+    out
+}
+
+fn parse_preset(s: &str) -> Result<String, String> {
+    if PRESET_NAMES.contains(&s) || std::path::Path::new(s).is_file() {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unknown preset (expected one of {} or a path to a preset file)",
+            PRESET_NAMES.join(", ")
+        ))
+    }
+}
+
+/// Accepts the GKE manifest's literal `\"--verbose 128 2 0 \"` as well as the plain form.
+pub fn parse_setup_param(s: &str) -> Result<SetupParam, String> {
+    let cleaned: String = s.chars().filter(|c| *c != '\\' && *c != '"' && *c != '\'').collect();
+    let mut words: Vec<&str> = cleaned.split_whitespace().collect();
+    if words.first() == Some(&"--verbose") {
+        words.remove(0);
+    }
+    match words.as_slice() {
+        [] if !s.contains("--verbose") => Ok(SetupParam::Off),
+        [a, b, c] => {
+            let num = |w: &str| w.parse::<u32>().map_err(|_| format!("{w:?} is not a non-negative integer"));
+            Ok(SetupParam::Tune { initcwnd: num(a)?, rto_min_ms: num(b)?, quickack: num(c)? })
+        }
+        _ => Err("expected \"--verbose INITCWND RTO_MIN_MS QUICKACK\"".into()),
+    }
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let m =
+        u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| "not an octal mode".to_string())?;
+    if m > 0o777 {
+        return Err("mode must be at most 0777".into());
+    }
+    Ok(m)
+}
+
+/// `--metrics_address`: `None` when set empty (HTTP disabled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenAddr(pub Option<SocketAddr>);
+
+fn parse_listen_addr(s: &str) -> Result<ListenAddr, String> {
+    if s.is_empty() {
+        return Ok(ListenAddr(None));
+    }
+    s.parse()
+        .map(|a| ListenAddr(Some(a)))
+        .map_err(|_| "expected HOST:PORT, e.g. 0.0.0.0:9467, or empty".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
+        Flags::parse_args(std::iter::once("tcpx-rxdm").chain(args.iter().copied()).map(String::from))
+    }
+
+    #[test]
+    fn absl_forms_are_accepted() {
+        for args in [
+            &["--gpu_nic_preset=sim"][..],
+            &["--gpu_nic_preset", "sim"],
+            &["-gpu_nic_preset=sim"],
+            &["-gpu_nic_preset", "sim"],
+        ] {
+            assert_eq!(parse(args).unwrap().gpu_nic_preset, "sim", "{args:?}");
+        }
+        assert!(parse(&[]).unwrap().monitor_shutdown);
+        assert!(!parse(&["--nomonitor_shutdown"]).unwrap().monitor_shutdown);
+        assert!(!parse(&["-nomonitor_shutdown"]).unwrap().monitor_shutdown);
+        assert!(!parse(&["--monitor_shutdown=false"]).unwrap().monitor_shutdown);
+        assert!(parse(&["--monitor_shutdown"]).unwrap().monitor_shutdown);
+        assert!(parse(&["--show_version"]).unwrap().show_version);
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        let e = parse(&["--gpu_nic_preset=bogus"]).unwrap_err();
+        assert!(e.to_string().contains("--gpu_nic_preset"), "{e}");
+        assert_eq!(e.exit_code(), 2);
+        let e = parse(&["--no_such_flag=1"]).unwrap_err();
+        assert!(e.to_string().contains("--no_such_flag"), "{e}");
+        let e = parse(&["--max_rx_rules=-3"]).unwrap_err();
+        assert!(e.to_string().contains("--max_rx_rules"), "{e}");
+        let e = parse(&["--socket_mode=999"]).unwrap_err();
+        assert!(e.to_string().contains("--socket_mode"), "{e}");
+        let e = parse(&["--sim_fault=add_rule:EWHAT:1"]).unwrap_err();
+        assert!(e.to_string().contains("--sim_fault"), "{e}");
+    }
+
+    #[test]
+    fn setup_param_accepts_manifest_literal() {
+        let want = SetupParam::Tune { initcwnd: 128, rto_min_ms: 2, quickack: 0 };
+        assert_eq!(parse(&[r#"--setup_param=\"--verbose 128 2 0 \""#]).unwrap().setup_param, want);
+        assert_eq!(parse(&["--setup_param", r#"\"--verbose 128 2 0 \""#]).unwrap().setup_param, want);
+        assert_eq!(parse(&["--setup_param", "--verbose 128 2 0"]).unwrap().setup_param, want);
+        assert_eq!(parse(&[]).unwrap().setup_param, want);
+        assert_eq!(parse(&["--setup_param="]).unwrap().setup_param, SetupParam::Off);
+        assert!(parse(&["--setup_param=--verbose 1 2"]).is_err());
+        assert!(parse(&["--setup_param=--verbose a b c"]).is_err());
+    }
+
+    #[test]
+    fn ours_parse() {
+        let f = parse(&[
+            "--metrics_address=",
+            "--socket_mode=0600",
+            "--sim_fault=add_rule:EBUSY:1",
+            "--sim_fault=del_rule:EIO:0.5",
+        ])
+        .unwrap();
+        assert_eq!(f.metrics_address, ListenAddr(None));
+        assert_eq!(f.socket_mode, 0o600);
+        assert_eq!(f.sim_fault.len(), 2);
+        assert_eq!(parse(&[]).unwrap().metrics_address, ListenAddr(Some("0.0.0.0:9467".parse().unwrap())));
+        assert!(parse(&["--max_connections=0"]).is_err());
+    }
+}

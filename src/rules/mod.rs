@@ -1,0 +1,38 @@
+//! Rule bookkeeping (SPEC §4.4): which flows are steered where, in which slot.
+//!
+//! [`flow`] validates requests into exact flow keys; [`table`] is the pure
+//! per-NIC bookkeeping (slots, queue loads, flows); [`engine`] applies it to a
+//! NIC through [`crate::nic::NicControl`], rolling back on failure.
+
+pub mod engine;
+pub mod flow;
+pub mod table;
+
+use nix::errno::Errno;
+
+use crate::wire::frame::Code;
+
+/// A request that failed, with the status code the client gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RuleFailure {
+    pub code: Code,
+    pub message: String,
+}
+
+impl RuleFailure {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        RuleFailure { code, message: message.into() }
+    }
+}
+
+/// Maps a NIC errno to the status code the plugin acts on: it treats
+/// RESOURCE_EXHAUSTED as fatal and everything else as "retry later".
+pub fn code_for_errno(errno: Errno) -> Code {
+    match errno {
+        Errno::EINVAL => Code::InvalidArgument,
+        Errno::ENOSPC => Code::ResourceExhausted,
+        Errno::EBUSY | Errno::EAGAIN => Code::Unavailable,
+        _ => Code::Internal,
+    }
+}

@@ -1,0 +1,268 @@
+//! Pure per-NIC bookkeeping: rule slots (lowest free first), per-queue loads
+//! of each GPU, and the exact-flow index. No I/O.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::nic::FlowSpec;
+
+/// Slot allocator handing out the lowest free slot in `0..capacity`.
+#[derive(Debug, Clone)]
+pub struct RuleSlots {
+    capacity: u32,
+    /// Slots below `next` that are free again.
+    freed: BTreeSet<u32>,
+    /// Every slot at or above `next` has never been used.
+    next: u32,
+}
+
+impl RuleSlots {
+    pub fn new(capacity: u32) -> Self {
+        RuleSlots { capacity, freed: BTreeSet::new(), next: 0 }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn used(&self) -> u32 {
+        self.next - self.freed.len() as u32
+    }
+
+    pub fn allocate(&mut self) -> Option<u32> {
+        if let Some(slot) = self.freed.pop_first() {
+            return Some(slot);
+        }
+        (self.next < self.capacity).then(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+
+    pub fn free(&mut self, slot: u32) {
+        debug_assert!(slot < self.next && !self.freed.contains(&slot), "double free of slot {slot}");
+        if slot + 1 == self.next {
+            // Shrink the high-water mark so `freed` stays small under churn.
+            self.next -= 1;
+            while let Some(&last) = self.freed.last() {
+                if last + 1 != self.next {
+                    break;
+                }
+                self.freed.pop_last();
+                self.next -= 1;
+            }
+        } else {
+            self.freed.insert(slot);
+        }
+    }
+}
+
+/// One GPU's receive queues on this NIC and how many rules point at each.
+#[derive(Debug, Clone)]
+pub struct QueueLoads {
+    queues: Vec<u32>,
+    loads: Vec<u32>,
+}
+
+impl QueueLoads {
+    pub fn new(queues: &[u32]) -> Self {
+        QueueLoads { queues: queues.to_vec(), loads: vec![0; queues.len()] }
+    }
+
+    pub fn queues(&self) -> &[u32] {
+        &self.queues
+    }
+
+    pub fn load(&self, queue: u32) -> Option<u32> {
+        self.queues.iter().position(|&q| q == queue).map(|i| self.loads[i])
+    }
+
+    /// `hint` if it is one of ours, else the least-loaded queue (lowest id on ties).
+    pub fn pick(&self, hint: Option<u32>) -> u32 {
+        if let Some(h) = hint.filter(|h| self.queues.contains(h)) {
+            return h;
+        }
+        let (i, _) = self
+            .loads
+            .iter()
+            .enumerate()
+            .min_by_key(|&(i, &load)| (load, self.queues[i]))
+            .expect("a GPU has at least one queue (validated)");
+        self.queues[i]
+    }
+
+    fn add(&mut self, queue: u32, delta: i32) {
+        let i = self.queues.iter().position(|&q| q == queue).expect("queue belongs to this GPU");
+        self.loads[i] = self.loads[i].checked_add_signed(delta).expect("queue load never goes negative");
+    }
+}
+
+/// A steered flow as we keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleEntry {
+    pub loc: u32,
+    pub queue: u32,
+    /// Index of the GPU within this NIC.
+    pub gpu: usize,
+    /// Pid of the client that installed it (leases), if known.
+    pub pid: Option<u32>,
+}
+
+/// Why a reservation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserve {
+    /// Already steered: nothing to do.
+    Existing(RuleEntry),
+    /// New: slot and queue load taken; apply to the NIC, then keep or roll back.
+    New(RuleEntry),
+    /// No free slot.
+    Exhausted,
+}
+
+#[derive(Debug, Clone)]
+pub struct NicRules {
+    slots: RuleSlots,
+    gpus: Vec<QueueLoads>,
+    flows: HashMap<FlowSpec, RuleEntry>,
+}
+
+impl NicRules {
+    pub fn new(capacity: u32, gpu_queues: &[Vec<u32>]) -> Self {
+        NicRules {
+            slots: RuleSlots::new(capacity),
+            gpus: gpu_queues.iter().map(|q| QueueLoads::new(q)).collect(),
+            flows: HashMap::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.slots.capacity()
+    }
+
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
+    }
+
+    pub fn gpu(&self, gpu: usize) -> &QueueLoads {
+        &self.gpus[gpu]
+    }
+
+    pub fn get(&self, flow: &FlowSpec) -> Option<&RuleEntry> {
+        self.flows.get(flow)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&FlowSpec, &RuleEntry)> {
+        self.flows.iter()
+    }
+
+    /// Reserves a slot and a queue for `flow` on GPU `gpu`.
+    pub fn reserve(&mut self, flow: FlowSpec, gpu: usize, hint: Option<u32>, pid: Option<u32>) -> Reserve {
+        if let Some(e) = self.flows.get(&flow) {
+            return Reserve::Existing(*e);
+        }
+        let Some(loc) = self.slots.allocate() else {
+            return Reserve::Exhausted;
+        };
+        let queue = self.gpus[gpu].pick(hint);
+        self.gpus[gpu].add(queue, 1);
+        let entry = RuleEntry { loc, queue, gpu, pid };
+        self.flows.insert(flow, entry);
+        Reserve::New(entry)
+    }
+
+    /// Forgets `flow`, giving back its slot and queue load.
+    pub fn release(&mut self, flow: &FlowSpec) -> Option<RuleEntry> {
+        let e = self.flows.remove(flow)?;
+        self.slots.free(e.loc);
+        self.gpus[e.gpu].add(e.queue, -1);
+        Some(e)
+    }
+
+    /// Checks every invariant; used by tests.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        let mut locs = BTreeSet::new();
+        let mut loads: Vec<HashMap<u32, u32>> = vec![HashMap::new(); self.gpus.len()];
+        for (flow, e) in &self.flows {
+            if !locs.insert(e.loc) {
+                return Err(format!("slot {} used twice", e.loc));
+            }
+            if e.loc >= self.slots.capacity() {
+                return Err(format!("slot {} beyond capacity", e.loc));
+            }
+            if !self.gpus[e.gpu].queues().contains(&e.queue) {
+                return Err(format!("{flow:?} on foreign queue {}", e.queue));
+            }
+            *loads[e.gpu].entry(e.queue).or_default() += 1;
+        }
+        if self.slots.used() as usize != self.flows.len() {
+            return Err(format!("{} slots used for {} flows", self.slots.used(), self.flows.len()));
+        }
+        for (g, q) in self.gpus.iter().enumerate() {
+            for &queue in q.queues() {
+                let want = loads[g].get(&queue).copied().unwrap_or(0);
+                if q.load(queue) != Some(want) {
+                    return Err(format!("gpu {g} queue {queue}: load {:?}, {want} flows", q.load(queue)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(p: u16) -> FlowSpec {
+        FlowSpec { src: format!("10.0.0.2:{p}").parse().unwrap(), dst: "10.0.0.1:5000".parse().unwrap() }
+    }
+
+    #[test]
+    fn slots_are_lowest_free_first() {
+        let mut s = RuleSlots::new(4);
+        assert_eq!((0..4).map(|_| s.allocate().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(s.allocate(), None);
+        s.free(2);
+        s.free(0);
+        assert_eq!(s.allocate(), Some(0));
+        assert_eq!(s.allocate(), Some(2));
+        s.free(3);
+        s.free(2);
+        assert_eq!(s.used(), 2);
+        assert_eq!(s.allocate(), Some(2));
+    }
+
+    #[test]
+    fn queues_balance_and_honour_hints() {
+        let mut t = NicRules::new(100, &[vec![8, 9, 10, 11]]);
+        let picks: Vec<u32> = (0..6)
+            .map(|i| match t.reserve(flow(i), 0, None, None) {
+                Reserve::New(e) => e.queue,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(picks, vec![8, 9, 10, 11, 8, 9]);
+        let Reserve::New(e) = t.reserve(flow(100), 0, Some(11), None) else { panic!() };
+        assert_eq!(e.queue, 11);
+        // A queue of another GPU is not honoured: least loaded instead (10).
+        let Reserve::New(e) = t.reserve(flow(101), 0, Some(3), None) else { panic!() };
+        assert_eq!(e.queue, 10);
+        assert!(matches!(t.reserve(flow(0), 0, None, None), Reserve::Existing(e) if e.queue == 8));
+        t.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn exhaustion_and_release() {
+        let mut t = NicRules::new(2, &[vec![8]]);
+        assert!(matches!(t.reserve(flow(1), 0, None, None), Reserve::New(_)));
+        assert!(matches!(t.reserve(flow(2), 0, None, None), Reserve::New(_)));
+        assert_eq!(t.reserve(flow(3), 0, None, None), Reserve::Exhausted);
+        assert_eq!(t.release(&flow(1)).unwrap().loc, 0);
+        assert_eq!(t.release(&flow(1)), None);
+        assert!(matches!(t.reserve(flow(3), 0, None, None), Reserve::New(e) if e.loc == 0));
+        t.check_consistency().unwrap();
+    }
+}

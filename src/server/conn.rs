@@ -1,0 +1,103 @@
+//! One client connection: read frames, answer each in order, close on
+//! malformed input. A truncated frame only ends its own connection.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use sendfd::SendWithFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+
+use super::handlers::{self, ConnContext, Reply};
+use super::{Endpoint, ServerState};
+use crate::gpu::RxPool;
+use crate::wire::frame::{self, Code};
+
+/// The byte that carries an fd (SPEC §4.1: one arbitrary byte).
+const FD_CARRIER: [u8; 1] = [0];
+
+pub async fn serve(
+    mut stream: UnixStream,
+    endpoint: Endpoint,
+    state: &ServerState,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let gauge = state.metrics.connections.with_label_values(&[endpoint.kind()]);
+    gauge.inc();
+    state.metrics.connections_total.with_label_values(&[endpoint.kind()]).inc();
+    let cred = stream.peer_cred().ok();
+    let pid = cred.as_ref().and_then(|c| c.pid()).filter(|&p| p > 0).map(|p| p as u32);
+    tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.as_ref().map(|c| c.uid()), "client connected");
+    let mut ctx = ConnContext { pid, registered: false };
+    if let Err(e) = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown).await {
+        tracing::debug!(endpoint = endpoint.kind(), error = %e, "connection ended with an error");
+    }
+    if ctx.registered {
+        state.registry.unregister(&state.metrics);
+    }
+    gauge.dec();
+}
+
+async fn run(
+    stream: &mut UnixStream,
+    endpoint: Endpoint,
+    state: &ServerState,
+    ctx: &mut ConnContext,
+    shutdown: &mut watch::Receiver<bool>,
+) -> io::Result<()> {
+    let mut buf: Vec<u8> = Vec::with_capacity(512);
+    loop {
+        match frame::parse(&buf) {
+            Ok(Some((msg, used))) => {
+                buf.drain(..used);
+                let reply = handlers::handle(endpoint, msg, state, ctx).await;
+                let close = matches!(reply, Reply::Close(_));
+                write_reply(stream, reply).await?;
+                if close {
+                    return Ok(());
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                write_reply(stream, Reply::Close(frame::error(Code::InvalidArgument, e.to_string()))).await?;
+                return Ok(());
+            }
+        }
+        let n = tokio::select! {
+            _ = crate::server::stopped(shutdown) => return Ok(()),
+            r = stream.read_buf(&mut buf) => r?,
+        };
+        if n == 0 {
+            if !buf.is_empty() {
+                tracing::debug!(endpoint = endpoint.kind(), pending = buf.len(), "client closed mid-frame");
+            }
+            return Ok(());
+        }
+    }
+}
+
+async fn write_reply(stream: &mut UnixStream, reply: Reply) -> io::Result<()> {
+    match reply {
+        Reply::Message(m) | Reply::Close(m) => {
+            let bytes = frame::encode(&m).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            stream.write_all(&bytes).await
+        }
+        Reply::Fd(pool) => send_fd(stream, &pool).await,
+    }
+}
+
+async fn send_fd(stream: &UnixStream, pool: &Arc<dyn RxPool>) -> io::Result<()> {
+    let fd = pool.share_fd().as_raw_fd();
+    loop {
+        stream.writable().await?;
+        match stream.send_with_fd(&FD_CARRIER, &[fd]) {
+            Ok(1) => return Ok(()),
+            Ok(_) => return Err(io::Error::new(io::ErrorKind::WriteZero, "fd carrier byte not sent")),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}

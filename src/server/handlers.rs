@@ -1,0 +1,253 @@
+//! Per-endpoint request handling: parse, act, and pick the exact reply bytes
+//! (SPEC §4.3). Malformed input gets INVALID_ARGUMENT and the connection closes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Endpoint, ServerState};
+use crate::config::pci::PciAddr;
+use crate::gpu::RxPool;
+use crate::rules::flow::{self, RuleRequest};
+use crate::rules::RuleFailure;
+use crate::wire::frame::{self, Code};
+use crate::wire::proto::{unix_socket_proto::Payload, QueueIdResponse, UnixSocketProto};
+
+/// What to send back.
+pub enum Reply {
+    Message(UnixSocketProto),
+    /// Send, then close the connection (malformed input).
+    Close(UnixSocketProto),
+    /// Send the pool's shareable fd.
+    Fd(Arc<dyn RxPool>),
+}
+
+/// Per-connection facts the handlers need.
+pub struct ConnContext {
+    pub pid: Option<u32>,
+    pub registered: bool,
+}
+
+fn invalid(msg: impl Into<String>) -> Reply {
+    Reply::Close(frame::error(Code::InvalidArgument, msg))
+}
+
+pub async fn handle(
+    endpoint: Endpoint,
+    msg: UnixSocketProto,
+    state: &ServerState,
+    ctx: &mut ConnContext,
+) -> Reply {
+    match endpoint {
+        Endpoint::RuleManager => rule(state, msg, true, ctx.pid).await,
+        Endpoint::RuleUninstall => rule(state, msg, false, ctx.pid).await,
+        Endpoint::QueueIdsByGpu => queue_ids(state, msg),
+        Endpoint::Registry => registry(state, msg, ctx),
+        Endpoint::GpuFd(gpu) => pool_fd(state, msg, gpu),
+        Endpoint::GpuMetadata(gpu) => pool_metadata(state, msg, gpu),
+        Endpoint::GpuIpcHandle => ipc_handle(state, msg),
+    }
+}
+
+async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, pid: Option<u32>) -> Reply {
+    let started = Instant::now();
+    let op = if install { "install" } else { "uninstall" };
+    let (code, reply) = match msg.payload {
+        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(&req) {
+            Ok(req) => {
+                let r = if install {
+                    install_rule(state, &req, pid).await
+                } else {
+                    uninstall_rule(state, &req).await
+                };
+                match r {
+                    Ok(()) => (Code::Ok, Reply::Message(frame::ok())),
+                    Err(f) => {
+                        tracing::debug!(op, code = f.code.name(), error = %f.message, "rule request failed");
+                        (f.code, Reply::Message(frame::error(f.code, f.message)))
+                    }
+                }
+            }
+            Err(f) => (f.code, Reply::Close(frame::error(f.code, f.message))),
+        },
+        _ => (Code::InvalidArgument, invalid("expected a flow_steer_rule_request")),
+    };
+    state.metrics.rule_requests.with_label_values(&[op, code.name()]).inc();
+    state.metrics.rule_latency.with_label_values(&[op]).observe(started.elapsed().as_secs_f64());
+    reply
+}
+
+/// Target NIC and GPU-within-NIC: the named GPU, else the NIC owning `dst` → its first GPU.
+fn resolve(state: &ServerState, req: &RuleRequest) -> Result<(usize, usize), RuleFailure> {
+    if let Some(gpu) = req.gpu {
+        return state.gpus.get(&gpu).map(|g| (g.nic, g.index)).ok_or_else(|| {
+            RuleFailure::new(Code::NotFound, format!("GPU {gpu} is not managed by this daemon"))
+        });
+    }
+    let ip = req.flow.dst.ip();
+    state.nic_for_address(ip).map(|nic| (nic, 0)).ok_or_else(|| {
+        RuleFailure::new(
+            Code::NotFound,
+            format!("no gpu_pci_addr given and {ip} is not an address of a managed NIC"),
+        )
+    })
+}
+
+async fn install_rule(state: &ServerState, req: &RuleRequest, pid: Option<u32>) -> Result<(), RuleFailure> {
+    let (nic, gpu) = resolve(state, req)?;
+    state.workers[nic].install(req.flow, gpu, req.queue, pid).await.map(|_| ())
+}
+
+/// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.
+async fn uninstall_rule(state: &ServerState, req: &RuleRequest) -> Result<(), RuleFailure> {
+    match resolve(state, req) {
+        Ok((nic, _)) => state.workers[nic].uninstall(req.flow).await.map(|_| ()),
+        Err(_) => {
+            for w in &state.workers {
+                w.uninstall(req.flow).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn queue_ids(state: &ServerState, msg: UnixSocketProto) -> Reply {
+    let Some(Payload::QueueIdQuery(q)) = msg.payload else {
+        return invalid("expected a queue_id_query");
+    };
+    let gpu: PciAddr = match q.gpu_pci_addr.parse() {
+        Ok(g) => g,
+        Err(e) => return invalid(e.to_string()),
+    };
+    match state.gpus.get(&gpu) {
+        Some(g) => Reply::Message(UnixSocketProto {
+            payload: Some(Payload::QueueIdResponse(QueueIdResponse {
+                queue_ids: g.queues.iter().map(|&q| q as i32).collect(),
+            })),
+            status: None,
+        }),
+        None => {
+            Reply::Message(frame::error(Code::NotFound, format!("GPU {gpu} is not managed by this daemon")))
+        }
+    }
+}
+
+fn registry(state: &ServerState, msg: UnixSocketProto, ctx: &mut ConnContext) -> Reply {
+    let Some(Payload::ApplicationRegisterRequest(r)) = msg.payload else {
+        return invalid("expected an application_register_request");
+    };
+    let want = r.register_client.unwrap_or(false);
+    if want && !ctx.registered {
+        ctx.registered = true;
+        state.registry.register(&state.metrics);
+        tracing::info!(pid = ?ctx.pid, apps = state.registry.count(), "application registered");
+    } else if !want && ctx.registered {
+        ctx.registered = false;
+        state.registry.unregister(&state.metrics);
+    }
+    Reply::Message(frame::ok())
+}
+
+/// The PCI address a pool request names in `raw_bytes` (NULs and spaces trimmed).
+fn requested_gpu(msg: &UnixSocketProto) -> Result<Option<PciAddr>, Reply> {
+    let Some(Payload::RawBytes(b)) = &msg.payload else {
+        return Err(invalid("expected raw_bytes with a GPU PCI address"));
+    };
+    let text = String::from_utf8_lossy(b);
+    Ok(text.trim_matches(|c: char| c == '\0' || c.is_whitespace()).parse().ok())
+}
+
+fn pool_for(
+    state: &ServerState,
+    want: Option<PciAddr>,
+    endpoint_gpu: Option<PciAddr>,
+) -> Option<Arc<dyn RxPool>> {
+    let gpu = want?;
+    if endpoint_gpu.is_some_and(|e| e != gpu) {
+        return None;
+    }
+    state.gpus.get(&gpu)?.pool.clone()
+}
+
+fn count(state: &ServerState, kind: &str, code: Code) {
+    state.metrics.pool_requests.with_label_values(&[kind, code.name()]).inc();
+}
+
+fn pool_fd(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Reply {
+    let want = match requested_gpu(&msg) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    match pool_for(state, want, Some(gpu)) {
+        Some(pool) => {
+            count(state, "fd", Code::Ok);
+            Reply::Fd(pool)
+        }
+        None => {
+            count(state, "fd", Code::NotFound);
+            Reply::Message(frame::error(Code::NotFound, "Not found."))
+        }
+    }
+}
+
+/// 24 bytes: i32 LE fd number, 4 zero bytes, u64 LE size, u64 LE alignment.
+pub fn metadata_bytes(fd: i32, size: u64, alignment: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24);
+    out.extend_from_slice(&fd.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&size.to_le_bytes());
+    out.extend_from_slice(&alignment.to_le_bytes());
+    out
+}
+
+fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Reply {
+    use std::os::fd::AsRawFd;
+    let want = match requested_gpu(&msg) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    match pool_for(state, want, Some(gpu)) {
+        Some(pool) => {
+            count(state, "metadata", Code::Ok);
+            Reply::Message(frame::raw(metadata_bytes(
+                pool.share_fd().as_raw_fd(),
+                pool.size(),
+                pool.alignment(),
+            )))
+        }
+        None => {
+            count(state, "metadata", Code::InvalidArgument);
+            Reply::Message(frame::error(Code::InvalidArgument, "Not found."))
+        }
+    }
+}
+
+fn ipc_handle(state: &ServerState, msg: UnixSocketProto) -> Reply {
+    let want = match requested_gpu(&msg) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    match pool_for(state, want, None).and_then(|p| p.ipc_handle()) {
+        Some(h) => {
+            count(state, "ipc_handle", Code::Ok);
+            Reply::Message(frame::raw(h.to_vec()))
+        }
+        None => {
+            count(state, "ipc_handle", Code::NotFound);
+            Reply::Message(frame::error(Code::NotFound, "Not found."))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_layout() {
+        let b = metadata_bytes(7, 64 << 20, 4096);
+        assert_eq!(b.len(), 24);
+        assert_eq!(&b[0..8], &[7, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(u64::from_le_bytes(b[8..16].try_into().unwrap()), 64 << 20);
+        assert_eq!(u64::from_le_bytes(b[16..24].try_into().unwrap()), 4096);
+    }
+}

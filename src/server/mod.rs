@@ -1,0 +1,180 @@
+//! The client-facing endpoints (SPEC §4.3): one `UnixListener` per socket file,
+//! one task per connection, a shared semaphore bounding connections.
+
+pub mod conn;
+pub mod handlers;
+pub mod rule_workers;
+pub mod socket_dir;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+
+use crate::config::pci::PciAddr;
+use crate::config::topology::Topology;
+use crate::gpu::RxPool;
+use crate::metrics::Metrics;
+use rule_workers::RuleWorker;
+
+/// What a socket file serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    RuleManager,
+    RuleUninstall,
+    QueueIdsByGpu,
+    Registry,
+    GpuFd(PciAddr),
+    GpuMetadata(PciAddr),
+    /// `get_gpu_by_gpu_pci` (`--gpu_shmem_type file`).
+    GpuIpcHandle,
+}
+
+impl Endpoint {
+    pub fn socket_name(&self) -> String {
+        match self {
+            Endpoint::RuleManager => "rx_rule_manager".into(),
+            Endpoint::RuleUninstall => "rx_rule_uninstall".into(),
+            Endpoint::QueueIdsByGpu => "queue_ids_by_gpu".into(),
+            Endpoint::Registry => "rxdm_application_registry".into(),
+            Endpoint::GpuFd(p) => format!("get_gpu_fd_{p}"),
+            Endpoint::GpuMetadata(p) => format!("get_gpu_metadata_{p}"),
+            Endpoint::GpuIpcHandle => "get_gpu_by_gpu_pci".into(),
+        }
+    }
+
+    /// Metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Endpoint::RuleManager => "rule_manager",
+            Endpoint::RuleUninstall => "rule_uninstall",
+            Endpoint::QueueIdsByGpu => "queue_ids",
+            Endpoint::Registry => "registry",
+            Endpoint::GpuFd(_) => "gpu_fd",
+            Endpoint::GpuMetadata(_) => "gpu_metadata",
+            Endpoint::GpuIpcHandle => "gpu_ipc_handle",
+        }
+    }
+}
+
+/// One managed GPU as the handlers see it.
+#[derive(Debug, Clone)]
+pub struct GpuEntry {
+    pub nic: usize,
+    /// Index of the GPU within its NIC.
+    pub index: usize,
+    pub queues: Vec<u32>,
+    pub pool: Option<Arc<dyn RxPool>>,
+}
+
+/// Registered applications (SPEC §4.4 last point).
+#[derive(Debug, Default)]
+pub struct AppRegistry {
+    count: Mutex<usize>,
+    /// Signalled when the count drops from ≥1 to 0.
+    pub last_gone: Notify,
+}
+
+impl AppRegistry {
+    pub fn register(&self, metrics: &Metrics) {
+        let mut c = self.count.lock().expect("registry lock");
+        *c += 1;
+        metrics.registered_apps.set(*c as i64);
+    }
+
+    pub fn unregister(&self, metrics: &Metrics) {
+        let mut c = self.count.lock().expect("registry lock");
+        *c = c.saturating_sub(1);
+        metrics.registered_apps.set(*c as i64);
+        if *c == 0 {
+            self.last_gone.notify_one();
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        *self.count.lock().expect("registry lock")
+    }
+}
+
+/// Everything the handlers share.
+pub struct ServerState {
+    pub topology: Arc<Topology>,
+    pub gpus: HashMap<PciAddr, GpuEntry>,
+    pub workers: Vec<RuleWorker>,
+    /// Local address → NIC index, for requests without a GPU.
+    pub addresses: RwLock<HashMap<IpAddr, usize>>,
+    pub registry: AppRegistry,
+    pub metrics: Arc<Metrics>,
+    pub conn_limit: Arc<Semaphore>,
+}
+
+impl ServerState {
+    pub fn nic_for_address(&self, ip: IpAddr) -> Option<usize> {
+        self.addresses.read().expect("address map lock").get(&ip.to_canonical()).copied()
+    }
+
+    pub fn set_addresses(&self, map: HashMap<IpAddr, usize>) {
+        *self.addresses.write().expect("address map lock") = map;
+    }
+
+    /// `/debug/flows` JSON.
+    pub async fn flows_json(&self) -> String {
+        let mut nics = Vec::new();
+        for w in &self.workers {
+            if let Some(s) = w.snapshot().await {
+                nics.push(s);
+            }
+        }
+        serde_json::json!({ "nics": nics }).to_string()
+    }
+}
+
+/// Resolves once `shutdown` turns true (or its sender is gone).
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+/// Accepts connections on `listener` until shutdown; each connection runs in
+/// its own task holding a connection permit and a clone of `done`.
+pub fn spawn_endpoint(
+    listener: UnixListener,
+    endpoint: Endpoint,
+    state: Arc<ServerState>,
+    mut shutdown: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
+) {
+    tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                _ = crate::server::stopped(&mut shutdown) => return,
+                p = state.conn_limit.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let stream = tokio::select! {
+                _ = crate::server::stopped(&mut shutdown) => return,
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // EMFILE and friends: back off briefly instead of spinning.
+                        tracing::warn!(endpoint = endpoint.kind(), error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                },
+            };
+            let state = state.clone();
+            let shutdown = shutdown.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                conn::serve(stream, endpoint, &state, shutdown).await;
+                drop(permit);
+                drop(done);
+            });
+        }
+    });
+}

@@ -1,0 +1,249 @@
+//! Discovery over fabricated sysfs trees laid out like the kernel's: PCI functions
+//! nested under `devices/pciDDDD:BB`, `class/net/<if>` as relative symlinks into
+//! `devices/…/net/<if>`, and `device` links `../../../<pci>`.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use tcpx_rxdm::config::discovery::{discover, DiscoveryError};
+use tcpx_rxdm::config::topology::NicSpec;
+use tempfile::TempDir;
+
+const BRIDGE: (&str, &str) = ("0x1000", "0x060400"); // PCIe switch port
+const ROOT_PORT: (&str, &str) = ("0x8086", "0x060400");
+const H100: (&str, &str) = ("0x10de", "0x030200");
+const GVNIC: (&str, &str) = ("0x1ae0", "0x020000");
+const NVSWITCH: (&str, &str) = ("0x10de", "0x068000");
+const AMD_GPU: (&str, &str) = ("0x1002", "0x030000");
+const NVME: (&str, &str) = ("0x144d", "0x010802");
+
+struct FakeSysfs {
+    dir: TempDir,
+}
+
+impl FakeSysfs {
+    fn new() -> Self {
+        let dir = TempDir::new().unwrap();
+        fs::create_dir_all(dir.path().join("class/net")).unwrap();
+        FakeSysfs { dir }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Adds PCI function `path` (relative to `devices/`, e.g.
+    /// `pci0000:00/0000:00:01.0/0000:01:00.0`) with its vendor and class files.
+    fn pci(&self, path: &str, (vendor, class): (&str, &str)) -> &Self {
+        let dir = self.root().join("devices").join(path);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
+        fs::write(dir.join("class"), format!("{class}\n")).unwrap();
+        // Real function directories hold symlinks out of the tree; the walk must not follow them.
+        symlink("../../../bus/pci/drivers/gve", dir.join("driver")).unwrap();
+        self
+    }
+
+    /// Adds interface `ifname` of the PCI function at `devices/<device>`.
+    fn nic(&self, ifname: &str, device: &str) -> &Self {
+        let if_dir = self.root().join("devices").join(device).join("net").join(ifname);
+        fs::create_dir_all(&if_dir).unwrap();
+        let pci_name = Path::new(device).file_name().unwrap();
+        symlink(Path::new("../../..").join(pci_name), if_dir.join("device")).unwrap();
+        self.class_link(ifname, &format!("{device}/net/{ifname}"));
+        self
+    }
+
+    /// Adds a virtual interface (no `device` link), like `lo` or a veth.
+    fn virtual_if(&self, ifname: &str) -> &Self {
+        fs::create_dir_all(self.root().join("devices/virtual/net").join(ifname)).unwrap();
+        self.class_link(ifname, &format!("virtual/net/{ifname}"));
+        self
+    }
+
+    fn class_link(&self, ifname: &str, under_devices: &str) {
+        let target = PathBuf::from("../../devices").join(under_devices);
+        symlink(target, self.root().join("class/net").join(ifname)).unwrap();
+    }
+}
+
+/// One a3 "block": root port → switch upstream port → three downstream ports with two
+/// H100s and a gVNIC; GPUs on buses `first`, `first+1`, NIC on `first+2`.
+fn a3_block(fs: &FakeSysfs, root_port: &str, first: u8, ifname: &str) {
+    let rc = format!("pci0000:{}", &root_port[5..7]);
+    let rp = format!("{rc}/{root_port}");
+    let up = format!("{rp}/0000:{:02x}:00.0", first - 3);
+    fs.pci(&rp, ROOT_PORT).pci(&up, BRIDGE);
+    for (i, kind) in [H100, H100, GVNIC].into_iter().enumerate() {
+        let dsp = format!("{up}/0000:{:02x}:{:02x}.0", first - 2, i + 1);
+        let ep = format!("{dsp}/0000:{:02x}:00.0", first + i as u8);
+        fs.pci(&dsp, BRIDGE).pci(&ep, kind);
+    }
+    fs.nic(ifname, &format!("{up}/0000:{:02x}:03.0/0000:{:02x}:00.0", first - 2, first + 2));
+}
+
+/// a3-highgpu-8g: eth1..eth4, each with two H100s behind a switch two hops up; a host
+/// NIC eth0 on the root complex; lo and a veth. An NVSwitch-class NVIDIA function sits
+/// under eth1's switch and must not count as a GPU.
+fn a3_highgpu_8g() -> FakeSysfs {
+    let fs = FakeSysfs::new();
+    // Created out of order: discovery must sort.
+    a3_block(&fs, "0000:80:02.0", 0x8a, "eth4");
+    a3_block(&fs, "0000:00:01.0", 0x04, "eth1");
+    a3_block(&fs, "0000:80:01.0", 0x84, "eth3");
+    a3_block(&fs, "0000:00:02.0", 0x0a, "eth2");
+    fs.pci("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:04.0", BRIDGE)
+        .pci("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:04.0/0000:03:00.0", NVSWITCH);
+    fs.pci("pci0000:00/0000:00:04.0", GVNIC).nic("eth0", "pci0000:00/0000:00:04.0");
+    fs.virtual_if("lo").virtual_if("veth1a2b3c");
+    fs
+}
+
+fn any_address(_: &str) -> bool {
+    true
+}
+
+/// `ifname nic_pci: gpu_pci[queues] ...` per NIC, compact enough to assert whole.
+fn summary(nics: &[NicSpec]) -> Vec<String> {
+    nics.iter()
+        .map(|n| {
+            let gpus: Vec<String> = n
+                .gpus
+                .iter()
+                .map(|g| {
+                    let q: Vec<String> = g.queues.iter().map(u32::to_string).collect();
+                    format!("{}[{}]", g.pci, q.join(","))
+                })
+                .collect();
+            format!("{} {}: {}", n.ifname, n.pci.map(|p| p.to_string()).unwrap_or_default(), gpus.join(" "))
+        })
+        .collect()
+}
+
+#[test]
+fn a3_highgpu_8g_topology() {
+    let fs = a3_highgpu_8g();
+    let nics = discover(fs.root(), 2, 8, 8, &any_address).unwrap();
+    assert_eq!(
+        summary(&nics),
+        [
+            "eth1 0000:06:00.0: 0000:04:00.0[8,9,10,11] 0000:05:00.0[12,13,14,15]",
+            "eth2 0000:0c:00.0: 0000:0a:00.0[8,9,10,11] 0000:0b:00.0[12,13,14,15]",
+            "eth3 0000:86:00.0: 0000:84:00.0[8,9,10,11] 0000:85:00.0[12,13,14,15]",
+            "eth4 0000:8c:00.0: 0000:8a:00.0[8,9,10,11] 0000:8b:00.0[12,13,14,15]",
+        ]
+    );
+}
+
+#[test]
+fn rss_set_size_offsets_queues() {
+    let fs = a3_highgpu_8g();
+    let nics = discover(fs.root(), 2, 4, 4, &any_address).unwrap();
+    assert_eq!(nics.len(), 4);
+    assert_eq!(nics[2].gpus[0].queues, [4, 5]);
+    assert_eq!(nics[2].gpus[1].queues, [6, 7]);
+}
+
+#[test]
+fn one_hop_stops_at_the_downstream_port() {
+    // One hop up from each NIC is its own downstream port, which holds no GPU.
+    let fs = a3_highgpu_8g();
+    assert_eq!(summary(&discover(fs.root(), 1, 8, 8, &any_address).unwrap()), Vec::<String>::new());
+}
+
+#[test]
+fn hops_beyond_the_root_complex_skip_the_nic() {
+    // Each NIC has four PCI functions below its root complex: three hops reach the root
+    // port (same GPUs), four would reach the root complex itself, so the NIC is skipped.
+    let fs = a3_highgpu_8g();
+    assert_eq!(discover(fs.root(), 3, 8, 8, &any_address).unwrap().len(), 4);
+    assert!(discover(fs.root(), 4, 8, 8, &any_address).unwrap().is_empty());
+}
+
+#[test]
+fn zero_hops_is_rejected() {
+    let fs = a3_highgpu_8g();
+    assert!(matches!(discover(fs.root(), 0, 8, 8, &any_address), Err(DiscoveryError::ZeroHops)));
+}
+
+#[test]
+fn only_nvidia_display_functions_are_gpus() {
+    let fs = FakeSysfs::new();
+    let up = "pci0000:00/0000:00:01.0/0000:01:00.0";
+    fs.pci("pci0000:00/0000:00:01.0", ROOT_PORT).pci(up, BRIDGE);
+    for (bus, kind) in [(3, NVSWITCH), (4, AMD_GPU), (5, NVME), (6, GVNIC), (7, H100)] {
+        let dsp = format!("{up}/0000:02:{bus:02x}.0");
+        fs.pci(&dsp, BRIDGE).pci(&format!("{dsp}/0000:{bus:02x}:00.0"), kind);
+    }
+    fs.nic("eth10", &format!("{up}/0000:02:06.0/0000:06:00.0"));
+    // A second block with no NVIDIA GPU at all: its NIC is skipped.
+    let up2 = "pci0000:00/0000:00:02.0/0000:11:00.0";
+    fs.pci("pci0000:00/0000:00:02.0", ROOT_PORT).pci(up2, BRIDGE);
+    for (bus, kind) in [(0x13, AMD_GPU), (0x14, NVSWITCH), (0x15, GVNIC)] {
+        let dsp = format!("{up2}/0000:12:{bus:02x}.0");
+        fs.pci(&dsp, BRIDGE).pci(&format!("{dsp}/0000:{bus:02x}:00.0"), kind);
+    }
+    fs.nic("eth2", &format!("{up2}/0000:12:15.0/0000:15:00.0"));
+
+    let nics = discover(fs.root(), 2, 8, 8, &any_address).unwrap();
+    assert_eq!(summary(&nics), ["eth10 0000:06:00.0: 0000:07:00.0[8,9,10,11,12,13,14,15]"]);
+}
+
+#[test]
+fn uneven_split_is_an_error() {
+    let fs = a3_highgpu_8g();
+    // A third H100 under eth3's switch: 8 queues do not split over 3 GPUs.
+    fs.pci("pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:04.0", BRIDGE)
+        .pci("pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:04.0/0000:83:00.0", H100);
+    let err = discover(fs.root(), 2, 8, 8, &any_address).unwrap_err();
+    match &err {
+        DiscoveryError::UnevenQueueSplit { ifname, gpus, tcpd_queue_size } => {
+            assert_eq!((ifname.as_str(), *gpus, *tcpd_queue_size), ("eth3", 3, 8));
+        }
+        other => panic!("unexpected error {other}"),
+    }
+    assert!(err.to_string().contains("eth3"), "{err}");
+    // 6 queues do split over 3 GPUs (and over 2 on the other NICs).
+    let nics = discover(fs.root(), 2, 8, 6, &any_address).unwrap();
+    assert_eq!(
+        summary(&nics[2..3]),
+        ["eth3 0000:86:00.0: 0000:83:00.0[8,9] 0000:84:00.0[10,11] 0000:85:00.0[12,13]"]
+    );
+    // Fewer queues than GPUs.
+    assert!(matches!(
+        discover(fs.root(), 2, 8, 1, &any_address),
+        Err(DiscoveryError::UnevenQueueSplit { gpus: 2, tcpd_queue_size: 1, .. })
+    ));
+}
+
+#[test]
+fn interfaces_without_an_address_are_skipped() {
+    let fs = a3_highgpu_8g();
+    let nics = discover(fs.root(), 2, 8, 8, &|ifname: &str| ifname != "eth2" && ifname != "eth4").unwrap();
+    let names: Vec<&str> = nics.iter().map(|n| n.ifname.as_str()).collect();
+    assert_eq!(names, ["eth1", "eth3"]);
+    assert!(discover(fs.root(), 2, 8, 8, &|_: &str| false).unwrap().is_empty());
+}
+
+#[test]
+fn missing_class_net_names_the_path() {
+    let dir = TempDir::new().unwrap();
+    let err = discover(dir.path(), 2, 8, 8, &any_address).unwrap_err();
+    assert!(matches!(&err, DiscoveryError::ReadDir { path, .. } if path.ends_with("class/net")), "{err}");
+}
+
+#[test]
+fn malformed_vendor_names_the_file() {
+    let fs = a3_highgpu_8g();
+    let gpu = fs.root().join("devices/pci0000:00/0000:00:02.0/0000:07:00.0/0000:08:01.0/0000:0a:00.0");
+    fs::write(gpu.join("vendor"), "nvidia\n").unwrap();
+    let err = discover(fs.root(), 2, 8, 8, &any_address).unwrap_err();
+    match err {
+        DiscoveryError::BadAttr { path, value } => {
+            assert_eq!(path, gpu.canonicalize().unwrap().join("vendor"));
+            assert_eq!(value, "nvidia");
+        }
+        other => panic!("unexpected error {other}"),
+    }
+}
