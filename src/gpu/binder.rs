@@ -10,16 +10,8 @@ use std::sync::Mutex;
 use super::devmem::DevmemBinder;
 use super::tcpx::{DmaBufPages, KernelDmaBufPages, TcpxBinder, TcpxError};
 use super::{BindError, Binding, NoBinder, QueueBinder, RxPool};
+use crate::config::flags::BindBackendKind as BinderKind;
 use crate::config::pci::PciAddr;
-
-/// The `--bind_backend` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinderKind {
-    Auto,
-    Tcpx,
-    Devmem,
-    None,
-}
 
 /// The binder for `kind`; `sim_nic` is true when the NICs are simulated.
 pub fn select_binder(kind: BinderKind, sim_nic: bool) -> Box<dyn QueueBinder> {

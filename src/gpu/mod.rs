@@ -5,6 +5,7 @@ pub mod binder;
 pub mod cuda;
 pub mod devmem;
 pub mod host;
+pub mod placement;
 pub mod tcpx;
 
 use std::fmt::Debug;
