@@ -115,7 +115,7 @@ impl Topology {
 
     /// Structural checks that need no hardware.
     pub fn validate(&self) -> Result<(), TopologyError> {
-        if self.nics.is_empty() || self.nics.iter().all(|n| n.gpus.is_empty()) {
+        if self.nics.is_empty() {
             return Err(TopologyError::Empty);
         }
         let mut gpu_home: HashMap<PciAddr, &str> = HashMap::new();

@@ -10,6 +10,7 @@ use crate::gpu::cuda::CudaAllocator;
 use crate::gpu::host::HostAllocator;
 use crate::gpu::placement::spread_gpus;
 use crate::gpu::{PoolAllocator, QueueBinder};
+use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
 
@@ -26,17 +27,32 @@ pub struct Backends {
 /// Picks the backends. With the simulated NIC and `--gpu_backend cuda`, the
 /// topology's GPUs are replaced by the CUDA-visible ones (hence `&mut`).
 pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Backends, DaemonError> {
+    // `auto`: the sim preset means simulated NICs (its eth1..eth4 may exist on
+    // the host and must not be touched); anything else means real NICs,
+    // which must then exist.
     let use_sim = match flags.nic_backend {
         NicBackendKind::Sim => true,
         NicBackendKind::Auto => *source == Source::Preset("sim"),
         NicBackendKind::Ethtool => false,
     };
+    if flags.nic_backend == NicBackendKind::Auto && !use_sim {
+        let class_net = flags.sysfs_root().join("class/net");
+        if let Some(n) = topo.nics.iter().find(|n| !class_net.join(&n.ifname).exists()) {
+            return Err(DaemonError::Config(format!(
+                "--nic_backend=auto: interface {} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
+                n.ifname,
+                class_net.display()
+            )));
+        }
+    }
     // Before the NIC backend: a sim topology may be re-placed onto real GPUs.
     let alloc: Arc<dyn PoolAllocator> = match flags.gpu_backend {
         GpuBackendKind::Host => Arc::new(HostAllocator),
         GpuBackendKind::Auto if use_sim => Arc::new(HostAllocator),
-        GpuBackendKind::Cuda => Arc::new(cuda_allocator(topo, use_sim).map_err(DaemonError::Runtime)?),
-        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false).map_err(|e| {
+        GpuBackendKind::Cuda => {
+            Arc::new(cuda_allocator(topo, use_sim, "cuda").map_err(DaemonError::Runtime)?)
+        }
+        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto").map_err(|e| {
             DaemonError::Runtime(format!("{e} (--gpu_backend=host runs with host-memory pools)"))
         })?),
     };
@@ -48,7 +64,9 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
         }
         (sim.clone(), Some(sim))
     } else {
-        return Err(DaemonError::Runtime("the ethtool NIC backend is not available in this build".into()));
+        let nic =
+            EthtoolNic::open().map_err(|e| DaemonError::Runtime(format!("ethtool NIC backend: {e}")))?;
+        (Arc::new(nic), None)
     };
     if !flags.sim_fault.is_empty() && sim.is_none() {
         return Err(DaemonError::Config("--sim_fault needs --nic_backend=sim".into()));
@@ -59,8 +77,8 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
 
 /// The CUDA backend, checked against the topology: every GPU must be visible
 /// to CUDA, or (`place_on_sim`) the visible GPUs replace the topology's.
-fn cuda_allocator(topo: &mut Topology, place_on_sim: bool) -> Result<CudaAllocator, String> {
-    let alloc = CudaAllocator::new().map_err(|e| format!("--gpu_backend=cuda: {e}"))?;
+fn cuda_allocator(topo: &mut Topology, place_on_sim: bool, flag: &str) -> Result<CudaAllocator, String> {
+    let alloc = CudaAllocator::new().map_err(|e| format!("--gpu_backend={flag}: {e}"))?;
     let visible = alloc.visible_gpus().map_err(|e| e.to_string())?.unwrap_or_default();
     if place_on_sim {
         *topo = spread_gpus(topo, &visible).map_err(|e| format!("placing CUDA GPUs on the sim NICs: {e}"))?;
@@ -72,7 +90,7 @@ fn cuda_allocator(topo: &mut Topology, place_on_sim: bool) -> Result<CudaAllocat
         topo.gpus().map(|(_, g)| g.pci).filter(|g| !visible.contains(g)).map(|g| g.to_string()).collect();
     if !missing.is_empty() {
         return Err(format!(
-            "GPUs {missing:?} of the topology are not visible to CUDA (visible: {visible:?})"
+            "--gpu_backend={flag}: GPUs {missing:?} of the topology are not visible to CUDA (visible: {visible:?})"
         ));
     }
     Ok(alloc)

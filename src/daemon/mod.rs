@@ -14,12 +14,15 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::flags::Flags;
+use crate::config::flags::SetupParam;
 use crate::config::pci::PciAddr;
 use crate::config::presets::{self, Source};
 use crate::config::topology::Topology;
 use crate::gpu::{Binding, RxPool};
 use crate::metrics::{http, Metrics};
+use crate::nic::monitor::{spawn_link_monitor, MonitorHandle};
 use crate::nic::prime::{self, PrimedNic};
+use crate::nic::tuning::{HostTuning, TuningParams, TuningPlan};
 use crate::nic::{NicControl, NicEvent};
 use crate::server::rule_workers::RuleWorker;
 use crate::server::socket_dir::{resolve_group, SocketDir};
@@ -83,6 +86,8 @@ struct Node {
     pools: Vec<(PciAddr, Arc<dyn RxPool>)>,
     state: Option<Arc<ServerState>>,
     dir: SocketDir,
+    /// Host tuning applied at startup (ethtool backend only).
+    tuning: Option<HostTuning>,
 }
 
 impl Node {
@@ -108,6 +113,12 @@ impl Node {
             errors.extend(errs.into_iter().map(|e| format!("restoring {e}")));
         }
         self.primed.clear();
+        if let Some(mut tuning) = self.tuning.take() {
+            match tuning.restore() {
+                Ok(()) => tracing::info!("host tuning undone"),
+                Err(errs) => errors.extend(errs.into_iter().map(|e| format!("undoing host tuning: {e}"))),
+            }
+        }
         self.dir.cleanup();
         errors
     }
@@ -158,30 +169,35 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         pools: Vec::new(),
         state: None,
         dir,
+        tuning: None,
     };
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel::<NicEvent>();
     let startup =
         start(&flags, &topo, &source, &backends, &mut node, &metrics, &routes, shutdown_rx.clone(), done_tx)
-            .await;
-    if let Err(e) = startup {
-        tracing::error!(error = %e, "startup failed; undoing what was applied");
-        let _ = shutdown_tx.send(true);
-        for err in node.teardown().await {
-            tracing::error!(error = %err, "rollback step failed");
+            .await
+            .and_then(|()| start_link_monitor(&backends, &topo, &events_tx));
+    let monitor = match startup {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %e, "startup failed; undoing what was applied");
+            let _ = shutdown_tx.send(true);
+            for err in node.teardown().await {
+                tracing::error!(error = %err, "rollback step failed");
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     drop(events_tx); // monitors hold their own senders
     let state = node.state.clone().expect("set by start");
 
-    routes.set_ready(true);
-    tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
     if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
         if let Err(e) = write_health_line(&path) {
             tracing::warn!(path, error = %e, "could not write HEALTH_CHECK_LOG_FILE");
         }
     }
+    routes.set_ready(true);
+    tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
 
     let reason = tokio::select! {
         _ = sigterm.recv() => StopReason::Signal("SIGTERM"),
@@ -190,6 +206,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &topo, &metrics) => StopReason::Nic(ev),
     };
     tracing::info!(reason = %reason, "shutting down");
+    drop(monitor);
     routes.set_ready(false);
     // A second signal during shutdown forces the exit.
     tokio::spawn(async move {
@@ -218,6 +235,40 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         StopReason::Nic(_) => Err(DaemonError::Runtime(format!("stopped because {reason}"))),
         _ => Ok(()),
     }
+}
+
+/// Starts the link monitor for real NICs. It starts after priming, so that
+/// the drivers' own resets while being primed do not read as link failures.
+fn start_link_monitor(
+    b: &Backends,
+    topo: &Topology,
+    events: &mpsc::UnboundedSender<NicEvent>,
+) -> Result<Option<MonitorHandle>, DaemonError> {
+    if b.nic.backend() != "ethtool" {
+        return Ok(None);
+    }
+    let ifnames = topo.nics.iter().map(|n| n.ifname.clone()).collect();
+    spawn_link_monitor(ifnames, b.nic.clone(), events.clone())
+        .map(Some)
+        .map_err(|e| DaemonError::Runtime(format!("link monitor: {e}")))
+}
+
+/// Host tuning (SPEC §6.4), best effort: failures are logged, what was
+/// applied is undone at shutdown.
+fn apply_host_tuning(flags: &Flags) -> Option<HostTuning> {
+    let SetupParam::Tune { initcwnd, rto_min_ms, quickack } = flags.setup_param else {
+        return None;
+    };
+    let params = TuningParams { initcwnd, rto_min_ms, quickack };
+    let plan = match &flags.tuning_script_path {
+        Some(dir) => TuningPlan::Script { dir: dir.clone(), args: params.script_args() },
+        None => TuningPlan::Native { procfs_root: flags.procfs_root(), sysfs_root: flags.sysfs_root() },
+    };
+    let (tuning, errors) = HostTuning::apply(&params, &plan);
+    for e in errors {
+        tracing::warn!(error = %e, "host tuning step failed");
+    }
+    Some(tuning)
 }
 
 fn write_health_line(path: &str) -> std::io::Result<()> {
@@ -388,6 +439,12 @@ async fn start(
         p.enable_header_split(b.nic.as_ref()).map_err(|e| rt(format!("header split on {e}")))?;
     }
     tracing::info!(elapsed_ms = ms(t), "header split enabled");
+
+    if b.nic.backend() == "ethtool" {
+        let t = Instant::now();
+        node.tuning = apply_host_tuning(flags);
+        tracing::info!(elapsed_ms = ms(t), "host tuning applied");
+    }
 
     let t = Instant::now();
     let mut open = |ep: Endpoint| -> Result<(), DaemonError> {

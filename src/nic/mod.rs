@@ -5,8 +5,14 @@
 //! or a netlink request), made from a NIC's own worker thread, never from the
 //! async runtime.
 
+pub mod ethtool;
+pub mod family;
+pub mod monitor;
+pub mod nl;
 pub mod prime;
+pub mod rtnl;
 pub mod sim;
+pub mod tuning;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -62,6 +68,8 @@ pub enum NicOp {
     Stat,
     Ifindex,
     Addresses,
+    GetRing,
+    SetRing,
 }
 
 impl NicOp {
@@ -83,6 +91,8 @@ impl NicOp {
             NicOp::Stat => "stat",
             NicOp::Ifindex => "ifindex",
             NicOp::Addresses => "addresses",
+            NicOp::GetRing => "get_ring",
+            NicOp::SetRing => "set_ring",
         }
     }
 
@@ -91,7 +101,7 @@ impl NicOp {
     }
 }
 
-pub const ALL_OPS: [NicOp; 16] = [
+pub const ALL_OPS: [NicOp; 18] = [
     NicOp::AddRule,
     NicOp::DelRule,
     NicOp::ListRules,
@@ -108,6 +118,8 @@ pub const ALL_OPS: [NicOp; 16] = [
     NicOp::Stat,
     NicOp::Ifindex,
     NicOp::Addresses,
+    NicOp::GetRing,
+    NicOp::SetRing,
 ];
 
 impl fmt::Display for NicOp {
@@ -146,6 +158,13 @@ pub enum DataSplit {
     Unknown,
     Disabled,
     Enabled,
+}
+
+/// RX ring size as ethtool rings report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RxRing {
+    pub current: u32,
+    pub max: u32,
 }
 
 /// Everything the daemon needs from a NIC. Implemented by the ethtool backend
@@ -187,6 +206,15 @@ pub trait NicControl: Send + Sync {
 
     /// One driver statistic by name (e.g. `reset_cnt`); `None` if the driver has no such stat.
     fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>>;
+
+    /// RX ring size, for the ring-size fallback of drivers without header
+    /// split (§6.3). Backends without ring control report EOPNOTSUPP.
+    fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {
+        Err(NicError::new(ifname, NicOp::GetRing, Errno::EOPNOTSUPP))
+    }
+    fn set_rx_ring(&self, ifname: &str, _size: u32) -> NicResult<()> {
+        Err(NicError::new(ifname, NicOp::SetRing, Errno::EOPNOTSUPP))
+    }
 }
 
 /// A link-level event on a managed NIC, fed to the daemon by a monitor.

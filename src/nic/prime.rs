@@ -84,7 +84,7 @@ impl PrimedNic {
 
     /// Turns header split on (strict where the driver has it), after pools are bound.
     pub fn enable_header_split(&mut self, nic: &dyn NicControl) -> Result<(), PrimeError> {
-        let r = match self.header_split {
+        match self.header_split {
             HeaderSplit::PrivFlags => self
                 .run(nic, "enable header split", Change::PrivFlag(PRIV_HEADER_SPLIT, true))
                 .and_then(|_| {
@@ -96,8 +96,7 @@ impl PrimedNic {
                 }),
             HeaderSplit::DataSplit => self.run(nic, "enable tcp-data-split", Change::DataSplit(true)),
             HeaderSplit::Unsupported => Ok(()),
-        };
-        r
+        }
     }
 
     /// Undoes every change in reverse order, attempting all of them; idempotent.

@@ -2,8 +2,8 @@
 //! state, limits and failure modes, used by the embedded default run and by
 //! the behaviour tests. Not a mock: it enforces what a driver enforces.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use super::*;
 pub const SIM_CHANNELS: u32 = 16;
 pub const SIM_RULE_CAPACITY: u32 = 100_000;
 pub const SIM_RSS_TABLE_SIZE: usize = 128;
+pub const SIM_RX_RING: RxRing = RxRing { current: 1024, max: 4096 };
 const SIM_PRIV_FLAGS: [&str; 3] = [PRIV_HEADER_SPLIT, PRIV_STRICT_HEADER_SPLIT, PRIV_MAX_RX_BUFFER];
 
 /// A fault to inject: operation `op` fails with `errno`, either with
@@ -102,12 +103,20 @@ struct SimState {
     addresses: Vec<IpAddr>,
     channels: u32,
     capacity: u32,
-    rules: BTreeMap<u32, NicRule>,
+    /// Rule table indexed by slot, like a NIC's own filter table.
+    rules: Vec<Option<SimRule>>,
     features: HashMap<String, bool>,
     priv_flags: Vec<(String, bool)>,
     data_split: DataSplit,
+    rx_ring: RxRing,
     rss: Vec<u32>,
     stats: HashMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SimRule {
+    queue: u32,
+    flow: FlowSpec,
 }
 
 #[derive(Debug, Default)]
@@ -137,10 +146,14 @@ pub struct SimNic {
     faults: Mutex<FaultState>,
 }
 
-/// Conventional sim address of `ethN`: `192.168.N.2`; other names use their position.
-pub fn sim_address(ifname: &str, position: usize) -> IpAddr {
+/// Addresses of simulated `ethN`: `192.168.N.2` and `fd00:0:0:N::2`; names
+/// without a number use their position (1-based) as N.
+pub fn sim_addresses(ifname: &str, position: usize) -> Vec<IpAddr> {
     let n = ifname.strip_prefix("eth").and_then(|d| d.parse::<u8>().ok()).unwrap_or((position + 1) as u8);
-    IpAddr::V4(Ipv4Addr::new(192, 168, n, 2))
+    vec![
+        IpAddr::V4(Ipv4Addr::new(192, 168, n, 2)),
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, n as u16, 0, 0, 0, 2)),
+    ]
 }
 
 impl SimNic {
@@ -157,13 +170,14 @@ impl SimNic {
                 let name = name.as_ref().to_string();
                 let state = SimState {
                     index: 100 + i as u32,
-                    addresses: vec![sim_address(&name, i)],
+                    addresses: sim_addresses(&name, i),
                     channels: SIM_CHANNELS,
                     capacity: SIM_RULE_CAPACITY,
-                    rules: BTreeMap::new(),
+                    rules: Vec::new(),
                     features: [(FEATURE_NTUPLE.to_string(), false)].into_iter().collect(),
                     priv_flags: SIM_PRIV_FLAGS.iter().map(|f| (f.to_string(), false)).collect(),
                     data_split: DataSplit::Disabled,
+                    rx_ring: SIM_RX_RING,
                     rss: (0..SIM_RSS_TABLE_SIZE as u32).map(|i| i % SIM_CHANNELS).collect(),
                     stats: [(STAT_RESET_CNT.to_string(), 0)].into_iter().collect(),
                 };
@@ -299,23 +313,34 @@ impl NicControl for SimNic {
             if queue >= s.channels || loc >= s.capacity || flow.src.is_ipv6() != flow.dst.is_ipv6() {
                 return Err(Errno::EINVAL);
             }
-            if s.rules.contains_key(&loc) {
+            let slot = loc as usize;
+            if s.rules.len() <= slot {
+                s.rules.resize(slot + 1, None);
+            }
+            if s.rules[slot].is_some() {
                 return Err(Errno::EBUSY);
             }
-            if s.rules.values().any(|r| r.src == flow.src && r.dst == flow.dst) {
-                return Err(Errno::EEXIST);
-            }
-            s.rules.insert(loc, NicRule { loc, queue, src: flow.src, dst: flow.dst });
+            s.rules[slot] = Some(SimRule { queue, flow: *flow });
             Ok(())
         })
     }
 
     fn del_rule(&self, ifname: &str, loc: u32) -> NicResult<()> {
-        self.with(ifname, NicOp::DelRule, |s| s.rules.remove(&loc).map(|_| ()).ok_or(Errno::ENOENT))
+        self.with(ifname, NicOp::DelRule, |s| {
+            s.rules.get_mut(loc as usize).and_then(Option::take).map(|_| ()).ok_or(Errno::ENOENT)
+        })
     }
 
     fn list_rules(&self, ifname: &str) -> NicResult<Vec<NicRule>> {
-        self.with(ifname, NicOp::ListRules, |s| Ok(s.rules.values().copied().collect()))
+        self.with(ifname, NicOp::ListRules, |s| {
+            Ok(s.rules
+                .iter()
+                .enumerate()
+                .filter_map(|(loc, r)| {
+                    r.map(|r| NicRule { loc: loc as u32, queue: r.queue, src: r.flow.src, dst: r.flow.dst })
+                })
+                .collect())
+        })
     }
 
     fn rule_capacity(&self, ifname: &str) -> NicResult<u32> {
@@ -344,10 +369,11 @@ impl NicControl for SimNic {
         self.with(ifname, NicOp::SetFeature, |s| {
             let cur = s.features.get_mut(name).ok_or(Errno::EOPNOTSUPP)?;
             // Drivers drop their flow rules when ntuple filtering is turned off.
-            if name == FEATURE_NTUPLE && *cur && !on {
-                s.rules.clear();
-            }
+            let flush = name == FEATURE_NTUPLE && *cur && !on;
             *cur = on;
+            if flush {
+                s.rules = Vec::new();
+            }
             Ok(())
         })
     }
@@ -378,6 +404,20 @@ impl NicControl for SimNic {
     fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
         self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
     }
+
+    fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {
+        self.with(ifname, NicOp::GetRing, |s| Ok(s.rx_ring))
+    }
+
+    fn set_rx_ring(&self, ifname: &str, size: u32) -> NicResult<()> {
+        self.with(ifname, NicOp::SetRing, |s| {
+            if size == 0 || size > s.rx_ring.max {
+                return Err(Errno::EINVAL);
+            }
+            s.rx_ring.current = size;
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -396,7 +436,6 @@ mod tests {
         nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
         assert_eq!(nic.add_rule("eth1", &flow(2), 8, 0).unwrap_err().errno, Errno::EBUSY);
         assert_eq!(nic.add_rule("eth1", &flow(2), 16, 1).unwrap_err().errno, Errno::EINVAL);
-        assert_eq!(nic.add_rule("eth1", &flow(1), 9, 1).unwrap_err().errno, Errno::EEXIST);
         assert_eq!(nic.list_rules("eth1").unwrap().len(), 1);
         assert_eq!(nic.del_rule("eth1", 5).unwrap_err().errno, Errno::ENOENT);
         // ntuple off flushes the table, as real drivers do.
@@ -437,12 +476,23 @@ mod tests {
     }
 
     #[test]
+    fn rx_ring_is_settable_up_to_its_max() {
+        let nic = SimNic::new(&["eth1"]);
+        assert_eq!(nic.rx_ring("eth1").unwrap(), SIM_RX_RING);
+        nic.set_rx_ring("eth1", 512).unwrap();
+        assert_eq!(nic.rx_ring("eth1").unwrap().current, 512);
+        assert_eq!(nic.set_rx_ring("eth1", SIM_RX_RING.max + 1).unwrap_err().errno, Errno::EINVAL);
+        assert_eq!(nic.set_rx_ring("eth1", 0).unwrap_err().errno, Errno::EINVAL);
+    }
+
+    #[test]
     fn rss_equal_spreads_over_first_queues() {
         let nic = SimNic::new(&["eth2"]);
         nic.set_rss_equal("eth2", 8).unwrap();
         let t = nic.rss_table("eth2").unwrap();
         assert_eq!(t.len(), SIM_RSS_TABLE_SIZE);
         assert!(t.iter().all(|&q| q < 8));
-        assert_eq!(nic.addresses("eth2").unwrap(), vec!["192.168.2.2".parse::<IpAddr>().unwrap()]);
+        let want: Vec<IpAddr> = vec!["192.168.2.2".parse().unwrap(), "fd00:0:0:2::2".parse().unwrap()];
+        assert_eq!(nic.addresses("eth2").unwrap(), want);
     }
 }

@@ -82,7 +82,7 @@ impl NicRuleEngine {
 
     /// Removes every rule (shutdown). Returns the failures; bookkeeping is cleared regardless.
     pub fn remove_all(&mut self, nic: &dyn NicControl) -> Vec<NicError> {
-        let flows: Vec<FlowSpec> = self.rules.iter().map(|(f, _)| *f).collect();
+        let flows: Vec<FlowSpec> = self.rules.iter().map(|(f, _)| f).collect();
         let mut errors = Vec::new();
         for flow in flows {
             let e = self.rules.release(&flow).expect("listed above");
@@ -97,7 +97,7 @@ impl NicRuleEngine {
 
     /// Our rules as the NIC would report them, sorted by slot.
     pub fn booked(&self) -> Vec<(FlowSpec, RuleEntry)> {
-        let mut v: Vec<_> = self.rules.iter().map(|(f, e)| (*f, *e)).collect();
+        let mut v: Vec<_> = self.rules.iter().map(|(f, e)| (f, *e)).collect();
         v.sort_by_key(|(_, e)| e.loc);
         v
     }

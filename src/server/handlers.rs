@@ -38,8 +38,10 @@ pub async fn handle(
     ctx: &mut ConnContext,
 ) -> Reply {
     match endpoint {
-        Endpoint::RuleManager => rule(state, msg, true, ctx.pid).await,
-        Endpoint::RuleUninstall => rule(state, msg, false, ctx.pid).await,
+        // Rules carry no owner pid until leases exist (reliability work); the
+        // peer pid is logged per connection.
+        Endpoint::RuleManager => rule(state, msg, true, None).await,
+        Endpoint::RuleUninstall => rule(state, msg, false, None).await,
         Endpoint::QueueIdsByGpu => queue_ids(state, msg),
         Endpoint::Registry => registry(state, msg, ctx),
         Endpoint::GpuFd(gpu) => pool_fd(state, msg, gpu),
@@ -148,9 +150,9 @@ fn registry(state: &ServerState, msg: UnixSocketProto, ctx: &mut ConnContext) ->
 }
 
 /// The PCI address a pool request names in `raw_bytes` (NULs and spaces trimmed).
-fn requested_gpu(msg: &UnixSocketProto) -> Result<Option<PciAddr>, Reply> {
+fn requested_gpu(msg: &UnixSocketProto) -> Result<Option<PciAddr>, Box<Reply>> {
     let Some(Payload::RawBytes(b)) = &msg.payload else {
-        return Err(invalid("expected raw_bytes with a GPU PCI address"));
+        return Err(Box::new(invalid("expected raw_bytes with a GPU PCI address")));
     };
     let text = String::from_utf8_lossy(b);
     Ok(text.trim_matches(|c: char| c == '\0' || c.is_whitespace()).parse().ok())
@@ -175,7 +177,7 @@ fn count(state: &ServerState, kind: &str, code: Code) {
 fn pool_fd(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Reply {
     let want = match requested_gpu(&msg) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     // Pools shared only by IPC handle (`--gpu_shmem_type file`) have no fd.
     match pool_for(state, want, Some(gpu)).filter(|p| p.share_fd().is_some()) {
@@ -204,7 +206,7 @@ fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Rep
     use std::os::fd::AsRawFd;
     let want = match requested_gpu(&msg) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let pool = pool_for(state, want, Some(gpu));
     match pool.as_ref().and_then(|p| Some(metadata_bytes(p.share_fd()?.as_raw_fd(), p.size(), p.alignment())))
@@ -223,7 +225,7 @@ fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Rep
 fn ipc_handle(state: &ServerState, msg: UnixSocketProto) -> Reply {
     let want = match requested_gpu(&msg) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match pool_for(state, want, None).and_then(|p| p.ipc_handle()) {
         Some(h) => {

@@ -148,13 +148,12 @@ pub fn spawn_endpoint(
 ) {
     tokio::spawn(async move {
         loop {
-            let permit = tokio::select! {
+            // At the limit, stop accepting so new clients wait in the kernel backlog.
+            // The permit is only probed here: an idle listener must not hold one.
+            tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
-                p = state.conn_limit.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
-            };
+                p = state.conn_limit.clone().acquire_owned() => drop(p),
+            }
             let stream = tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
                 r = listener.accept() => match r {
@@ -165,6 +164,13 @@ pub fn spawn_endpoint(
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
+                },
+            };
+            let permit = tokio::select! {
+                _ = crate::server::stopped(&mut shutdown) => return,
+                p = state.conn_limit.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
                 },
             };
             let state = state.clone();

@@ -1,0 +1,159 @@
+//! Driver family probe (SPEC §6.3): how a NIC does header split, decided from
+//! what the driver reports, over any [`NicControl`] backend.
+//!
+//! Prime uses the result so:
+//! - [`DriverFamily::PrivFlags`]: header split off at prime, the
+//!   `enable-max-rx-buffer-size` flag on if listed, and after the pools are
+//!   bound `enable-header-split` (and `enable-strict-header-split` if listed)
+//!   on; restore puts back each flag's value read at startup.
+//! - [`DriverFamily::Rings`]: `set_tcp_data_split(false)` at prime, `true`
+//!   after binding; restore puts back the [`DataSplit`] read at startup.
+//! - [`DriverFamily::RingSizeFallback`]: after binding, `set_rx_ring` to
+//!   [`FALLBACK_RING_SMALL`] then [`FALLBACK_RING_LARGE`] (forces the driver to
+//!   rebuild its page pools over the bound memory); restore sets the size
+//!   read at startup (`RxRing::current`).
+//! - [`DriverFamily::NoHeaderSplit`]: nothing to toggle.
+
+use nix::errno::Errno;
+
+use super::{
+    DataSplit, NicControl, NicResult, RxRing, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER, PRIV_STRICT_HEADER_SPLIT,
+};
+
+pub const FALLBACK_RING_SMALL: u32 = 512;
+pub const FALLBACK_RING_LARGE: u32 = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverFamily {
+    /// gve with Google's private flags (COS driver, kernels < 6.8 out of tree).
+    PrivFlags {
+        /// The starting private flags, in driver order.
+        flags: Vec<(String, bool)>,
+        strict: bool,
+        max_rx_buffer: bool,
+    },
+    /// Upstream header split through rings `tcp-data-split` (gve ≥ 6.9, mlx5, bnxt…).
+    Rings { start: DataSplit },
+    /// Neither, but ring sizes are settable: the reference's ring-size toggle.
+    RingSizeFallback { start: RxRing },
+    /// No header split and no ring control (veth, virtio without rings).
+    NoHeaderSplit,
+}
+
+/// Probes `ifname`: private flags first, then rings `tcp-data-split`, then
+/// ring sizes. EOPNOTSUPP at a step means "not this family"; any other error
+/// is returned (naming the op that failed).
+pub fn probe_family(nic: &dyn NicControl, ifname: &str) -> NicResult<DriverFamily> {
+    let flags = nic.priv_flags(ifname)?;
+    let has = |name: &str| flags.iter().any(|(n, _)| n == name);
+    if has(PRIV_HEADER_SPLIT) {
+        let (strict, max_rx_buffer) = (has(PRIV_STRICT_HEADER_SPLIT), has(PRIV_MAX_RX_BUFFER));
+        return Ok(DriverFamily::PrivFlags { flags, strict, max_rx_buffer });
+    }
+    match nic.tcp_data_split(ifname) {
+        Ok(start @ (DataSplit::Disabled | DataSplit::Enabled)) => return Ok(DriverFamily::Rings { start }),
+        Ok(DataSplit::Unknown) => {}
+        Err(e) if e.errno == Errno::EOPNOTSUPP => {}
+        Err(e) => return Err(e),
+    }
+    match nic.rx_ring(ifname) {
+        Ok(start) => Ok(DriverFamily::RingSizeFallback { start }),
+        Err(e) if e.errno == Errno::EOPNOTSUPP => Ok(DriverFamily::NoHeaderSplit),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::sim::{SimNic, SIM_RX_RING};
+    use crate::nic::{NicError, NicOp};
+
+    #[test]
+    fn sim_nic_is_the_private_flag_family() {
+        let nic = SimNic::new(&["eth1"]);
+        match probe_family(&nic, "eth1").unwrap() {
+            DriverFamily::PrivFlags { strict, max_rx_buffer, flags } => {
+                assert!(strict && max_rx_buffer);
+                assert_eq!(flags.len(), 3);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A NIC whose private flags are empty and whose rings answer as given.
+    struct Upstream(NicResult<DataSplit>, NicResult<RxRing>);
+
+    impl NicControl for Upstream {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+        fn priv_flags(&self, _: &str) -> NicResult<Vec<(String, bool)>> {
+            Ok(vec![("some-other-flag".into(), true)])
+        }
+        fn tcp_data_split(&self, _: &str) -> NicResult<DataSplit> {
+            self.0.clone()
+        }
+        fn rx_ring(&self, _: &str) -> NicResult<RxRing> {
+            self.1.clone()
+        }
+        fn ifindex(&self, _: &str) -> NicResult<u32> {
+            unimplemented!()
+        }
+        fn addresses(&self, _: &str) -> NicResult<Vec<std::net::IpAddr>> {
+            unimplemented!()
+        }
+        fn channels(&self, _: &str) -> NicResult<u32> {
+            unimplemented!()
+        }
+        fn add_rule(&self, _: &str, _: &crate::nic::FlowSpec, _: u32, _: u32) -> NicResult<()> {
+            unimplemented!()
+        }
+        fn del_rule(&self, _: &str, _: u32) -> NicResult<()> {
+            unimplemented!()
+        }
+        fn list_rules(&self, _: &str) -> NicResult<Vec<crate::nic::NicRule>> {
+            unimplemented!()
+        }
+        fn rule_capacity(&self, _: &str) -> NicResult<u32> {
+            unimplemented!()
+        }
+        fn rss_table(&self, _: &str) -> NicResult<Vec<u32>> {
+            unimplemented!()
+        }
+        fn set_rss_table(&self, _: &str, _: &[u32]) -> NicResult<()> {
+            unimplemented!()
+        }
+        fn feature(&self, _: &str, _: &str) -> NicResult<bool> {
+            unimplemented!()
+        }
+        fn set_feature(&self, _: &str, _: &str, _: bool) -> NicResult<()> {
+            unimplemented!()
+        }
+        fn set_priv_flag(&self, _: &str, _: &str, _: bool) -> NicResult<()> {
+            unimplemented!()
+        }
+        fn set_tcp_data_split(&self, _: &str, _: bool) -> NicResult<()> {
+            unimplemented!()
+        }
+        fn stat(&self, _: &str, _: &str) -> NicResult<Option<u64>> {
+            unimplemented!()
+        }
+    }
+
+    #[test]
+    fn rings_then_ring_size_then_nothing() {
+        let unsupported = |op| NicError::new("eth1", op, Errno::EOPNOTSUPP);
+        let nic = Upstream(Ok(DataSplit::Disabled), Ok(SIM_RX_RING));
+        assert_eq!(probe_family(&nic, "eth1").unwrap(), DriverFamily::Rings { start: DataSplit::Disabled });
+        let nic = Upstream(Ok(DataSplit::Unknown), Ok(SIM_RX_RING));
+        assert_eq!(
+            probe_family(&nic, "eth1").unwrap(),
+            DriverFamily::RingSizeFallback { start: SIM_RX_RING }
+        );
+        let nic = Upstream(Err(unsupported(NicOp::GetTcpDataSplit)), Err(unsupported(NicOp::GetRing)));
+        assert_eq!(probe_family(&nic, "eth1").unwrap(), DriverFamily::NoHeaderSplit);
+        let nic = Upstream(Err(NicError::new("eth1", NicOp::GetTcpDataSplit, Errno::EIO)), Ok(SIM_RX_RING));
+        assert_eq!(probe_family(&nic, "eth1").unwrap_err().op, NicOp::GetTcpDataSplit);
+    }
+}

@@ -1,0 +1,293 @@
+//! Host tuning (SPEC §6.4), natively: TCP route metrics on every main-table
+//! unicast route (rtnetlink replace), a few TCP sysctls through the procfs
+//! root, and cubic's `hystart_detect` through the sysfs root. Every value
+//! changed is saved and put back by [`HostTuning::restore`], which is
+//! idempotent and attempts every step. Alternatively (`--tuning_script_path`)
+//! the user's `setup.sh` / `teardown.sh` run instead.
+
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use neli::consts::socket::NlFamily;
+use nix::errno::Errno;
+use tracing::{debug, info, warn};
+
+use super::nl::{NlConn, NlError};
+use super::rtnl::{self, Route, RTAX_INITCWND, RTAX_QUICKACK, RTAX_RTO_MIN};
+
+/// The three numbers of `--setup_param "--verbose A B C"`; 0 leaves a metric alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TuningParams {
+    pub initcwnd: u32,
+    pub rto_min_ms: u32,
+    pub quickack: u32,
+}
+
+impl TuningParams {
+    /// The route metrics to set (`RTAX_*`, value), zeros left out.
+    pub fn route_metrics(&self) -> Vec<(u16, u32)> {
+        [(RTAX_INITCWND, self.initcwnd), (RTAX_RTO_MIN, self.rto_min_ms), (RTAX_QUICKACK, self.quickack)]
+            .into_iter()
+            .filter(|(_, v)| *v != 0)
+            .collect()
+    }
+
+    /// Arguments for `setup.sh`, as the reference passes `--setup_param`.
+    pub fn script_args(&self) -> Vec<String> {
+        vec![
+            "--verbose".into(),
+            self.initcwnd.to_string(),
+            self.rto_min_ms.to_string(),
+            self.quickack.to_string(),
+        ]
+    }
+}
+
+/// How to tune.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TuningPlan {
+    /// `procfs_root` is `/proc` or a mount of the host's `/proc/sys` (such as
+    /// `/hostprocsysfs`); both layouts are recognised.
+    Native { procfs_root: PathBuf, sysfs_root: PathBuf },
+    /// Run `<dir>/setup.sh <args…>` now and `<dir>/teardown.sh` at restore.
+    Script { dir: PathBuf, args: Vec<String> },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TuningError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("writing {value:?} to {path}: {source}")]
+    Write { path: PathBuf, value: String, source: io::Error },
+    #[error("route netlink: {0}")]
+    Netlink(#[source] NlError),
+    #[error("route {route}: {source}")]
+    Route { route: String, source: NlError },
+    #[error("{}: {detail}", script.display())]
+    Script { script: PathBuf, detail: String },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Exact(&'static str),
+    AtLeast(u64),
+}
+
+/// The sysctls, relative to the sysctl directory (`/proc/sys`).
+const SYSCTLS: [(&str, Target); 7] = [
+    ("net/ipv4/tcp_mtu_probing", Target::Exact("0")),
+    ("net/ipv4/tcp_slow_start_after_idle", Target::Exact("0")),
+    ("net/ipv4/tcp_rmem", Target::Exact("4096 1048576 15728640")),
+    ("net/ipv4/tcp_wmem", Target::Exact("4096 1048576 67108864")),
+    ("net/ipv4/tcp_no_metrics_save", Target::Exact("1")),
+    ("net/core/somaxconn", Target::AtLeast(4096)),
+    ("net/ipv4/tcp_max_syn_backlog", Target::Exact("4096")),
+];
+const HYSTART_DETECT: (&str, Target) = ("module/tcp_cubic/parameters/hystart_detect", Target::Exact("2"));
+
+/// `/proc/sys` under `procfs_root`: `<root>/sys` for a procfs mount, `<root>`
+/// itself when it is a mount of `/proc/sys` (the tcpx-daemon manifests mount
+/// the host's `/proc/sys` at `/hostprocsysfs`).
+pub fn sysctl_dir(procfs_root: &Path) -> PathBuf {
+    if procfs_root.join("sys/net").is_dir() || !procfs_root.join("net").is_dir() {
+        procfs_root.join("sys")
+    } else {
+        procfs_root.to_path_buf()
+    }
+}
+
+/// Applied tuning and what it takes to undo it. Restore in the network
+/// namespace `apply` ran in: `/proc/sys/net` and rtnetlink follow the calling
+/// thread's namespace.
+#[derive(Debug, Default)]
+pub struct HostTuning {
+    /// Files changed, with their previous contents, in the order written.
+    files: Vec<(PathBuf, String)>,
+    /// Routes changed, as they were before.
+    routes: Vec<Route>,
+    /// `teardown.sh` still to run.
+    teardown: Option<PathBuf>,
+}
+
+fn normalize(v: &str) -> String {
+    v.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn write_file(path: &Path, value: &str) -> Result<(), TuningError> {
+    // Never create: a missing file means the knob does not exist here.
+    OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(value.as_bytes()))
+        .map_err(|source| TuningError::Write { path: path.to_path_buf(), value: value.to_string(), source })
+}
+
+impl HostTuning {
+    /// Applies `plan`. Every step is attempted; the failures come back beside
+    /// the handle (the caller logs them: tuning is best effort), and whatever
+    /// did change is undone by [`HostTuning::restore`].
+    pub fn apply(params: &TuningParams, plan: &TuningPlan) -> (HostTuning, Vec<TuningError>) {
+        let mut t = HostTuning::default();
+        let mut errors = Vec::new();
+        match plan {
+            TuningPlan::Script { dir, args } => {
+                t.teardown = Some(dir.join("teardown.sh"));
+                if let Err(e) = run_script(&dir.join("setup.sh"), args) {
+                    errors.push(e);
+                }
+            }
+            TuningPlan::Native { procfs_root, sysfs_root } => {
+                let sys = sysctl_dir(procfs_root);
+                let files = SYSCTLS.iter().map(|(p, v)| (sys.join(p), *v));
+                let hystart = std::iter::once((sysfs_root.join(HYSTART_DETECT.0), HYSTART_DETECT.1));
+                for (path, target) in files.chain(hystart) {
+                    if let Err(e) = t.set_file(&path, target) {
+                        errors.push(e);
+                    }
+                }
+                errors.extend(t.tune_routes(&params.route_metrics()));
+            }
+        }
+        (t, errors)
+    }
+
+    fn set_file(&mut self, path: &Path, target: Target) -> Result<(), TuningError> {
+        let current = match std::fs::read_to_string(path) {
+            Ok(s) => normalize(&s),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                warn!(path = %path.display(), "tuning knob not present; skipped");
+                return Ok(());
+            }
+            Err(source) => return Err(TuningError::Read { path: path.to_path_buf(), source }),
+        };
+        let value = match target {
+            Target::Exact(v) if current == v => return Ok(()),
+            Target::Exact(v) => v.to_string(),
+            Target::AtLeast(min) if current.parse::<u64>().is_ok_and(|c| c >= min) => return Ok(()),
+            Target::AtLeast(min) => min.to_string(),
+        };
+        write_file(path, &value)?;
+        info!(path = %path.display(), from = %current, to = %value, "host tuning");
+        self.files.push((path.to_path_buf(), current));
+        Ok(())
+    }
+
+    fn tune_routes(&mut self, metrics: &[(u16, u32)]) -> Vec<TuningError> {
+        if metrics.is_empty() {
+            return Vec::new();
+        }
+        let mut conn = match NlConn::open(NlFamily::Route) {
+            Ok(c) => c,
+            Err(e) => return vec![TuningError::Netlink(e)],
+        };
+        let mut errors = Vec::new();
+        for v6 in [false, true] {
+            let routes = match conn.transact(&rtnl::getroute_dump(v6)) {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.push(TuningError::Netlink(e));
+                    continue;
+                }
+            };
+            for payload in routes {
+                let route = match rtnl::parse_route(&payload) {
+                    Ok(r) if r.is_tunable() => r,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        errors.push(TuningError::Netlink(e));
+                        continue;
+                    }
+                };
+                if metrics.iter().all(|(t, v)| route.metric(*t) == Some(*v)) {
+                    continue;
+                }
+                match conn.transact(&route.with_metrics(metrics).replace_request()) {
+                    Ok(_) => {
+                        info!(route = %route.describe(), ?metrics, "route metrics tuned");
+                        self.routes.push(route);
+                    }
+                    Err(source) => errors.push(TuningError::Route { route: route.describe(), source }),
+                }
+            }
+        }
+        errors
+    }
+
+    /// True when there is nothing left to undo.
+    pub fn is_restored(&self) -> bool {
+        self.files.is_empty() && self.routes.is_empty() && self.teardown.is_none()
+    }
+
+    /// Puts back every value changed (routes first, then files in reverse
+    /// order) or runs `teardown.sh`. Every step is attempted; a second call
+    /// does nothing. Routes deleted meanwhile are skipped.
+    pub fn restore(&mut self) -> Result<(), Vec<TuningError>> {
+        let mut errors = Vec::new();
+        if let Some(script) = self.teardown.take() {
+            if let Err(e) = run_script(&script, &[]) {
+                errors.push(e);
+            }
+        }
+        let routes = std::mem::take(&mut self.routes);
+        if !routes.is_empty() {
+            match NlConn::open(NlFamily::Route) {
+                Ok(mut conn) => {
+                    for route in routes {
+                        match conn.transact(&route.replace_request()) {
+                            Ok(_) => debug!(route = %route.describe(), "route metrics restored"),
+                            Err(e) if matches!(e.errno(), Errno::ENOENT | Errno::ESRCH) => {
+                                debug!(route = %route.describe(), "tuned route is gone; nothing to restore")
+                            }
+                            Err(source) => {
+                                errors.push(TuningError::Route { route: route.describe(), source })
+                            }
+                        }
+                    }
+                }
+                Err(e) => errors.push(TuningError::Netlink(e)),
+            }
+        }
+        for (path, value) in std::mem::take(&mut self.files).into_iter().rev() {
+            if let Err(e) = write_file(&path, &value) {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+impl Drop for HostTuning {
+    /// A safety net: the daemon restores explicitly and logs the outcome.
+    fn drop(&mut self) {
+        if !self.is_restored() {
+            if let Err(errors) = self.restore() {
+                for e in errors {
+                    warn!(error = %e, "host tuning restore failed");
+                }
+            }
+        }
+    }
+}
+
+fn run_script(script: &Path, args: &[String]) -> Result<(), TuningError> {
+    let err = |detail: String| TuningError::Script { script: script.to_path_buf(), detail };
+    let out = Command::new(script).args(args).output().map_err(|e| err(e.to_string()))?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+    info!(script = %script.display(), stdout = %text(&out.stdout), stderr = %text(&out.stderr), "tuning script ran");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(err(format!("{}; stderr: {}", out.status, text(&out.stderr))))
+    }
+}
+
+#[cfg(test)]
+#[path = "tuning_tests.rs"]
+mod tests;

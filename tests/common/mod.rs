@@ -1,0 +1,162 @@
+//! Harness for black-box tests: starts the built daemon on a temp socket
+//! folder and a free HTTP port, waits for the ready line, and cleans up.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tcpx_rxdm::wire::client::Client;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tcpx-rxdm");
+pub const READY: &str = "Buffer manager initialization completed.";
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub http: SocketAddr,
+    log: Arc<(Mutex<Vec<String>>, Condvar)>,
+}
+
+impl Daemon {
+    /// Starts `--gpu_nic_preset=sim` plus `extra` flags and waits until ready.
+    pub fn start(extra: &[&str]) -> Daemon {
+        let d = Daemon::spawn(extra, &[]);
+        d.wait_for_log(READY, Duration::from_secs(20)).unwrap_or_else(|| {
+            panic!("daemon not ready; log:\n{}", d.log().join("\n"));
+        });
+        d
+    }
+
+    /// Starts without waiting; `env` adds environment variables.
+    pub fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--gpu_nic_preset=sim")
+            .arg(format!("--uds_path={}", dir.path().display()))
+            .arg(format!("--metrics_address={http}"))
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let log = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.0.lock().unwrap().push(line);
+                sink.1.notify_all();
+            }
+        });
+        Daemon { child, dir, http, log }
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.log.0.lock().unwrap().clone()
+    }
+
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        let mut lines = self.log.0.lock().unwrap();
+        loop {
+            if let Some(l) = lines.iter().find(|l| l.contains(needle)) {
+                return Some(l.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            lines = self.log.1.wait_timeout(lines, left).unwrap().0;
+        }
+    }
+
+    pub fn sock(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn client(&self, name: &str) -> Client {
+        Client::connect(self.sock(name)).unwrap_or_else(|e| panic!("connect {name}: {e}"))
+    }
+
+    /// GET over plain HTTP/1.1; returns (status, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(self.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let status = resp[9..12].parse().unwrap();
+        let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+
+    pub fn flows(&self) -> serde_json::Value {
+        let (status, body) = self.http_get("/debug/flows");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Waits for exit (panics after `timeout`).
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                // Let the reader thread drain the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                return st;
+            }
+            assert!(Instant::now() < deadline, "daemon did not exit; log:\n{}", self.log().join("\n"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Socket files and lock present in the folder.
+    pub fn files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the binary to completion with `args`; returns (exit code, stderr).
+pub fn run_to_exit(args: &[&str]) -> (i32, String) {
+    let out = Command::new(BIN).args(args).stdin(Stdio::null()).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The exact reply bytes of one request over a raw socket.
+pub fn raw_exchange(path: &std::path::Path, request: &[u8]) -> Vec<u8> {
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).unwrap();
+    let mut body = vec![0u8; u16::from_be_bytes(head) as usize];
+    s.read_exact(&mut body).unwrap();
+    [head.to_vec(), body].concat()
+}
