@@ -2,11 +2,14 @@
 
 use std::sync::Arc;
 
-use crate::config::flags::{BindBackendKind, Flags, GpuBackendKind, NicBackendKind};
+use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
 use crate::config::topology::Topology;
+use crate::gpu::binder::select_binder;
+use crate::gpu::cuda::CudaAllocator;
 use crate::gpu::host::HostAllocator;
-use crate::gpu::{NoBinder, PoolAllocator, QueueBinder};
+use crate::gpu::placement::spread_gpus;
+use crate::gpu::{PoolAllocator, QueueBinder};
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
@@ -21,7 +24,9 @@ pub struct Backends {
     pub binder: Arc<dyn QueueBinder>,
 }
 
-pub fn select(flags: &Flags, topo: &Topology, source: &Source) -> Result<Backends, DaemonError> {
+/// Picks the backends. With the simulated NIC and `--gpu_backend cuda`, the
+/// topology's GPUs are replaced by the CUDA-visible ones (hence `&mut`).
+pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Backends, DaemonError> {
     // `auto`: the sim preset means simulated NICs (its eth1..eth4 may exist on
     // the host and must not be touched); anything else means real NICs,
     // which must then exist.
@@ -40,6 +45,17 @@ pub fn select(flags: &Flags, topo: &Topology, source: &Source) -> Result<Backend
             )));
         }
     }
+    // Before the NIC backend: a sim topology may be re-placed onto real GPUs.
+    let alloc: Arc<dyn PoolAllocator> = match flags.gpu_backend {
+        GpuBackendKind::Host => Arc::new(HostAllocator),
+        GpuBackendKind::Auto if use_sim => Arc::new(HostAllocator),
+        GpuBackendKind::Cuda => {
+            Arc::new(cuda_allocator(topo, use_sim, "cuda").map_err(DaemonError::Runtime)?)
+        }
+        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto").map_err(|e| {
+            DaemonError::Runtime(format!("{e} (--gpu_backend=host runs with host-memory pools)"))
+        })?),
+    };
     let (nic, sim): (Arc<dyn NicControl>, Option<Arc<SimNic>>) = if use_sim {
         let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
         let sim = Arc::new(SimNic::new(&ifnames));
@@ -55,21 +71,27 @@ pub fn select(flags: &Flags, topo: &Topology, source: &Source) -> Result<Backend
     if !flags.sim_fault.is_empty() && sim.is_none() {
         return Err(DaemonError::Config("--sim_fault needs --nic_backend=sim".into()));
     }
-    let alloc: Arc<dyn PoolAllocator> = match flags.gpu_backend {
-        GpuBackendKind::Host => Arc::new(HostAllocator),
-        GpuBackendKind::Auto if sim.is_some() => Arc::new(HostAllocator),
-        GpuBackendKind::Auto | GpuBackendKind::Cuda => {
-            return Err(DaemonError::Runtime("the cuda pool backend is not available in this build".into()))
-        }
-    };
-    let binder: Arc<dyn QueueBinder> = match flags.bind_backend {
-        BindBackendKind::None => Arc::new(NoBinder),
-        BindBackendKind::Auto if sim.is_some() => Arc::new(NoBinder),
-        _ => {
-            return Err(DaemonError::Runtime(
-                "queue binding (tcpx/devmem) is not available in this build".into(),
-            ))
-        }
-    };
+    let binder: Arc<dyn QueueBinder> = Arc::from(select_binder(flags.bind_backend, sim.is_some()));
     Ok(Backends { nic, sim, alloc, binder })
+}
+
+/// The CUDA backend, checked against the topology: every GPU must be visible
+/// to CUDA, or (`place_on_sim`) the visible GPUs replace the topology's.
+fn cuda_allocator(topo: &mut Topology, place_on_sim: bool, flag: &str) -> Result<CudaAllocator, String> {
+    let alloc = CudaAllocator::new().map_err(|e| format!("--gpu_backend={flag}: {e}"))?;
+    let visible = alloc.visible_gpus().map_err(|e| e.to_string())?.unwrap_or_default();
+    if place_on_sim {
+        *topo = spread_gpus(topo, &visible).map_err(|e| format!("placing CUDA GPUs on the sim NICs: {e}"))?;
+        topo.validate().map_err(|e| format!("placing CUDA GPUs on the sim NICs: {e}"))?;
+        tracing::info!(gpus = ?visible, "sim topology uses the CUDA-visible GPUs");
+        return Ok(alloc);
+    }
+    let missing: Vec<String> =
+        topo.gpus().map(|(_, g)| g.pci).filter(|g| !visible.contains(g)).map(|g| g.to_string()).collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "--gpu_backend={flag}: GPUs {missing:?} of the topology are not visible to CUDA (visible: {visible:?})"
+        ));
+    }
+    Ok(alloc)
 }

@@ -136,15 +136,16 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Runtime(e.to_string()))?;
 
     let t = Instant::now();
-    let (topo, source) = presets::resolve_topology(&flags).map_err(|e| DaemonError::Config(e.to_string()))?;
-    let topo = Arc::new(topo);
+    let (mut topo, source) =
+        presets::resolve_topology(&flags).map_err(|e| DaemonError::Config(e.to_string()))?;
     tracing::info!(source = %source.describe(), nics = topo.nics.len(), gpus = topo.gpus().count(), elapsed_ms = ms(t), "topology loaded");
 
     let gid = match &flags.socket_group {
         Some(g) => Some(resolve_group(g).map_err(|e| DaemonError::Config(e.to_string()))?),
         None => None,
     };
-    let backends = backends::select(&flags, &topo, &source)?;
+    let backends = backends::select(&flags, &mut topo, &source)?;
+    let topo = Arc::new(topo);
 
     let t = Instant::now();
     let dir = SocketDir::lock(&flags.uds_path, flags.socket_mode, gid)
@@ -358,13 +359,8 @@ async fn start(
     // One pool per GPU, in parallel.
     let t = Instant::now();
     let gpus: Vec<PciAddr> = topo.gpus().map(|(_, g)| g.pci).collect();
-    let pools: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = gpus
-            .iter()
-            .map(|&g| s.spawn(move || b.alloc.allocate(g, topo.rx_pool_size, flags.gpu_shmem_type)))
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("alloc thread")).collect()
-    });
+    let requests: Vec<(PciAddr, u64)> = gpus.iter().map(|&g| (g, topo.rx_pool_size)).collect();
+    let pools = crate::gpu::allocate_all(b.alloc.as_ref(), &requests, flags.gpu_shmem_type);
     for (gpu, r) in gpus.iter().zip(pools) {
         let pool: Arc<dyn RxPool> = Arc::from(r.map_err(|e| rt(e.to_string()))?);
         metrics.pool_bytes.with_label_values(&[&gpu.to_string()]).set(pool.size() as i64);
@@ -488,7 +484,11 @@ fn config_json(flags: &Flags, topo: &Topology, source: &Source, b: &Backends, no
             serde_json::json!({ "gpu": g.to_string(), "size": p.size(), "alignment": p.alignment(), "pool": p.describe() })
         })
         .collect();
-    let bindings: Vec<String> = node.bindings.iter().map(|b| b.describe()).collect();
+    let bindings: Vec<_> = node
+        .bindings
+        .iter()
+        .map(|b| serde_json::json!({ "binding": b.describe(), "dmabuf_id": b.dmabuf_id() }))
+        .collect();
     serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "source": source.describe(),

@@ -42,8 +42,8 @@ impl PoolAllocator for HostAllocator {
 }
 
 impl RxPool for HostPool {
-    fn share_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    fn share_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.fd.as_fd())
     }
 
     fn size(&self) -> u64 {
@@ -69,7 +69,7 @@ mod tests {
         let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
         let pool = HostAllocator.allocate(gpu, 10_000, ShmemType::Fd).unwrap();
         assert_eq!(pool.size(), 12_288);
-        let st = fstat(pool.share_fd()).unwrap();
+        let st = fstat(pool.share_fd().unwrap()).unwrap();
         assert_eq!(st.st_size as u64, pool.size());
         assert!(HostAllocator.allocate(gpu, 1, ShmemType::File).is_err());
     }

@@ -1,7 +1,12 @@
 //! GPU receive pools: the [`PoolAllocator`] trait, its backends, and the
 //! [`QueueBinder`] trait that attaches a pool to a NIC's receive queues.
 
+pub mod binder;
+pub mod cuda;
+pub mod devmem;
 pub mod host;
+pub mod placement;
+pub mod tcpx;
 
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
@@ -20,8 +25,9 @@ pub enum GpuError {
 
 /// One allocated receive pool. Dropping it frees the memory (backend specific).
 pub trait RxPool: Send + Sync + Debug {
-    /// The shareable fd handed to clients on `get_gpu_fd_<pci>`.
-    fn share_fd(&self) -> BorrowedFd<'_>;
+    /// The shareable fd handed to clients on `get_gpu_fd_<pci>`. `None` for
+    /// pools shared only by a legacy IPC handle (`--gpu_shmem_type file`).
+    fn share_fd(&self) -> Option<BorrowedFd<'_>>;
     /// Pool size in bytes (rounded to the allocation granularity).
     fn size(&self) -> u64;
     /// Alignment (allocation granularity) in bytes.
@@ -58,6 +64,39 @@ pub trait PoolAllocator: Send + Sync {
     fn allocate(&self, gpu: PciAddr, size: u64, shmem: ShmemType) -> Result<Box<dyn RxPool>, GpuError>;
 }
 
+/// Allocates one pool per `(gpu, size)` request, all GPUs in parallel (one
+/// thread each: CUDA context creation and pinning dominate and do not
+/// serialise across devices). Results come back in request order.
+pub fn allocate_all(
+    allocator: &dyn PoolAllocator,
+    requests: &[(PciAddr, u64)],
+    shmem: ShmemType,
+) -> Vec<Result<Box<dyn RxPool>, GpuError>> {
+    if let [(gpu, size)] = requests {
+        return vec![allocator.allocate(*gpu, *size, shmem)];
+    }
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = requests
+            .iter()
+            .map(|&(gpu, size)| {
+                let worker = std::thread::Builder::new()
+                    .name(format!("pool-{gpu}"))
+                    .spawn_scoped(scope, move || allocator.allocate(gpu, size, shmem));
+                (gpu, worker)
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|(gpu, worker)| match worker {
+                Ok(handle) => handle.join().unwrap_or_else(|_| {
+                    Err(GpuError::Op { gpu: gpu.to_string(), op: "allocate", msg: "worker panicked".into() })
+                }),
+                Err(e) => Err(GpuError::Op { gpu: gpu.to_string(), op: "spawn", msg: e.to_string() }),
+            })
+            .collect()
+    })
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("binding {gpu} to {ifname} queues {queues:?}: {msg}")]
 pub struct BindError {
@@ -67,9 +106,25 @@ pub struct BindError {
     pub msg: String,
 }
 
+impl BindError {
+    pub fn new(gpu: PciAddr, ifname: &str, queues: &[u32], msg: impl Into<String>) -> Self {
+        BindError {
+            gpu: gpu.to_string(),
+            ifname: ifname.to_string(),
+            queues: queues.to_vec(),
+            msg: msg.into(),
+        }
+    }
+}
+
 /// A live binding; dropping it unbinds.
 pub trait Binding: Send + Sync + Debug {
     fn describe(&self) -> String;
+    /// The kernel's id for a devmem binding (`NETDEV_A_DMABUF_ID`), shown in
+    /// `/debug/config`.
+    fn dmabuf_id(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// Attaches pools to NIC receive queues (`--bind_backend`).
@@ -112,5 +167,23 @@ impl QueueBinder for NoBinder {
         _queues: &[u32],
     ) -> Result<Box<dyn Binding>, BindError> {
         Ok(Box::new(NoBinding))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_all_keeps_request_order_and_per_gpu_errors() {
+        let a: PciAddr = "0000:04:00.0".parse().unwrap();
+        let b: PciAddr = "0000:05:00.0".parse().unwrap();
+        let pools = allocate_all(&host::HostAllocator, &[(a, 10_000), (b, 1), (a, 4096)], ShmemType::Fd);
+        let sizes: Vec<u64> = pools.iter().map(|p| p.as_ref().unwrap().size()).collect();
+        assert_eq!(sizes, [12_288, 4096, 4096]);
+        assert!(pools[0].as_ref().unwrap().describe().contains("0000:04:00.0"));
+        let failed = allocate_all(&host::HostAllocator, &[(a, 1), (b, 1)], ShmemType::File);
+        assert!(failed.iter().all(|r| matches!(r, Err(GpuError::Op { .. }))));
+        assert!(allocate_all(&host::HostAllocator, &[], ShmemType::Fd).is_empty());
     }
 }

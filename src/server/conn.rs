@@ -90,7 +90,9 @@ async fn write_reply(stream: &mut UnixStream, reply: Reply) -> io::Result<()> {
 }
 
 async fn send_fd(stream: &UnixStream, pool: &Arc<dyn RxPool>) -> io::Result<()> {
-    let fd = pool.share_fd().as_raw_fd();
+    let Some(fd) = pool.share_fd().map(|f| f.as_raw_fd()) else {
+        return Err(io::Error::new(io::ErrorKind::NotFound, "pool has no shareable fd"));
+    };
     loop {
         stream.writable().await?;
         match stream.send_with_fd(&FD_CARRIER, &[fd]) {

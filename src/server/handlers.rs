@@ -179,7 +179,8 @@ fn pool_fd(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Reply {
         Ok(w) => w,
         Err(r) => return *r,
     };
-    match pool_for(state, want, Some(gpu)) {
+    // Pools shared only by IPC handle (`--gpu_shmem_type file`) have no fd.
+    match pool_for(state, want, Some(gpu)).filter(|p| p.share_fd().is_some()) {
         Some(pool) => {
             count(state, "fd", Code::Ok);
             Reply::Fd(pool)
@@ -207,14 +208,12 @@ fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Rep
         Ok(w) => w,
         Err(r) => return *r,
     };
-    match pool_for(state, want, Some(gpu)) {
-        Some(pool) => {
+    let pool = pool_for(state, want, Some(gpu));
+    match pool.as_ref().and_then(|p| Some(metadata_bytes(p.share_fd()?.as_raw_fd(), p.size(), p.alignment())))
+    {
+        Some(bytes) => {
             count(state, "metadata", Code::Ok);
-            Reply::Message(frame::raw(metadata_bytes(
-                pool.share_fd().as_raw_fd(),
-                pool.size(),
-                pool.alignment(),
-            )))
+            Reply::Message(frame::raw(bytes))
         }
         None => {
             count(state, "metadata", Code::InvalidArgument);

@@ -1,0 +1,140 @@
+//! devmem binder against the real kernel, in a fresh network namespace with a
+//! veth pair (needs root and `ip`; skipped with a note otherwise). A veth has
+//! no queue-management ops and a memfd is no dma-buf, so the kernel must refuse
+//! `BIND_RX`; the test pins how that refusal is reported.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::process::Command;
+
+use nix::sched::{setns, CloneFlags};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use tcpx_rxdm::config::pci::PciAddr;
+use tcpx_rxdm::gpu::devmem::{
+    bind_rx_request, DevmemBinder, DevmemError, NetdevSocket, NETDEV_A_DMABUF_QUEUES,
+};
+use tcpx_rxdm::gpu::{QueueBinder, RxPool};
+
+/// A namespace with `v0`/`v1` up; deleted on drop (which also removes the veth).
+struct Netns(String);
+
+impl Netns {
+    fn create(tag: &str) -> Option<Netns> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipping: needs root");
+            return None;
+        }
+        let name = format!("rxdm-gpu-{tag}-{}", std::process::id());
+        if !ip(&["netns", "add", &name]) {
+            eprintln!("skipping: `ip netns add` failed");
+            return None;
+        }
+        let ns = Netns(name);
+        let n = ns.0.as_str();
+        assert!(ip(&["-n", n, "link", "add", "v0", "type", "veth", "peer", "name", "v1"]));
+        assert!(ip(&["-n", n, "link", "set", "v0", "up"]));
+        assert!(ip(&["-n", n, "link", "set", "v1", "up"]));
+        Some(ns)
+    }
+
+    /// Runs `f` on a thread that has entered the namespace (setns is per thread).
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = File::open(&path).expect("open netns");
+                setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
+                f()
+            })
+            .join()
+            .expect("netns thread")
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if !ip(&["netns", "del", &self.0]) {
+            eprintln!("warning: could not delete netns {}", self.0);
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false)
+}
+
+/// A pool whose "dma-buf" is a plain memfd (or absent).
+#[derive(Debug)]
+struct MemfdPool(Option<OwnedFd>);
+
+impl RxPool for MemfdPool {
+    fn share_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.0.as_ref().map(|f| f.as_fd())
+    }
+    fn size(&self) -> u64 {
+        0
+    }
+    fn alignment(&self) -> u64 {
+        4096
+    }
+    fn dmabuf_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.0.as_ref().map(|f| f.as_fd())
+    }
+    fn describe(&self) -> String {
+        "memfd pool".into()
+    }
+}
+
+#[test]
+fn netns_veth_bind_rx_is_refused_with_a_clear_error() {
+    let Some(ns) = Netns::create("a") else { return };
+    let pool = MemfdPool(Some(memfd_create("not-a-dmabuf", MFdFlags::MFD_CLOEXEC).unwrap()));
+    let err = ns.run(|| DevmemBinder.try_bind(&pool, "v0", &[0]).unwrap_err());
+    eprintln!("kernel said: {err}");
+    match &err {
+        DevmemError::Refused { ifname, errno, .. } => {
+            assert_eq!(ifname, "v0");
+            assert_ne!(*errno as i32, 0);
+        }
+        other => panic!("expected a kernel refusal, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.starts_with("kernel refused netdev BIND_RX on v0 (ifindex "), "{text}");
+
+    // Through the trait: the BindError names GPU, interface, queues and cause.
+    let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
+    let bind_err = ns.run(|| DevmemBinder.bind(&pool, gpu, "v0", None, &[0, 1]).unwrap_err());
+    let text = bind_err.to_string();
+    assert!(text.contains("0000:04:00.0") && text.contains("v0") && text.contains("[0, 1]"), "{text}");
+    assert!(text.contains("devmem: kernel refused netdev BIND_RX"), "{text}");
+}
+
+#[test]
+fn netns_missing_interface_and_missing_dmabuf_fail_before_binding() {
+    let Some(ns) = Netns::create("b") else { return };
+    let no_dmabuf = MemfdPool(None);
+    let err = ns.run(|| DevmemBinder.try_bind(&no_dmabuf, "v0", &[0]).unwrap_err());
+    assert!(matches!(err, DevmemError::NoDmaBuf(_)), "{err:?}");
+    let pool = MemfdPool(Some(memfd_create("x", MFdFlags::MFD_CLOEXEC).unwrap()));
+    let err = ns.run(|| DevmemBinder.try_bind(&pool, "eth-none", &[0]).unwrap_err());
+    assert!(matches!(err, DevmemError::NoInterface { .. }), "{err:?}");
+    let err = ns.run(|| DevmemBinder.try_bind(&pool, "v0", &[]).unwrap_err());
+    assert!(matches!(err, DevmemError::NoQueues), "{err:?}");
+}
+
+#[test]
+fn netns_kernel_extack_is_decoded() {
+    let Some(ns) = Netns::create("c") else { return };
+    // BIND_RX without queues: the kernel's attribute check refuses it and
+    // names the missing attribute in the extended ACK.
+    let (errno, extack) = ns.run(|| {
+        let mut sock = NetdevSocket::open().unwrap();
+        let family = sock.resolve_family().unwrap();
+        let ifindex = nix::net::if_::if_nametoindex("v0").unwrap();
+        let seq = sock.next_seq();
+        sock.transact(bind_rx_request(family, seq, ifindex, 0, &[]).unwrap()).unwrap_err()
+    });
+    assert_eq!(errno, nix::errno::Errno::EINVAL);
+    assert_eq!(extack.as_deref(), Some(format!("missing attribute {NETDEV_A_DMABUF_QUEUES}").as_str()));
+}
