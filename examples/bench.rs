@@ -20,10 +20,18 @@ struct Args {
     clients: usize,
     rules: usize,
     startups: usize,
+    /// Load an already running daemon's socket folder instead (for profiling).
+    target: Option<String>,
 }
 
 fn args() -> Args {
-    let mut a = Args { bin: "target/release/tcpx-rxdm".into(), clients: 64, rules: 100_000, startups: 20 };
+    let mut a = Args {
+        bin: "target/release/tcpx-rxdm".into(),
+        clients: 64,
+        rules: 100_000,
+        startups: 20,
+        target: None,
+    };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i + 1 < argv.len() {
@@ -33,6 +41,7 @@ fn args() -> Args {
             "--clients" => a.clients = v.parse().expect("--clients N"),
             "--rules" => a.rules = v.parse().expect("--rules N"),
             "--startups" => a.startups = v.parse().expect("--startups N"),
+            "--target" => a.target = Some(v),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -79,6 +88,75 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// utime + stime of a process, in seconds.
+fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after_comm.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap().unwrap() as f64
+}
+
+/// Installs rules `range` from `clients` threads, a new connection per request.
+/// Returns sorted latencies, failures and wall time.
+fn install_run(
+    sock: &std::path::Path,
+    range: std::ops::Range<usize>,
+    clients: usize,
+) -> (Vec<Duration>, usize, Duration) {
+    let next = Arc::new(AtomicUsize::new(range.start));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|_| {
+            let sock = sock.to_path_buf();
+            let next = next.clone();
+            let end = range.end;
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                let mut failures = 0usize;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= end {
+                        break;
+                    }
+                    // Spread over the four sim NICs by destination address.
+                    let nic = 1 + i % 4;
+                    let src_ip = format!("10.{}.{}.{}", 1 + (i >> 16) % 250, (i >> 8) & 0xff, i & 0xff);
+                    let req = client::rule_request(
+                        1,
+                        (&src_ip, 40000 + (i % 20000) as i32),
+                        (&format!("192.168.{nic}.2"), 5000),
+                        None,
+                        None,
+                    );
+                    let bytes = frame::encode(&req).unwrap();
+                    let t = Instant::now();
+                    // A bare stream, like the plugin's: no timeouts set per request.
+                    let mut c =
+                        Client::from_stream(std::os::unix::net::UnixStream::connect(&sock).expect("connect"));
+                    c.send_bytes(&bytes).unwrap();
+                    let reply = c.recv().unwrap();
+                    lat.push(t.elapsed());
+                    if raw_bytes(&reply) != Some(&b"Ok."[..]) {
+                        failures += 1;
+                    }
+                }
+                (lat, failures)
+            })
+        })
+        .collect();
+    let mut lat = Vec::new();
+    let mut failures = 0;
+    for h in handles {
+        let (l, f) = h.join().unwrap();
+        lat.extend(l);
+        failures += f;
+    }
+    let wall = started.elapsed();
+    lat.sort();
+    (lat, failures, wall)
+}
+
 fn stop(mut child: Child) {
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -97,6 +175,12 @@ fn us(d: Duration) -> f64 {
 
 fn main() {
     let a = args();
+    if let Some(dir) = &a.target {
+        let (lat, failures, wall) =
+            install_run(&std::path::Path::new(dir).join("rx_rule_manager"), 0..a.rules, a.clients);
+        println!("rate {:.0}/s, failures {failures}", lat.len() as f64 / wall.as_secs_f64());
+        return;
+    }
     println!(
         "# tcpx-rxdm benchmark ({} cores)",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
@@ -126,63 +210,40 @@ fn main() {
     std::thread::sleep(Duration::from_millis(200));
     println!("rss_idle_kib: {}", rss_kib(child.id()));
     let sock = dir.path().join("rx_rule_manager");
-    let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let handles: Vec<_> = (0..a.clients)
-        .map(|_| {
-            let sock = sock.clone();
-            let next = next.clone();
-            let total = a.rules;
-            std::thread::spawn(move || {
-                let mut lat = Vec::with_capacity(total / 32 + 1);
-                let mut failures = 0usize;
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= total {
-                        break;
-                    }
-                    // Spread over the four sim NICs by destination address.
-                    let nic = 1 + i % 4;
-                    let src_ip = format!("10.{}.{}.{}", 1 + (i >> 16) % 250, (i >> 8) & 0xff, i & 0xff);
-                    let req = client::rule_request(
-                        1,
-                        (&src_ip, 40000 + (i % 20000) as i32),
-                        (&format!("192.168.{nic}.2"), 5000),
-                        None,
-                        None,
-                    );
-                    let bytes = frame::encode(&req).unwrap();
-                    let t = Instant::now();
-                    let mut c = Client::connect(&sock).expect("connect");
-                    c.send_bytes(&bytes).unwrap();
-                    let reply = c.recv().unwrap();
-                    lat.push(t.elapsed());
-                    if raw_bytes(&reply) != Some(&b"Ok."[..]) {
-                        failures += 1;
-                    }
-                }
-                (lat, failures)
-            })
-        })
-        .collect();
-    let mut lat = Vec::with_capacity(a.rules);
-    let mut failures = 0;
-    for h in handles {
-        let (l, f) = h.join().unwrap();
-        lat.extend(l);
-        failures += f;
-    }
-    let wall = started.elapsed();
-    lat.sort();
+    let pid = child.id();
+
+    // Latency: one client at a time, so the numbers are service time, not queueing.
+    let single = 5_000.min(a.rules / 2);
+    let (lat, failures, _) = install_run(&sock, 0..single, 1);
     println!(
-        "rule_install_us: p50 {:.1} p99 {:.1} max {:.1} (n={}, clients={}, connect per request)",
+        "rule_install_us_1_client: p50 {:.1} p99 {:.1} max {:.1} (n={}, failures {failures}, connect per request)",
         us(pct(&lat, 0.5)),
         us(pct(&lat, 0.99)),
         us(*lat.last().unwrap()),
-        lat.len(),
-        a.clients
+        lat.len()
     );
-    println!("rule_install_rate_per_s: {:.0} (failures {failures})", lat.len() as f64 / wall.as_secs_f64());
-    println!("rss_with_{}_rules_kib: {}", a.rules - failures, rss_kib(child.id()));
+
+    // Throughput: many clients at once. Latency here is mostly queueing:
+    // by Little's law p50 ≈ clients / rate.
+    let cpu0 = cpu_s(pid);
+    let (lat, failures, wall) = install_run(&sock, single..a.rules, a.clients);
+    let cpu = cpu_s(pid) - cpu0;
+    let rate = lat.len() as f64 / wall.as_secs_f64();
+    println!(
+        "rule_install_us_{}_clients: p50 {:.1} p99 {:.1} max {:.1} (n={}, failures {failures})",
+        a.clients,
+        us(pct(&lat, 0.5)),
+        us(pct(&lat, 0.99)),
+        us(*lat.last().unwrap()),
+        lat.len()
+    );
+    println!("rule_install_rate_per_s: {rate:.0} ({} clients, {:.1} s)", a.clients, wall.as_secs_f64());
+    println!(
+        "daemon_cpu_per_rule_us: {:.1} (daemon used {:.2} of {} cores; the rest is the clients and the kernel)",
+        cpu / lat.len() as f64 * 1e6,
+        cpu / wall.as_secs_f64(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+    println!("rss_with_{}_rules_kib: {}", a.rules, rss_kib(pid));
     stop(child);
 }

@@ -3,8 +3,33 @@
 pub mod http;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
+
+use crate::wire::frame::{Code, ALL_CODES};
+
+/// Rule operations, as metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleOp {
+    Install = 0,
+    Uninstall = 1,
+}
+
+impl RuleOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleOp::Install => "install",
+            RuleOp::Uninstall => "uninstall",
+        }
+    }
+}
+
+/// Rule-request series resolved once, so the request path does no label hashing.
+struct RuleSeries {
+    requests: [[IntCounter; ALL_CODES.len()]; 2],
+    latency: [Histogram; 2],
+}
 
 /// Every metric the daemon exports, registered on one registry.
 pub struct Metrics {
@@ -22,6 +47,7 @@ pub struct Metrics {
     pub connections_total: IntCounterVec,
     pub link_events: IntCounterVec,
     pub ready: IntGauge,
+    rule_series: RuleSeries,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -48,17 +74,17 @@ impl Metrics {
                     .expect("valid metric"),
             )
         };
+        let rule_requests = counter(
+            "tcpx_rule_requests_total",
+            "Flow-steering requests by operation and result code.",
+            &["op", "code"],
+        );
+        let rule_latency = hist(
+            "tcpx_rule_latency_seconds",
+            "Rule request latency, request received to reply queued.",
+            &["op"],
+        );
         let m = Metrics {
-            rule_requests: counter(
-                "tcpx_rule_requests_total",
-                "Flow-steering requests by operation and result code.",
-                &["op", "code"],
-            ),
-            rule_latency: hist(
-                "tcpx_rule_latency_seconds",
-                "Rule request latency, request received to reply queued.",
-                &["op"],
-            ),
             nic_op_latency: hist("tcpx_nic_op_latency_seconds", "Latency of NIC rule operations.", &["op"]),
             rules_installed: gauge("tcpx_rules_installed", "Steering rules installed per NIC.", &["nic"]),
             rules_by_queue: gauge("tcpx_rules_by_queue", "Steering rules per NIC queue.", &["nic", "queue"]),
@@ -90,6 +116,14 @@ impl Metrics {
                 IntGauge::new("tcpx_ready", "1 once startup finished, 0 when shutting down.")
                     .expect("valid metric"),
             ),
+            rule_series: RuleSeries {
+                requests: [RuleOp::Install, RuleOp::Uninstall]
+                    .map(|op| ALL_CODES.map(|c| rule_requests.with_label_values(&[op.name(), c.name()]))),
+                latency: [RuleOp::Install, RuleOp::Uninstall]
+                    .map(|op| rule_latency.with_label_values(&[op.name()])),
+            },
+            rule_requests,
+            rule_latency,
             registry: r.clone(),
         };
         let build = gauge("tcpx_build_info", "Build information.", &["version"]);
@@ -100,6 +134,13 @@ impl Metrics {
             m.registry.register(Box::new(pc)).expect("process collector registers once");
         }
         m
+    }
+
+    /// Counts one rule request and its latency.
+    pub fn rule_done(&self, op: RuleOp, code: Code, seconds: f64) {
+        let i = ALL_CODES.iter().position(|c| *c == code).expect("every code is listed");
+        self.rule_series.requests[op as usize][i].inc();
+        self.rule_series.latency[op as usize].observe(seconds);
     }
 
     /// The Prometheus text exposition of every metric.

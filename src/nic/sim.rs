@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -131,7 +132,6 @@ struct SimRule {
 struct FaultState {
     faults: Vec<Fault>,
     delays: HashMap<NicOp, Duration>,
-    calls: HashMap<NicOp, u64>,
     rng: u64,
 }
 
@@ -152,6 +152,10 @@ impl FaultState {
 pub struct SimNic {
     nics: HashMap<String, Mutex<SimState>>,
     faults: Mutex<FaultState>,
+    /// Whether any fault or delay is configured: the common path skips the lock.
+    armed: AtomicBool,
+    /// Calls per operation (indexed by `NicOp as usize`).
+    calls: [AtomicU64; ALL_OPS.len()],
 }
 
 /// Addresses of simulated `ethN`: `192.168.N.2` and `fd00:0:0:N::2`; names
@@ -192,7 +196,12 @@ impl SimNic {
                 (name, Mutex::new(state))
             })
             .collect();
-        SimNic { nics, faults: Mutex::new(FaultState { rng: seed, ..Default::default() }) }
+        SimNic {
+            nics,
+            faults: Mutex::new(FaultState { rng: seed, ..Default::default() }),
+            armed: AtomicBool::new(false),
+            calls: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
     }
 
     // ---- test API -------------------------------------------------------
@@ -200,29 +209,33 @@ impl SimNic {
     /// Adds a fault (from `--sim_fault` or a test).
     pub fn inject(&self, fault: Fault) {
         self.faults.lock().expect("sim fault lock").faults.push(fault);
+        self.armed.store(true, Ordering::SeqCst);
     }
 
     /// Fails the `nth` (1-based, counted from now) call of `op` with `errno`.
     pub fn fail_nth(&self, op: NicOp, nth: u64, errno: Errno) {
         let mut f = self.faults.lock().expect("sim fault lock");
-        let done = f.calls.get(&op).copied().unwrap_or(0);
+        let done = self.calls(op);
         f.faults.push(Fault { op, errno, trigger: Trigger::Nth(done + nth) });
+        self.armed.store(true, Ordering::SeqCst);
     }
 
     /// Delays every call of `op`.
     pub fn delay(&self, op: NicOp, by: Duration) {
         self.faults.lock().expect("sim fault lock").delays.insert(op, by);
+        self.armed.store(true, Ordering::SeqCst);
     }
 
     pub fn clear_faults(&self) {
         let mut f = self.faults.lock().expect("sim fault lock");
         f.faults.clear();
         f.delays.clear();
+        self.armed.store(false, Ordering::SeqCst);
     }
 
     /// How many times `op` was called on any NIC.
     pub fn calls(&self, op: NicOp) -> u64 {
-        self.faults.lock().expect("sim fault lock").calls.get(&op).copied().unwrap_or(0)
+        self.calls[op as usize].load(Ordering::SeqCst)
     }
 
     pub fn set_capacity(&self, ifname: &str, capacity: u32) {
@@ -269,13 +282,12 @@ impl SimNic {
 
     /// Counts the call, applies delays, and returns an injected failure if one fires.
     fn enter(&self, ifname: &str, op: NicOp) -> NicResult<()> {
+        let n = self.calls[op as usize].fetch_add(1, Ordering::SeqCst) + 1;
+        if !self.armed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let (delay, fail) = {
             let mut f = self.faults.lock().expect("sim fault lock");
-            let n = {
-                let c = f.calls.entry(op).or_default();
-                *c += 1;
-                *c
-            };
             let delay = f.delays.get(&op).copied();
             let mut fail = None;
             for i in 0..f.faults.len() {
@@ -490,6 +502,18 @@ mod tests {
         nic.clear_faults();
         nic.inject("del_rule:EBUSY:0".parse().unwrap());
         nic.del_rule("eth1", 0).unwrap();
+    }
+
+    #[test]
+    fn call_counters_cover_every_op() {
+        for (i, op) in ALL_OPS.iter().enumerate() {
+            assert_eq!(*op as usize, i, "{op}");
+        }
+        let nic = SimNic::new(&["eth1"]);
+        nic.channels("eth1").unwrap();
+        nic.channels("eth1").unwrap();
+        assert_eq!(nic.calls(NicOp::Channels), 2);
+        assert_eq!(nic.calls(NicOp::AddRule), 0);
     }
 
     #[test]

@@ -27,9 +27,13 @@ pub async fn serve(
     let gauge = state.metrics.connections.with_label_values(&[endpoint.kind()]);
     gauge.inc();
     state.metrics.connections_total.with_label_values(&[endpoint.kind()]).inc();
-    let cred = stream.peer_cred().ok();
-    let pid = cred.as_ref().and_then(|c| c.pid()).filter(|&p| p > 0).map(|p| p as u32);
-    tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.as_ref().map(|c| c.uid()), "client connected");
+    // The peer's credentials cost a syscall: fetched only where they are used.
+    let mut pid = None;
+    if endpoint == Endpoint::Registry || tracing::enabled!(tracing::Level::DEBUG) {
+        let cred = stream.peer_cred().ok();
+        pid = cred.as_ref().and_then(|c| c.pid()).filter(|&p| p > 0).map(|p| p as u32);
+        tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.as_ref().map(|c| c.uid()), "client connected");
+    }
     let mut ctx = ConnContext { pid, registered: false };
     if let Err(e) = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown).await {
         tracing::debug!(endpoint = endpoint.kind(), error = %e, "connection ended with an error");

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::{Endpoint, ServerState};
 use crate::config::pci::PciAddr;
 use crate::gpu::RxPool;
+use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
 use crate::wire::frame::{self, Code};
@@ -52,7 +53,7 @@ pub async fn handle(
 
 async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, pid: Option<u32>) -> Reply {
     let started = Instant::now();
-    let op = if install { "install" } else { "uninstall" };
+    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let (code, reply) = match msg.payload {
         Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(&req) {
             Ok(req) => {
@@ -64,7 +65,7 @@ async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, pid: Opt
                 match r {
                     Ok(()) => (Code::Ok, Reply::Message(frame::ok())),
                     Err(f) => {
-                        tracing::debug!(op, code = f.code.name(), error = %f.message, "rule request failed");
+                        tracing::debug!(op = op.name(), code = f.code.name(), error = %f.message, "rule request failed");
                         (f.code, Reply::Message(frame::error(f.code, f.message)))
                     }
                 }
@@ -73,8 +74,7 @@ async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, pid: Opt
         },
         _ => (Code::InvalidArgument, invalid("expected a flow_steer_rule_request")),
     };
-    state.metrics.rule_requests.with_label_values(&[op, code.name()]).inc();
-    state.metrics.rule_latency.with_label_values(&[op]).observe(started.elapsed().as_secs_f64());
+    state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
     reply
 }
 

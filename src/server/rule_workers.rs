@@ -1,15 +1,12 @@
-//! One worker thread per NIC owns that NIC's rule bookkeeping and makes its
-//! NIC calls: requests for one NIC apply in arrival order, NICs work in
-//! parallel, and nothing polls (each worker blocks on its channel).
+//! Per-NIC rule engines: requests for one NIC apply in arrival order, NICs
+//! work in parallel, and nothing polls.
 
 use std::net::SocketAddr;
-use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use serde::Serialize;
-use tokio::sync::oneshot;
+use tokio::sync::Mutex;
 
 use crate::config::pci::PciAddr;
 use crate::metrics::Metrics;
@@ -17,27 +14,6 @@ use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine};
 use crate::rules::table::RuleEntry;
 use crate::rules::RuleFailure;
-use crate::wire::frame::Code;
-
-enum Command {
-    Install {
-        flow: FlowSpec,
-        gpu: usize,
-        hint: Option<u32>,
-        pid: Option<u32>,
-        reply: oneshot::Sender<Result<Installed, RuleFailure>>,
-    },
-    Uninstall {
-        flow: FlowSpec,
-        reply: oneshot::Sender<Result<Option<RuleEntry>, RuleFailure>>,
-    },
-    Snapshot {
-        reply: oneshot::Sender<NicFlows>,
-    },
-    RemoveAll {
-        reply: oneshot::Sender<Vec<NicError>>,
-    },
-}
 
 /// `/debug/flows` view of one NIC.
 #[derive(Debug, Clone, Serialize)]
@@ -61,15 +37,18 @@ pub struct BookedRule {
     pub pid: Option<u32>,
 }
 
-/// Handle to one NIC's worker.
+/// One NIC's rule engine behind a FIFO lock: requests for the NIC apply in
+/// arrival order (tokio's mutex queues waiters fairly), different NICs in
+/// parallel. The NIC call runs inside the critical section on the calling
+/// runtime worker: one ioctl of a few microseconds, cheaper than handing the
+/// request to another thread and waking the caller back (two context switches).
 pub struct RuleWorker {
     pub ifname: String,
-    tx: std_mpsc::Sender<Command>,
-    thread: Option<JoinHandle<()>>,
-}
-
-fn gone() -> RuleFailure {
-    RuleFailure::new(Code::Unavailable, "daemon is shutting down")
+    engine: Mutex<NicRuleEngine>,
+    gpu_names: Vec<String>,
+    queues: Vec<u32>,
+    nic: Arc<dyn NicControl>,
+    metrics: Arc<Metrics>,
 }
 
 impl RuleWorker {
@@ -80,90 +59,29 @@ impl RuleWorker {
         nic: Arc<dyn NicControl>,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<RuleWorker> {
-        let (tx, rx) = std_mpsc::channel();
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
-        let mut engine = NicRuleEngine::new(ifname, capacity, &queues);
-        let gpu_names: Vec<String> = gpus.iter().map(|(p, _)| p.to_string()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
-        let name = ifname.to_string();
-        let thread = std::thread::Builder::new().name(format!("rules-{ifname}")).spawn(move || {
-            let installed = metrics.rules_installed.with_label_values(&[&name]);
-            installed.set(0);
-            let queue_gauge =
-                |q: u32| metrics.rules_by_queue.with_label_values(&[name.as_str(), &q.to_string()]);
-            for (_, qs) in &gpus {
-                for &q in qs {
-                    queue_gauge(q).set(0);
-                }
-            }
-            while let Ok(cmd) = rx.recv() {
-                match cmd {
-                    Command::Install { flow, gpu, hint, pid, reply } => {
-                        let t = Instant::now();
-                        let r = engine.install(nic.as_ref(), flow, gpu, hint, pid);
-                        if let Ok(Installed::New(e)) = &r {
-                            metrics
-                                .nic_op_latency
-                                .with_label_values(&["add_rule"])
-                                .observe(t.elapsed().as_secs_f64());
-                            installed.inc();
-                            queue_gauge(e.queue).inc();
-                        }
-                        let _ = reply.send(r);
-                    }
-                    Command::Uninstall { flow, reply } => {
-                        let t = Instant::now();
-                        let r = engine.uninstall(nic.as_ref(), &flow);
-                        if let Ok(Some(e)) = &r {
-                            metrics
-                                .nic_op_latency
-                                .with_label_values(&["del_rule"])
-                                .observe(t.elapsed().as_secs_f64());
-                            installed.dec();
-                            queue_gauge(e.queue).dec();
-                        }
-                        let _ = reply.send(r);
-                    }
-                    Command::Snapshot { reply } => {
-                        let (nic_rules, nic_error) = match nic.list_rules(&engine.ifname) {
-                            Ok(r) => (Some(r), None),
-                            Err(e) => (None, Some(e.to_string())),
-                        };
-                        let rules = engine
-                            .booked()
-                            .into_iter()
-                            .map(|(f, e)| BookedRule {
-                                loc: e.loc,
-                                queue: e.queue,
-                                gpu: gpu_names[e.gpu].clone(),
-                                flow_type: if f.is_v6() { "tcp6" } else { "tcp4" },
-                                src: fmt_addr(f.src),
-                                dst: fmt_addr(f.dst),
-                                pid: e.pid,
-                            })
-                            .collect();
-                        let _ = reply.send(NicFlows {
-                            ifname: engine.ifname.clone(),
-                            capacity: engine.rules().capacity(),
-                            rules,
-                            nic_rules,
-                            nic_error,
-                        });
-                    }
-                    Command::RemoveAll { reply } => {
-                        let errors = engine.remove_all(nic.as_ref());
-                        installed.set(0);
-                        for (_, qs) in &gpus {
-                            for &q in qs {
-                                queue_gauge(q).set(0);
-                            }
-                        }
-                        let _ = reply.send(errors);
-                    }
-                }
-            }
-        })?;
-        Ok(RuleWorker { ifname: ifname.to_string(), tx, thread: Some(thread) })
+        let w = RuleWorker {
+            ifname: ifname.to_string(),
+            engine: Mutex::new(NicRuleEngine::new(ifname, capacity, &queues)),
+            gpu_names: gpus.iter().map(|(p, _)| p.to_string()).collect(),
+            queues: queues.concat(),
+            nic,
+            metrics,
+        };
+        w.reset_gauges();
+        Ok(w)
+    }
+
+    fn reset_gauges(&self) {
+        self.metrics.rules_installed.with_label_values(&[&self.ifname]).set(0);
+        for q in &self.queues {
+            self.queue_gauge(*q).set(0);
+        }
+    }
+
+    fn queue_gauge(&self, q: u32) -> prometheus::IntGauge {
+        self.metrics.rules_by_queue.with_label_values(&[self.ifname.as_str(), &q.to_string()])
     }
 
     pub async fn install(
@@ -173,41 +91,64 @@ impl RuleWorker {
         hint: Option<u32>,
         pid: Option<u32>,
     ) -> Result<Installed, RuleFailure> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::Install { flow, gpu, hint, pid, reply }).map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        let mut engine = self.engine.lock().await;
+        let t = Instant::now();
+        let r = engine.install(self.nic.as_ref(), flow, gpu, hint, pid);
+        drop(engine);
+        if let Ok(Installed::New(e)) = &r {
+            self.metrics.nic_op_latency.with_label_values(&["add_rule"]).observe(t.elapsed().as_secs_f64());
+            self.metrics.rules_installed.with_label_values(&[&self.ifname]).inc();
+            self.queue_gauge(e.queue).inc();
+        }
+        r
     }
 
     pub async fn uninstall(&self, flow: FlowSpec) -> Result<Option<RuleEntry>, RuleFailure> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::Uninstall { flow, reply }).map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        let mut engine = self.engine.lock().await;
+        let t = Instant::now();
+        let r = engine.uninstall(self.nic.as_ref(), &flow);
+        drop(engine);
+        if let Ok(Some(e)) = &r {
+            self.metrics.nic_op_latency.with_label_values(&["del_rule"]).observe(t.elapsed().as_secs_f64());
+            self.metrics.rules_installed.with_label_values(&[&self.ifname]).dec();
+            self.queue_gauge(e.queue).dec();
+        }
+        r
     }
 
     pub async fn snapshot(&self) -> Option<NicFlows> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::Snapshot { reply }).ok()?;
-        rx.await.ok()
+        let engine = self.engine.lock().await;
+        let (nic_rules, nic_error) = match self.nic.list_rules(&engine.ifname) {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let rules = engine
+            .booked()
+            .into_iter()
+            .map(|(f, e)| BookedRule {
+                loc: e.loc,
+                queue: e.queue,
+                gpu: self.gpu_names[e.gpu].clone(),
+                flow_type: if f.is_v6() { "tcp6" } else { "tcp4" },
+                src: fmt_addr(f.src),
+                dst: fmt_addr(f.dst),
+                pid: e.pid,
+            })
+            .collect();
+        Some(NicFlows {
+            ifname: engine.ifname.clone(),
+            capacity: engine.rules().capacity(),
+            rules,
+            nic_rules,
+            nic_error,
+        })
     }
 
-    /// Removes every rule; the worker keeps running (idempotent).
+    /// Removes every rule (idempotent).
     pub async fn remove_all(&self) -> Vec<NicError> {
-        let (reply, rx) = oneshot::channel();
-        if self.tx.send(Command::RemoveAll { reply }).is_err() {
-            return Vec::new();
-        }
-        rx.await.unwrap_or_default()
-    }
-}
-
-impl Drop for RuleWorker {
-    fn drop(&mut self) {
-        // Closing the channel ends the worker loop.
-        let (tx, _) = std_mpsc::channel();
-        drop(std::mem::replace(&mut self.tx, tx));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let errors = self.engine.lock().await.remove_all(self.nic.as_ref());
+        self.reset_gauges();
+        errors
     }
 }
 

@@ -33,6 +33,11 @@ impl Client {
         Ok(Client { stream })
     }
 
+    /// Wraps a connected stream as it is (no read timeout).
+    pub fn from_stream(stream: UnixStream) -> Client {
+        Client { stream }
+    }
+
     pub fn stream(&self) -> &UnixStream {
         &self.stream
     }

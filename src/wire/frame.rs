@@ -94,6 +94,18 @@ pub enum Code {
     Unavailable = 14,
 }
 
+/// Every code, in a fixed order.
+pub const ALL_CODES: [Code; 8] = [
+    Code::Ok,
+    Code::InvalidArgument,
+    Code::NotFound,
+    Code::AlreadyExists,
+    Code::ResourceExhausted,
+    Code::FailedPrecondition,
+    Code::Internal,
+    Code::Unavailable,
+];
+
 impl Code {
     pub fn name(self) -> &'static str {
         match self {
