@@ -23,10 +23,7 @@ fn main() -> ExitCode {
     // Files we create are private unless made otherwise (socket files get --socket_mode).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 
-    let workers = std::env::var("RXDM_WORKERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2));
+    let workers = std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2);
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
