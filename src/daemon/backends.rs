@@ -18,8 +18,6 @@ use super::DaemonError;
 
 pub struct Backends {
     pub nic: Arc<dyn NicControl>,
-    /// Set when the NIC backend is the simulator (test hooks, defaults).
-    pub sim: Option<Arc<SimNic>>,
     pub alloc: Arc<dyn PoolAllocator>,
     pub binder: Arc<dyn QueueBinder>,
 }
@@ -56,23 +54,21 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
             DaemonError::Runtime(format!("{e} (--gpu_backend=host runs with host-memory pools)"))
         })?),
     };
-    let (nic, sim): (Arc<dyn NicControl>, Option<Arc<SimNic>>) = if use_sim {
+    if !flags.sim_fault.is_empty() && !use_sim {
+        return Err(DaemonError::Config("--sim_fault needs --nic_backend=sim".into()));
+    }
+    let nic: Arc<dyn NicControl> = if use_sim {
         let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
-        let sim = Arc::new(SimNic::new(&ifnames));
+        let sim = SimNic::new(&ifnames);
         for f in &flags.sim_fault {
             sim.inject(f.clone());
         }
-        (sim.clone(), Some(sim))
+        Arc::new(sim)
     } else {
-        let nic =
-            EthtoolNic::open().map_err(|e| DaemonError::Runtime(format!("ethtool NIC backend: {e}")))?;
-        (Arc::new(nic), None)
+        Arc::new(EthtoolNic::open().map_err(|e| DaemonError::Runtime(format!("ethtool NIC backend: {e}")))?)
     };
-    if !flags.sim_fault.is_empty() && sim.is_none() {
-        return Err(DaemonError::Config("--sim_fault needs --nic_backend=sim".into()));
-    }
-    let binder: Arc<dyn QueueBinder> = Arc::from(select_binder(flags.bind_backend, sim.is_some()));
-    Ok(Backends { nic, sim, alloc, binder })
+    let binder: Arc<dyn QueueBinder> = Arc::from(select_binder(flags.bind_backend, use_sim));
+    Ok(Backends { nic, alloc, binder })
 }
 
 /// The CUDA backend, checked against the topology: every GPU must be visible

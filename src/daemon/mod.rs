@@ -389,7 +389,7 @@ async fn start(
         "pools bound"
     );
 
-    // Shared state; rule workers are idle threads until the rule endpoints open.
+    // Shared state; the rule engines see no request until the rule endpoints open.
     let mut gpu_entries = HashMap::new();
     let mut workers = Vec::new();
     for (ni, (n, p)) in topo.nics.iter().zip(&node.primed).enumerate() {
@@ -402,10 +402,7 @@ async fn start(
             tracing::warn!(nic = %n.ifname, capacity, max_rx_rules = topo.max_rx_rules, "NIC has fewer rule slots than max_rx_rules");
         }
         let gq = n.gpus.iter().map(|g| (g.pci, g.queues.clone())).collect();
-        workers.push(
-            RuleWorker::spawn(&n.ifname, capacity, gq, b.nic.clone(), metrics.clone())
-                .map_err(|e| rt(e.to_string()))?,
-        );
+        workers.push(RuleWorker::new(&n.ifname, capacity, gq, b.nic.clone(), metrics.clone()));
     }
     let state = Arc::new(ServerState {
         topology: topo.clone(),

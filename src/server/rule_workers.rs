@@ -52,13 +52,13 @@ pub struct RuleWorker {
 }
 
 impl RuleWorker {
-    pub fn spawn(
+    pub fn new(
         ifname: &str,
         capacity: u32,
         gpus: Vec<(PciAddr, Vec<u32>)>,
         nic: Arc<dyn NicControl>,
         metrics: Arc<Metrics>,
-    ) -> std::io::Result<RuleWorker> {
+    ) -> RuleWorker {
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
         let w = RuleWorker {
@@ -70,7 +70,7 @@ impl RuleWorker {
             metrics,
         };
         w.reset_gauges();
-        Ok(w)
+        w
     }
 
     fn reset_gauges(&self) {
