@@ -7,13 +7,15 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::process::Command;
 
+use neli::consts::socket::NlFamily;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use tcpx_rxdm::config::pci::PciAddr;
 use tcpx_rxdm::gpu::devmem::{
-    bind_rx_request, DevmemBinder, DevmemError, NetdevSocket, NETDEV_A_DMABUF_QUEUES,
+    bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES,
 };
 use tcpx_rxdm::gpu::{QueueBinder, RxPool};
+use tcpx_rxdm::nic::nl::{NlConn, NlError};
 
 /// A namespace with `v0`/`v1` up; deleted on drop (which also removes the veth).
 struct Netns(String);
@@ -128,13 +130,13 @@ fn netns_kernel_extack_is_decoded() {
     let Some(ns) = Netns::create("c") else { return };
     // BIND_RX without queues: the kernel's attribute check refuses it and
     // names the missing attribute in the extended ACK.
-    let (errno, extack) = ns.run(|| {
-        let mut sock = NetdevSocket::open().unwrap();
-        let family = sock.resolve_family().unwrap();
+    let err = ns.run(|| {
+        let mut conn = NlConn::open(NlFamily::Generic).unwrap();
+        let family = netdev_family(&mut conn).unwrap();
         let ifindex = nix::net::if_::if_nametoindex("v0").unwrap();
-        let seq = sock.next_seq();
-        sock.transact(bind_rx_request(family, seq, ifindex, 0, &[]).unwrap()).unwrap_err()
+        conn.transact(&bind_rx_request(family, ifindex, 0, &[])).unwrap_err()
     });
+    let NlError::Kernel { errno, msg: extack } = err else { panic!("expected a kernel error, got {err:?}") };
     assert_eq!(errno, nix::errno::Errno::EINVAL);
     assert_eq!(extack.as_deref(), Some(format!("missing attribute {NETDEV_A_DMABUF_QUEUES}").as_str()));
 }

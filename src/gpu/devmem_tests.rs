@@ -1,8 +1,11 @@
 use std::io::Cursor;
 
+use neli::nl::{NlPayload, Nlmsghdr};
+use neli::types::Buffer;
 use neli::FromBytes;
 
 use super::*;
+use crate::nic::nl::kernel_error;
 
 /// `BIND_RX` for ifindex 5, dma-buf fd 9, queues 8 and 9; family 0x1c, seq 7.
 /// Written out from `include/uapi/linux/netdev.h` and `linux/netlink.h`, not
@@ -26,13 +29,12 @@ const BIND_RX_GOLDEN: [u8; 76] = [
 
 #[test]
 fn bind_rx_request_golden_bytes() {
-    let msg = bind_rx_request(0x1c, 7, 5, 9, &[8, 9]).unwrap();
-    assert_eq!(encode(&msg).unwrap(), BIND_RX_GOLDEN);
+    assert_eq!(bind_rx_request(0x1c, 5, 9, &[8, 9]).to_bytes(7), BIND_RX_GOLDEN);
 }
 
 #[test]
 fn bind_rx_request_without_queues_has_no_nest() {
-    let bytes = encode(&bind_rx_request(0x1c, 1, 5, 9, &[]).unwrap()).unwrap();
+    let bytes = bind_rx_request(0x1c, 5, 9, &[]).to_bytes(1);
     assert_eq!(bytes.len(), 16 + 4 + 16);
     assert_eq!(bytes[0], 36);
 }
@@ -44,8 +46,9 @@ fn reply_with_dmabuf_id_parses() {
         13, 1, 0, 0, // genl
         8, 0, 4, 0, 42, 0, 0, 0, // NETDEV_A_DMABUF_ID = 42
     ];
-    let msg = Nlmsghdr::<u16, GenlMsg>::from_bytes(&mut Cursor::new(&reply[..])).unwrap();
-    assert_eq!(outcome(&msg), Outcome::Reply(vec![(NETDEV_A_DMABUF_ID, vec![42, 0, 0, 0])]));
+    // What `NlConn::transact` hands back: the payload after the nlmsghdr.
+    assert_eq!(parse_dmabuf_id(&[reply[16..].to_vec()]).unwrap(), 42);
+    assert!(matches!(parse_dmabuf_id(&[reply[16..20].to_vec()]), Err(DevmemError::NoDmabufId)));
 }
 
 #[test]
@@ -61,8 +64,14 @@ fn error_with_extack_message_parses() {
     bytes.extend_from_slice(&[8, 0, 5, 0, 2, 0, 0, 0]); // NLMSGERR_ATTR_MISS_TYPE = 2
     let len = bytes.len() as u32;
     bytes[0..4].copy_from_slice(&len.to_ne_bytes());
-    let msg = Nlmsghdr::<u16, GenlMsg>::from_bytes(&mut Cursor::new(&bytes[..])).unwrap();
-    assert_eq!(outcome(&msg), Outcome::Failed(Errno::EINVAL, Some("no queue; missing attribute 2".into())));
+    let msg = Nlmsghdr::<u16, Buffer>::from_bytes(&mut Cursor::new(&bytes[..])).unwrap();
+    let NlPayload::Err(e) = msg.nl_payload() else { panic!("not an error message: {msg:?}") };
+    match kernel_error(*e.error(), e.ext_ack()) {
+        NlError::Kernel { errno, msg } => {
+            assert_eq!((errno, msg.as_deref()), (Errno::EINVAL, Some("no queue; missing attribute 2")))
+        }
+        other => panic!("expected a kernel error, got {other:?}"),
+    }
 }
 
 #[test]

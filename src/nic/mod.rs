@@ -7,6 +7,7 @@
 
 pub mod ethtool;
 pub mod family;
+pub mod genl;
 pub mod monitor;
 pub mod nl;
 pub mod prime;

@@ -188,12 +188,26 @@ impl AsFd for NlConn {
     }
 }
 
-fn kernel_error(code: i32, ext_ack: &GenlBuffer<NlmsgerrAttr, Buffer>) -> NlError {
-    let msg = ext_ack
+/// `NLMSGERR_ATTR_MISS_TYPE` (not in neli's enum): the attribute the request lacked.
+const NLMSGERR_ATTR_MISS_TYPE: u16 = 5;
+
+/// An error message as [`NlError::Kernel`]: the errno, and as text the
+/// extended ack's message and the missing attribute, if the kernel sent them.
+pub(crate) fn kernel_error(code: i32, ext_ack: &GenlBuffer<NlmsgerrAttr, Buffer>) -> NlError {
+    let parts: Vec<String> = ext_ack
         .iter()
-        .find(|a| *a.nla_type().nla_type() == NlmsgerrAttr::Msg)
-        .map(|a| c_string(a.nla_payload().as_ref()));
-    NlError::Kernel { errno: Errno::from_raw(code.abs()), msg }
+        .filter_map(|a| {
+            let raw = a.nla_payload().as_ref();
+            match u16::from(*a.nla_type().nla_type()) {
+                t if t == u16::from(NlmsgerrAttr::Msg) => Some(c_string(raw)),
+                NLMSGERR_ATTR_MISS_TYPE => {
+                    raw.try_into().ok().map(|b| format!("missing attribute {}", u32::from_ne_bytes(b)))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    NlError::Kernel { errno: Errno::from_raw(code.abs()), msg: (!parts.is_empty()).then(|| parts.join("; ")) }
 }
 
 /// A NUL-terminated (or not) byte string as Rust text.

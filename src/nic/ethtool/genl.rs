@@ -1,23 +1,20 @@
 //! ethtool generic netlink: the message and attribute numbers we use (from the
 //! kernel's uapi `ethtool_netlink_generated.h`), request builders and reply
-//! parsers. Pure: no sockets here, so every request is golden-byte tested.
+//! parsers over [`crate::nic::genl`]. Pure: no sockets here, so every request
+//! is golden-byte tested.
 
-use neli::consts::nl::NlmF;
-use neli::genl::{Genlmsghdr, GenlmsghdrBuilder, Nlattr};
-use neli::types::{Buffer, GenlBuffer};
+use neli::genl::Nlattr;
+use neli::types::Buffer;
 
 use super::bitset;
-use crate::nic::nl::{attr_nest, attr_str, attr_u32, attr_u8, to_bytes, AttrSet, NlError, NlRequest};
+#[cfg(test)]
+use crate::nic::genl::{get_family, parse_family_id, CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME};
+use crate::nic::genl::{request, single_reply};
+use crate::nic::nl::{attr_nest, attr_str, attr_u32, attr_u8, AttrSet, NlError, NlRequest};
 use crate::nic::DataSplit;
 
 pub const FAMILY_NAME: &str = "ethtool";
 pub const FAMILY_VERSION: u8 = 1;
-
-// Generic netlink controller (family id lookup).
-pub const GENL_ID_CTRL: u16 = 0x10;
-pub const CTRL_CMD_GETFAMILY: u8 = 3;
-pub const CTRL_ATTR_FAMILY_ID: u16 = 1;
-pub const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 
 // ETHTOOL_MSG_* (user → kernel).
 pub const MSG_STRSET_GET: u8 = 1;
@@ -69,16 +66,6 @@ pub const A_CHANNELS_RX_COUNT: u16 = 6;
 pub const A_CHANNELS_TX_COUNT: u16 = 7;
 pub const A_CHANNELS_COMBINED_COUNT: u16 = 9;
 
-fn genl(family: u16, cmd: u8, flags: NlmF, attrs: Vec<Nlattr<u16, Buffer>>, version: u8) -> NlRequest {
-    let hdr: Genlmsghdr<u8, u16> = GenlmsghdrBuilder::default()
-        .cmd(cmd)
-        .version(version)
-        .attrs(attrs.into_iter().collect::<GenlBuffer<u16, Buffer>>())
-        .build()
-        .expect("cmd and version are set");
-    NlRequest { nl_type: family, flags, payload: to_bytes(&hdr) }
-}
-
 /// An ethtool request on device `ifname`: header nest first, then `attrs`.
 fn ethtool(family: u16, cmd: u8, ifname: &str, hdr_flags: u32, attrs: Vec<Nlattr<u16, Buffer>>) -> NlRequest {
     let mut header = vec![attr_str(A_HEADER_DEV_NAME, ifname)];
@@ -87,12 +74,7 @@ fn ethtool(family: u16, cmd: u8, ifname: &str, hdr_flags: u32, attrs: Vec<Nlattr
     }
     let mut all = vec![attr_nest(A_HEADER, header)];
     all.extend(attrs);
-    genl(family, cmd, NlmF::ACK, all, FAMILY_VERSION)
-}
-
-/// Generic netlink controller: look up the id of family `name`.
-pub fn get_family(name: &str) -> NlRequest {
-    genl(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, NlmF::ACK, vec![attr_str(CTRL_ATTR_FAMILY_NAME, name)], 1)
+    request(family, cmd, FAMILY_VERSION, all)
 }
 
 /// The feature names (`ETH_SS_FEATURES`), in bit order.
@@ -152,28 +134,6 @@ pub fn channels_set(family: u16, ifname: &str, rx: Option<u32>, combined: Option
 }
 
 // ---- replies -----------------------------------------------------------------
-
-/// The attributes of a genl reply (after the 4-byte genl header).
-pub fn reply_attrs(payload: &[u8]) -> Result<AttrSet, NlError> {
-    let body = payload.get(4..).ok_or_else(|| NlError::malformed("genl reply shorter than its header"))?;
-    AttrSet::parse(body)
-}
-
-fn single_reply(replies: &[Vec<u8>]) -> Result<AttrSet, NlError> {
-    match replies {
-        [one] => reply_attrs(one),
-        _ => Err(NlError::malformed(format!("expected one reply, got {}", replies.len()))),
-    }
-}
-
-pub fn parse_family_id(replies: &[Vec<u8>]) -> Result<u16, NlError> {
-    let attrs = single_reply(replies)?;
-    attrs
-        .get(CTRL_ATTR_FAMILY_ID)
-        .and_then(|b| b.get(..2))
-        .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-        .ok_or_else(|| NlError::malformed("CTRL_ATTR_FAMILY_ID missing"))
-}
 
 /// The strings of the one string set in a STRSET_GET reply, in index order.
 pub fn parse_strset(replies: &[Vec<u8>]) -> Result<Vec<String>, NlError> {

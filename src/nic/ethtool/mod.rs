@@ -19,6 +19,7 @@ use nix::errno::Errno;
 
 use self::genl::Channels;
 use self::ioctl::{EthtoolIoctl, EthtoolRxnfc, ETH_SS_STATS, RX_CLS_LOC_SPECIAL};
+use super::genl::resolve_family;
 use super::nl::{NlConn, NlError, NlRequest};
 use super::{rtnl, DataSplit, FlowSpec, NicControl, NicError, NicOp, NicResult, NicRule, RxRing};
 
@@ -71,10 +72,7 @@ impl EthtoolNic {
     /// thread's network namespace.
     pub fn open() -> Result<Self, EthtoolError> {
         let mut genl = NlConn::open(NlFamily::Generic).map_err(EthtoolError::GenlSocket)?;
-        let family = genl
-            .transact(&genl::get_family(genl::FAMILY_NAME))
-            .and_then(|r| genl::parse_family_id(&r))
-            .map_err(EthtoolError::Family)?;
+        let family = resolve_family(&mut genl, genl::FAMILY_NAME).map_err(EthtoolError::Family)?;
         let route = NlConn::open(NlFamily::Route).map_err(EthtoolError::RouteSocket)?;
         let ioctl = EthtoolIoctl::open().map_err(EthtoolError::IoctlSocket)?;
         Ok(EthtoolNic {
