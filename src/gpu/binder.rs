@@ -100,34 +100,14 @@ impl<K: DmaBufPages> QueueBinder for AutoBinder<K> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+    use std::os::fd::{BorrowedFd, OwnedFd};
 
     use nix::errno::Errno;
     use nix::sys::memfd::{memfd_create, MFdFlags};
 
     use super::*;
     use crate::gpu::tcpx::{BindRxQueue, CreatePagesInfo};
-
-    #[derive(Debug)]
-    struct DmabufPool(OwnedFd);
-
-    impl RxPool for DmabufPool {
-        fn share_fd(&self) -> Option<BorrowedFd<'_>> {
-            None
-        }
-        fn size(&self) -> u64 {
-            4096
-        }
-        fn alignment(&self) -> u64 {
-            4096
-        }
-        fn dmabuf_fd(&self) -> Option<BorrowedFd<'_>> {
-            Some(self.0.as_fd())
-        }
-        fn describe(&self) -> String {
-            "memfd standing in for a dma-buf".into()
-        }
-    }
+    use crate::gpu::testing::FakePool;
 
     /// A kernel whose dma-bufs answer `errno` to the TCPX ioctl, or succeed.
     struct Kernel(Option<Errno>);
@@ -144,8 +124,8 @@ mod tests {
         }
     }
 
-    fn pool() -> DmabufPool {
-        DmabufPool(memfd_create("dmabuf", MFdFlags::MFD_CLOEXEC).unwrap())
+    fn pool() -> FakePool {
+        FakePool::with_dmabuf()
     }
 
     fn gpu() -> PciAddr {

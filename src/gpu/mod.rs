@@ -187,3 +187,41 @@ mod tests {
         assert!(allocate_all(&host::HostAllocator, &[], ShmemType::Fd).is_empty());
     }
 }
+
+/// Test doubles shared by the gpu modules' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+
+    use super::RxPool;
+
+    /// A pool with no shareable fd and, optionally, a memfd standing in for its dma-buf.
+    #[derive(Debug)]
+    pub struct FakePool(pub Option<OwnedFd>);
+
+    impl FakePool {
+        pub fn with_dmabuf() -> Self {
+            FakePool(Some(memfd_create("fake-dmabuf", MFdFlags::MFD_CLOEXEC).expect("memfd_create")))
+        }
+    }
+
+    impl RxPool for FakePool {
+        fn share_fd(&self) -> Option<BorrowedFd<'_>> {
+            None
+        }
+        fn size(&self) -> u64 {
+            4096
+        }
+        fn alignment(&self) -> u64 {
+            4096
+        }
+        fn dmabuf_fd(&self) -> Option<BorrowedFd<'_>> {
+            self.0.as_ref().map(|f| f.as_fd())
+        }
+        fn describe(&self) -> String {
+            "fake pool".into()
+        }
+    }
+}

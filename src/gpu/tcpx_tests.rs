@@ -53,32 +53,7 @@ fn bind_rx_golden_bytes_and_name_limits() {
 }
 
 /// A pool whose "dma-buf" is a memfd, for exercising the binder.
-#[derive(Debug)]
-struct FakePool(Option<OwnedFd>);
-
-impl FakePool {
-    fn with_dmabuf() -> Self {
-        FakePool(Some(memfd_create("fake-dmabuf", MFdFlags::MFD_CLOEXEC).unwrap()))
-    }
-}
-
-impl RxPool for FakePool {
-    fn share_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
-    }
-    fn size(&self) -> u64 {
-        4096
-    }
-    fn alignment(&self) -> u64 {
-        4096
-    }
-    fn dmabuf_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.0.as_ref().map(|f| f.as_fd())
-    }
-    fn describe(&self) -> String {
-        "fake pool".into()
-    }
-}
+use crate::gpu::testing::FakePool;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Call {
