@@ -61,6 +61,7 @@ fn bad_flags_exit_two_naming_the_flag() {
             vec!["--gpu_nic_preset=manual", "--gpu_nic_topology_proto=gpu_rxq_configs { ifname: \"eth1\" }"],
             "eth1",
         ),
+        (vec!["--gpu_nic_preset=sim", "--gpu_shmem_type=file"], "--gpu_shmem_type"),
     ] {
         let mut all = args.clone();
         all.push(&uds);

@@ -9,7 +9,7 @@ use crate::gpu::binder::select_binder;
 use crate::gpu::cuda::CudaAllocator;
 use crate::gpu::host::HostAllocator;
 use crate::gpu::placement::spread_gpus;
-use crate::gpu::{PoolAllocator, QueueBinder};
+use crate::gpu::{PoolAllocator, QueueBinder, ShmemType};
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
@@ -50,10 +50,14 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
         GpuBackendKind::Cuda => {
             Arc::new(cuda_allocator(topo, use_sim, "cuda").map_err(DaemonError::Runtime)?)
         }
-        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto").map_err(|e| {
-            DaemonError::Runtime(format!("{e} (--gpu_backend=host runs with host-memory pools)"))
-        })?),
+        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto").map_err(DaemonError::Runtime)?),
     };
+    if flags.gpu_shmem_type == ShmemType::File && alloc.backend() != "cuda" {
+        return Err(DaemonError::Config(format!(
+            "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {} (--gpu_backend=cuda)",
+            alloc.backend()
+        )));
+    }
     if !flags.sim_fault.is_empty() && !use_sim {
         return Err(DaemonError::Config("--sim_fault needs --nic_backend=sim".into()));
     }
