@@ -159,6 +159,9 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| DaemonError::Runtime(format!("--metrics_address {addr}: {e}")))?;
+        // The bound address (port 0 picks a free one).
+        let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        tracing::info!(address = %bound, "HTTP endpoints listening");
         tokio::spawn(http::serve(listener, routes.clone(), shutdown_rx.clone()));
     }
 

@@ -14,15 +14,9 @@ use tcpx_rxdm::wire::client::Client;
 pub const BIN: &str = env!("CARGO_BIN_EXE_tcpx-rxdm");
 pub const READY: &str = "Buffer manager initialization completed.";
 
-/// A free loopback port (bound then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 pub struct Daemon {
     pub child: Child,
     pub dir: tempfile::TempDir,
-    pub http: SocketAddr,
     log: Arc<(Mutex<Vec<String>>, Condvar)>,
 }
 
@@ -39,11 +33,10 @@ impl Daemon {
     /// Starts without waiting; `env` adds environment variables.
     pub fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let mut cmd = Command::new(BIN);
         cmd.arg("--gpu_nic_preset=sim")
             .arg(format!("--uds_path={}", dir.path().display()))
-            .arg(format!("--metrics_address={http}"))
+            .arg("--metrics_address=127.0.0.1:0")
             .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -62,7 +55,7 @@ impl Daemon {
                 sink.1.notify_all();
             }
         });
-        Daemon { child, dir, http, log }
+        Daemon { child, dir, log }
     }
 
     pub fn log(&self) -> Vec<String> {
@@ -89,9 +82,19 @@ impl Daemon {
         Client::connect(self.sock(name)).unwrap_or_else(|e| panic!("connect {name}: {e}"))
     }
 
+    /// The HTTP address the daemon bound (it logs it; the harness asks for port 0).
+    pub fn http(&self) -> SocketAddr {
+        let line = self
+            .wait_for_log("HTTP endpoints listening", Duration::from_secs(20))
+            .expect("HTTP address logged");
+        let addr =
+            line.split("address=").nth(1).and_then(|r| r.split_whitespace().next()).expect("address= field");
+        addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"))
+    }
+
     /// GET over plain HTTP/1.1; returns (status, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(self.http).unwrap();
+        let mut s = TcpStream::connect(self.http()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         let mut resp = String::new();
