@@ -517,6 +517,33 @@ mod tests {
     }
 
     #[test]
+    fn delays_slow_only_the_named_op() {
+        let nic = SimNic::new(&["eth1"]);
+        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        nic.delay(NicOp::AddRule, Duration::from_millis(30));
+        let t = std::time::Instant::now();
+        nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        let t = std::time::Instant::now();
+        nic.list_rules("eth1").unwrap();
+        assert!(t.elapsed() < Duration::from_millis(30));
+        nic.clear_faults();
+        let t = std::time::Instant::now();
+        nic.add_rule("eth1", &flow(2), 8, 1).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(30));
+    }
+
+    #[test]
+    fn capacity_bounds_rule_slots() {
+        let nic = SimNic::new(&["eth1"]);
+        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        nic.set_capacity("eth1", 2);
+        assert_eq!(nic.rule_capacity("eth1").unwrap(), 2);
+        nic.add_rule("eth1", &flow(1), 8, 1).unwrap();
+        assert_eq!(nic.add_rule("eth1", &flow(2), 8, 2).unwrap_err().errno, Errno::EINVAL);
+    }
+
+    #[test]
     fn fault_flag_parsing() {
         let f: Fault = "set_rss:EAGAIN:0.25".parse().unwrap();
         assert_eq!(f, Fault { op: NicOp::SetRss, errno: Errno::EAGAIN, trigger: Trigger::Probability(0.25) });
