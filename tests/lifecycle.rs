@@ -173,3 +173,30 @@ fn startup_failure_rolls_back_and_exits_one() {
     assert!(err.contains("set RSS equal") && err.contains("eth"), "{err}");
     assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "files left after failed start");
 }
+
+#[test]
+fn duplicate_signal_is_not_a_forced_exit_but_a_later_one_is() {
+    // Two SIGTERMs back to back (as wrappers deliver them): still a clean exit.
+    let mut d = Daemon::start(&[]);
+    d.signal(Signal::SIGTERM);
+    d.signal(Signal::SIGTERM);
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", d.log().join("\n"));
+    assert!(d.log().iter().any(|l| l.contains("shutdown complete")));
+
+    // A second signal well into a slow shutdown forces the exit (code 1).
+    // Every rule removal takes 100 ms in the sim: 40 rules make a 4 s shutdown.
+    let mut d = Daemon::start(&["--sim_delay=del_rule:100"]);
+    for p in 0..40 {
+        let mut c = d.client("rx_rule_manager");
+        let r = c.request(&client::rule_request(1, ("10.0.0.9", p), ("192.168.1.2", 2), None, None)).unwrap();
+        assert_eq!(raw_bytes(&r), Some(&b"Ok."[..]));
+    }
+    d.signal(Signal::SIGTERM);
+    d.wait_for_log("shutting down", Duration::from_secs(10)).expect("shutdown started");
+    std::thread::sleep(Duration::from_millis(1500));
+    d.signal(Signal::SIGINT);
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(1));
+    assert!(d.log().iter().any(|l| l.contains("exiting now without finishing restore")));
+}

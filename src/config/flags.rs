@@ -8,7 +8,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 
 use crate::gpu::ShmemType;
-use crate::nic::sim::Fault;
+use crate::nic::sim::{Fault, SimDelay};
 
 /// Preset names accepted by `--gpu_nic_preset` besides a file path.
 pub const PRESET_NAMES: [&str; 6] = ["auto", "a3vm", "a3vm4gpu4nic", "a6", "sim", "manual"];
@@ -138,6 +138,9 @@ pub struct Flags {
     /// Simulated NIC fault OP:ERRNO:PROB (repeatable), e.g. add_rule:EBUSY:0.1.
     #[arg(long = "sim_fault", action = ArgAction::Append)]
     pub sim_fault: Vec<Fault>,
+    /// Simulated NIC delay OP:MILLIS for every call of OP (repeatable), e.g. del_rule:50.
+    #[arg(long = "sim_delay", action = ArgAction::Append)]
+    pub sim_delay: Vec<SimDelay>,
 }
 
 impl Flags {

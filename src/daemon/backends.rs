@@ -58,14 +58,17 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
             alloc.backend()
         )));
     }
-    if !flags.sim_fault.is_empty() && !use_sim {
-        return Err(DaemonError::Config("--sim_fault needs --nic_backend=sim".into()));
+    if (!flags.sim_fault.is_empty() || !flags.sim_delay.is_empty()) && !use_sim {
+        return Err(DaemonError::Config("--sim_fault and --sim_delay need --nic_backend=sim".into()));
     }
     let nic: Arc<dyn NicControl> = if use_sim {
         let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
         let sim = SimNic::new(&ifnames);
         for f in &flags.sim_fault {
             sim.inject(f.clone());
+        }
+        for d in &flags.sim_delay {
+            sim.delay(d.op, d.by);
         }
         Arc::new(sim)
     } else {

@@ -33,6 +33,9 @@ use http_routes::Routes;
 /// The exact line tools grep for once the daemon is ready.
 pub const READY_LINE: &str = "Buffer manager initialization completed.";
 
+/// A second signal sooner than this after the first is a duplicate, not a demand to force the exit.
+const FORCE_GRACE: Duration = Duration::from_secs(1);
+
 /// How long shutdown waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -211,11 +214,20 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     tracing::info!(reason = %reason, "shutting down");
     drop(monitor);
     routes.set_ready(false);
-    // A second signal during shutdown forces the exit.
+    // A second signal during shutdown forces the exit. A repeat within
+    // FORCE_GRACE is the same request delivered twice (wrappers such as
+    // timeout, runuser or sudo forward a signal their process group also got).
+    let shutdown_started = Instant::now();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = sigterm.recv() => {},
-            _ = sigint.recv() => {},
+        loop {
+            tokio::select! {
+                _ = sigterm.recv() => {},
+                _ = sigint.recv() => {},
+            }
+            if shutdown_started.elapsed() >= FORCE_GRACE {
+                break;
+            }
+            tracing::debug!("repeated signal right after the first: ignored");
         }
         tracing::error!("second signal during shutdown: exiting now without finishing restore");
         std::process::exit(1);

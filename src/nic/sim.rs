@@ -35,7 +35,7 @@ pub enum Trigger {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid --sim_fault {0:?}: {1}")]
+#[error("invalid value {0:?}: {1}")]
 pub struct FaultParseError(pub String, pub &'static str);
 
 impl FromStr for Fault {
@@ -68,6 +68,27 @@ impl FromStr for Fault {
             return Err(err("PROB must be a number in [0,1]"));
         }
         Ok(Fault { op, errno, trigger: Trigger::Probability(prob) })
+    }
+}
+
+/// A delay for every call of one operation: `--sim_delay=OP:MILLIS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimDelay {
+    pub op: NicOp,
+    pub by: Duration,
+}
+
+impl FromStr for SimDelay {
+    type Err = FaultParseError;
+
+    /// `OP:MILLIS`, e.g. `del_rule:50`; OP is any NIC operation name.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why| FaultParseError(s.to_string(), why);
+        let (op, ms) = s.split_once(':').ok_or_else(|| err("expected OP:MILLIS"))?;
+        let op = NicOp::from_name(op)
+            .ok_or_else(|| err("OP must be a NIC operation such as add_rule or del_rule"))?;
+        let ms: u64 = ms.parse().map_err(|_| err("MILLIS must be a whole number of milliseconds"))?;
+        Ok(SimDelay { op, by: Duration::from_millis(ms) })
     }
 }
 
@@ -514,6 +535,15 @@ mod tests {
         nic.channels("eth1").unwrap();
         assert_eq!(nic.calls(NicOp::Channels), 2);
         assert_eq!(nic.calls(NicOp::AddRule), 0);
+    }
+
+    #[test]
+    fn delay_flag_parsing() {
+        let d: SimDelay = "del_rule:50".parse().unwrap();
+        assert_eq!(d, SimDelay { op: NicOp::DelRule, by: Duration::from_millis(50) });
+        for bad in ["del_rule", "frob:5", "del_rule:-1", "del_rule:1.5"] {
+            assert!(bad.parse::<SimDelay>().is_err(), "{bad}");
+        }
     }
 
     #[test]
