@@ -2,8 +2,9 @@
 //! backends behind it, and prime/restore built on top of it.
 //!
 //! Backends are synchronous: every call is one short kernel round trip (an ioctl
-//! or a netlink request), made from a NIC's own worker thread, never from the
-//! async runtime.
+//! or a netlink request). Rule calls run on a runtime worker inside that NIC's
+//! FIFO lock (`server::rule_workers`), so one NIC's slow driver delays only its
+//! own requests; startup and restore calls run on plain threads.
 
 pub mod ethtool;
 pub mod family;
