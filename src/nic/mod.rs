@@ -3,8 +3,8 @@
 //!
 //! Backends are synchronous: every call is one short kernel round trip (an ioctl
 //! or a netlink request). Rule calls run on a runtime worker inside that NIC's
-//! FIFO lock (`server::rule_workers`), so one NIC's slow driver delays only its
-//! own requests; startup and restore calls run on plain threads.
+//! FIFO lock (`server::rule_workers`): other requests for that NIC wait without
+//! holding a thread, but a slow driver call holds the worker that makes it.
 
 pub mod ethtool;
 pub mod family;
