@@ -14,7 +14,8 @@ use crate::nic::sim::{Fault, SimDelay};
 pub const PRESET_NAMES: [&str; 6] = ["auto", "a3vm", "a3vm4gpu4nic", "a6", "sim", "manual"];
 
 /// Boolean flags, for `--noflag` and `--flag` / `--flag=bool` forms.
-const BOOL_FLAGS: [&str; 2] = ["monitor_shutdown", "show_version"];
+const BOOL_FLAGS: [&str; 4] =
+    ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NicBackendKind {
@@ -135,6 +136,22 @@ pub struct Flags {
     /// Most client connections served at once; more wait in the backlog.
     #[arg(long = "max_connections", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// Track each client process (pidfd) and remove its rules when it exits.
+    #[arg(long = "leases", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "true", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub leases: bool,
+    /// File whose appearance ends the daemon (orderly shutdown, exit 0); relative to
+    /// --uds_path unless absolute; empty disables.
+    #[arg(long = "shutdown_file", default_value = "terminated")]
+    pub shutdown_file: String,
+    /// Exit once client processes were seen and none has been alive for
+    /// --wait_time_before_exit seconds.
+    #[arg(long = "shutdown_when_all_clients_exited", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub shutdown_when_all_clients_exited: bool,
+    /// Seconds without a live client before --shutdown_when_all_clients_exited fires.
+    #[arg(long = "wait_time_before_exit", default_value_t = 5)]
+    pub wait_time_before_exit: u64,
     /// Simulated NIC fault OP:ERRNO:PROB (repeatable), e.g. add_rule:EBUSY:0.1.
     #[arg(long = "sim_fault", action = ArgAction::Append)]
     pub sim_fault: Vec<Fault>,
@@ -144,6 +161,14 @@ pub struct Flags {
 }
 
 impl Flags {
+    /// `--shutdown_file` as a path (relative names live in `--uds_path`); `None` when disabled.
+    pub fn shutdown_file(&self) -> Option<PathBuf> {
+        match self.shutdown_file.as_str() {
+            "" => None,
+            f => Some(self.uds_path.join(f)),
+        }
+    }
+
     pub fn sysfs_root(&self) -> PathBuf {
         default_root(&self.sysfs_root, "/hostsysfs", "/sys")
     }
@@ -317,5 +342,28 @@ mod tests {
         assert_eq!(f.sim_fault.len(), 2);
         assert_eq!(parse(&[]).unwrap().metrics_address, ListenAddr(Some("0.0.0.0:9467".parse().unwrap())));
         assert!(parse(&["--max_connections=0"]).is_err());
+    }
+
+    #[test]
+    fn job_end_and_lease_flags() {
+        let f = parse(&["--uds_path=/run/tcpx"]).unwrap();
+        assert!(f.leases);
+        assert!(!f.shutdown_when_all_clients_exited);
+        assert_eq!(f.wait_time_before_exit, 5);
+        assert_eq!(f.shutdown_file(), Some(PathBuf::from("/run/tcpx/terminated")));
+        let f = parse(&[
+            "--noleases",
+            "--shutdown_when_all_clients_exited",
+            "--wait_time_before_exit=30",
+            "--shutdown_file=/tmp/done",
+        ])
+        .unwrap();
+        assert!(!f.leases);
+        assert!(f.shutdown_when_all_clients_exited);
+        assert_eq!(f.wait_time_before_exit, 30);
+        assert_eq!(f.shutdown_file(), Some(PathBuf::from("/tmp/done")));
+        assert_eq!(parse(&["--shutdown_file="]).unwrap().shutdown_file(), None);
+        let e = parse(&["--wait_time_before_exit=-1"]).unwrap_err();
+        assert!(e.to_string().contains("--wait_time_before_exit"), "{e}");
     }
 }
