@@ -3,11 +3,14 @@
 
 pub mod backends;
 pub mod http_routes;
+pub mod job_end;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -24,11 +27,13 @@ use crate::nic::monitor::{spawn_link_monitor, MonitorHandle};
 use crate::nic::prime::{self, PrimedNic};
 use crate::nic::tuning::{HostTuning, TuningParams, TuningPlan};
 use crate::nic::{NicControl, NicEvent};
+use crate::server::leases::{ClientTracker, LeasePolicy};
 use crate::server::rule_workers::RuleWorker;
 use crate::server::socket_dir::{resolve_group, SocketDir};
 use crate::server::{self, AppRegistry, Endpoint, GpuEntry, ServerState};
 use backends::Backends;
 use http_routes::Routes;
+use job_end::{JobEndError, ShutdownFile};
 
 /// The exact line tools grep for once the daemon is ready.
 pub const READY_LINE: &str = "Buffer manager initialization completed.";
@@ -38,6 +43,9 @@ const FORCE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long shutdown waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long shutdown keeps retrying rule deletes the NIC refuses.
+const RULE_REMOVAL_GIVE_UP: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -63,6 +71,8 @@ impl DaemonError {
 enum StopReason {
     Signal(&'static str),
     LastApplicationGone,
+    ShutdownFile(PathBuf),
+    AllClientsExited(Duration),
     Nic(NicEvent),
 }
 
@@ -71,6 +81,8 @@ impl std::fmt::Display for StopReason {
         match self {
             StopReason::Signal(s) => write!(f, "received {s}"),
             StopReason::LastApplicationGone => f.write_str("the last registered application disconnected"),
+            StopReason::ShutdownFile(p) => write!(f, "the shutdown file {} appeared", p.display()),
+            StopReason::AllClientsExited(d) => write!(f, "no client process has been alive for {}s", d.as_secs()),
             StopReason::Nic(NicEvent::LinkDown(n)) => write!(f, "link of {n} went down"),
             StopReason::Nic(NicEvent::Removed(n)) => write!(f, "{n} was removed"),
             StopReason::Nic(NicEvent::Reset { ifname, before, after }) => {
@@ -99,10 +111,14 @@ impl Node {
     async fn teardown(&mut self) -> Vec<String> {
         let mut errors = Vec::new();
         if let Some(state) = self.state.take() {
-            for w in &state.workers {
-                let t = Instant::now();
-                let errs = w.remove_all().await;
-                tracing::info!(nic = %w.ifname, elapsed_ms = ms(t), "rules removed");
+            state.stopping.store(true, Ordering::Release);
+            // Every NIC at once: each retries refused deletes on its own thread.
+            let give_up_at = Instant::now() + RULE_REMOVAL_GIVE_UP;
+            let t = Instant::now();
+            let started: Vec<_> = state.workers.iter().map(|w| w.remove_all(give_up_at)).collect();
+            for (w, removal) in state.workers.iter().zip(started) {
+                let errs = removal.await;
+                tracing::info!(nic = %w.ifname, elapsed_ms = ms(t), refused = errs.len(), "rules removed");
                 errors.extend(errs.into_iter().map(|e| format!("removing rules: {e}")));
             }
         }
@@ -154,6 +170,13 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let dir = SocketDir::lock(&flags.uds_path, flags.socket_mode, gid)
         .map_err(|e| DaemonError::Runtime(e.to_string()))?;
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
+    let shutdown_file = match flags.shutdown_file() {
+        Some(path) => Some(ShutdownFile::watch(&path).map_err(|e| match e {
+            JobEndError::NoFolder { .. } => DaemonError::Config(e.to_string()),
+            _ => DaemonError::Runtime(e.to_string()),
+        })?),
+        None => None,
+    };
 
     let metrics = Arc::new(Metrics::new());
     let routes = Arc::new(Routes::new(metrics.clone()));
@@ -205,10 +228,17 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     routes.set_ready(true);
     tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
 
+    let grace = Duration::from_secs(flags.wait_time_before_exit);
     let reason = tokio::select! {
         _ = sigterm.recv() => StopReason::Signal("SIGTERM"),
         _ = sigint.recv() => StopReason::Signal("SIGINT"),
         _ = state.registry.last_gone.notified(), if flags.monitor_shutdown => StopReason::LastApplicationGone,
+        _ = async { shutdown_file.as_ref().expect("guarded").appeared().await }, if shutdown_file.is_some() => {
+            StopReason::ShutdownFile(shutdown_file.as_ref().expect("guarded").path().to_path_buf())
+        }
+        _ = job_end::all_clients_exited(state.clients.subscribe(), grace), if flags.shutdown_when_all_clients_exited => {
+            StopReason::AllClientsExited(grace)
+        }
         ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &topo, &metrics) => StopReason::Nic(ev),
     };
     tracing::info!(reason = %reason, "shutting down");
@@ -232,6 +262,8 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         tracing::error!("second signal during shutdown: exiting now without finishing restore");
         std::process::exit(1);
     });
+    // Requests not yet started get UNAVAILABLE from here on.
+    state.stopping.store(true, Ordering::Release);
     let _ = shutdown_tx.send(true);
     drop(state);
     if tokio::time::timeout(DRAIN_TIMEOUT, done_rx.recv()).await.is_err() {
@@ -250,6 +282,18 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         StopReason::Nic(_) => Err(DaemonError::Runtime(format!("stopped because {reason}"))),
         _ => Ok(()),
     }
+}
+
+/// Removes the rules of client processes that exited, through each NIC's worker.
+fn spawn_reaper(state: Weak<ServerState>, mut exits: mpsc::UnboundedReceiver<std::num::NonZeroU32>) {
+    tokio::spawn(async move {
+        while let Some(lease) = exits.recv().await {
+            let Some(state) = state.upgrade() else { return };
+            for w in &state.workers {
+                w.reclaim(lease);
+            }
+        }
+    });
 }
 
 /// Starts the link monitor for real NICs. It starts after priming, so that
@@ -407,6 +451,7 @@ async fn start(
     // Shared state; the rule engines see no request until the rule endpoints open.
     let mut gpu_entries = HashMap::new();
     let mut workers = Vec::new();
+    let stopping = Arc::new(AtomicBool::new(false));
     for (ni, (n, p)) in topo.nics.iter().zip(&node.primed).enumerate() {
         for (gi, g) in n.gpus.iter().enumerate() {
             let pool = node.pools.iter().find(|(pci, _)| *pci == g.pci).map(|(_, p)| p.clone());
@@ -417,8 +462,15 @@ async fn start(
             tracing::warn!(nic = %n.ifname, capacity, max_rx_rules = topo.max_rx_rules, "NIC has fewer rule slots than max_rx_rules");
         }
         let gq = n.gpus.iter().map(|g| (g.pci, g.queues.clone())).collect();
-        workers.push(RuleWorker::new(&n.ifname, capacity, gq, b.nic.clone(), metrics.clone()));
+        let w = RuleWorker::new(&n.ifname, capacity, gq, b.nic.clone(), metrics.clone(), stopping.clone())
+            .map_err(|e| rt(format!("starting the rule worker of {}: {e}", n.ifname)))?;
+        workers.push(w);
     }
+    let policy = LeasePolicy {
+        track: flags.leases || flags.shutdown_when_all_clients_exited,
+        reclaim: flags.leases,
+    };
+    let (clients, exits) = ClientTracker::new(policy, metrics.clone());
     let state = Arc::new(ServerState {
         topology: topo.clone(),
         gpus: gpu_entries,
@@ -427,7 +479,10 @@ async fn start(
         registry: AppRegistry::default(),
         metrics: metrics.clone(),
         conn_limit: Arc::new(Semaphore::new(flags.max_connections as usize)),
+        clients,
+        stopping,
     });
+    spawn_reaper(Arc::downgrade(&state), exits);
     state.set_addresses(address_map(b.nic.as_ref(), topo));
     node.state = Some(state.clone());
 

@@ -47,7 +47,20 @@ pub struct Metrics {
     pub connections_total: IntCounterVec,
     pub link_events: IntCounterVec,
     pub ready: IntGauge,
+    pub leases: LeaseMetrics,
+    pub foreign_slots: IntGaugeVec,
+    pub rule_deletes_pending: IntGaugeVec,
+    pub rule_delete_retries: IntCounterVec,
+    pub lease_rules_reclaimed: IntCounter,
     rule_series: RuleSeries,
+}
+
+/// Client processes and their leases.
+pub struct LeaseMetrics {
+    /// Client processes tracked now.
+    pub clients: IntGauge,
+    /// Connections whose process could not be identified (no lease).
+    pub connections_without_lease: IntCounter,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -115,6 +128,44 @@ impl Metrics {
                 &r,
                 IntGauge::new("tcpx_ready", "1 once startup finished, 0 when shutting down.")
                     .expect("valid metric"),
+            ),
+            leases: LeaseMetrics {
+                clients: reg(
+                    &r,
+                    IntGauge::new("tcpx_rxdm_lease_clients", "Client processes tracked by a pidfd.")
+                        .expect("valid metric"),
+                ),
+                connections_without_lease: reg(
+                    &r,
+                    IntCounter::new(
+                        "tcpx_rxdm_connections_without_lease_total",
+                        "Connections whose client process could not be identified, so nothing they install is removed when it exits.",
+                    )
+                    .expect("valid metric"),
+                ),
+            },
+            foreign_slots: gauge(
+                "tcpx_rxdm_foreign_rule_slots",
+                "Rule slots found holding rules this daemon did not install (kept out of use).",
+                &["nic"],
+            ),
+            rule_deletes_pending: gauge(
+                "tcpx_rxdm_rule_deletes_pending",
+                "Rules the NIC refused to delete, retried in the background.",
+                &["nic"],
+            ),
+            rule_delete_retries: counter(
+                "tcpx_rxdm_rule_delete_retries_total",
+                "Background retries of refused rule deletes.",
+                &["nic"],
+            ),
+            lease_rules_reclaimed: reg(
+                &r,
+                IntCounter::new(
+                    "tcpx_rxdm_lease_rules_reclaimed_total",
+                    "Rules removed because the client process that installed them exited.",
+                )
+                .expect("valid metric"),
             ),
             rule_series: RuleSeries {
                 requests: [RuleOp::Install, RuleOp::Uninstall]

@@ -187,6 +187,11 @@ pub trait NicControl: Send + Sync {
     fn list_rules(&self, ifname: &str) -> NicResult<Vec<NicRule>>;
     /// How many rule slots the NIC has.
     fn rule_capacity(&self, ifname: &str) -> NicResult<u32>;
+    /// Whether slot `loc` holds a rule (anyone's). Asked only after an insert
+    /// into that slot failed, to tell a foreign rule apart from other errors.
+    fn slot_in_use(&self, ifname: &str, loc: u32) -> NicResult<bool> {
+        Ok(self.list_rules(ifname)?.iter().any(|r| r.loc == loc))
+    }
 
     /// The RSS indirection table.
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>>;

@@ -293,6 +293,19 @@ impl SimNic {
         }
     }
 
+    /// Puts a rule into slot `loc` behind the daemon's back, as another tool
+    /// (`ethtool -N`) or a previous owner of the NIC would.
+    pub fn add_foreign_rule(&self, ifname: &str, loc: u32, flow: FlowSpec, queue: u32) {
+        if let Some(n) = self.nics.get(ifname) {
+            let mut s = n.lock().expect("sim nic lock");
+            let slot = loc as usize;
+            if s.rules.len() <= slot {
+                s.rules.resize(slot + 1, None);
+            }
+            s.rules[slot] = Some(SimRule { queue, flow });
+        }
+    }
+
     pub fn bump_stat(&self, ifname: &str, name: &str) {
         if let Some(n) = self.nics.get(ifname) {
             *n.lock().expect("sim nic lock").stats.entry(name.to_string()).or_default() += 1;
@@ -408,6 +421,10 @@ impl NicControl for SimNic {
 
     fn rule_capacity(&self, ifname: &str) -> NicResult<u32> {
         self.with(ifname, NicOp::RuleCapacity, |s| Ok(s.capacity))
+    }
+
+    fn slot_in_use(&self, ifname: &str, loc: u32) -> NicResult<bool> {
+        self.with(ifname, NicOp::ListRules, |s| Ok(matches!(s.rules.get(loc as usize), Some(Some(_)))))
     }
 
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {

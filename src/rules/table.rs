@@ -1,8 +1,9 @@
 //! Pure per-NIC bookkeeping: rule slots (lowest free first), per-queue loads
 //! of each GPU, and the exact-flow index. No I/O.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::num::NonZeroU32;
 
 use crate::nic::FlowSpec;
 
@@ -136,6 +137,16 @@ impl QueueLoads {
     }
 }
 
+/// The client process that installed a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Owner {
+    /// Its pid as the daemon sees it (none when it lives in a pid namespace
+    /// the daemon cannot see).
+    pub pid: Option<NonZeroU32>,
+    /// The lease that removes the rule when the process exits, if one is held.
+    pub lease: Option<NonZeroU32>,
+}
+
 /// A steered flow as we keep it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuleEntry {
@@ -143,8 +154,9 @@ pub struct RuleEntry {
     pub queue: u32,
     /// Index of the GPU within this NIC.
     pub gpu: usize,
-    /// Pid of the client that installed it (leases), if known.
-    pub pid: Option<u32>,
+    pub owner: Owner,
+    /// The NIC refused to delete it; the daemon retries until it confirms.
+    pub pending_delete: bool,
 }
 
 /// Why a reservation failed.
@@ -163,6 +175,10 @@ pub struct NicRules {
     slots: RuleSlots,
     gpus: Vec<QueueLoads>,
     flows: HashMap<FlowKey, RuleEntry>,
+    /// Slots held by rules somebody else put on the NIC: never handed out.
+    foreign: BTreeSet<u32>,
+    /// Flows whose delete the NIC refused, to be retried.
+    pending: HashSet<FlowKey>,
 }
 
 impl NicRules {
@@ -171,7 +187,60 @@ impl NicRules {
             slots: RuleSlots::new(capacity),
             gpus: gpu_queues.iter().map(|q| QueueLoads::new(q)).collect(),
             flows: HashMap::new(),
+            foreign: BTreeSet::new(),
+            pending: HashSet::new(),
         }
+    }
+
+    /// Slots found taken by rules the daemon did not install.
+    pub fn foreign_slots(&self) -> &BTreeSet<u32> {
+        &self.foreign
+    }
+
+    /// Flows waiting for the NIC to confirm their delete.
+    pub fn pending(&self) -> impl Iterator<Item = FlowSpec> + '_ {
+        self.pending.iter().map(FlowKey::spec)
+    }
+
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Marks (or unmarks) `flow` as waiting for a delete the NIC refused.
+    pub fn set_pending(&mut self, flow: &FlowSpec, pending: bool) {
+        let key = FlowKey::from(flow);
+        let Some(e) = self.flows.get_mut(&key) else {
+            return;
+        };
+        e.pending_delete = pending;
+        if pending {
+            self.pending.insert(key);
+        } else {
+            self.pending.remove(&key);
+        }
+    }
+
+    /// Gives `flow` a new owner (an install of a flow that is already steered).
+    pub fn set_owner(&mut self, flow: &FlowSpec, owner: Owner) {
+        if let Some(e) = self.flows.get_mut(&FlowKey::from(flow)) {
+            e.owner = owner;
+        }
+    }
+
+    /// Flows installed under `lease`.
+    pub fn owned_by(&self, lease: NonZeroU32) -> Vec<FlowSpec> {
+        self.flows.iter().filter(|(_, e)| e.owner.lease == Some(lease)).map(|(k, _)| k.spec()).collect()
+    }
+
+    /// `flow`'s slot turned out to hold a rule the daemon did not install:
+    /// forget the reservation but keep the slot out of use.
+    pub fn mark_foreign(&mut self, flow: &FlowSpec) -> Option<u32> {
+        let key = FlowKey::from(flow);
+        let e = self.flows.remove(&key)?;
+        self.pending.remove(&key);
+        self.gpus[e.gpu].add(e.queue, -1);
+        self.foreign.insert(e.loc);
+        Some(e.loc)
     }
 
     pub fn capacity(&self) -> u32 {
@@ -199,7 +268,7 @@ impl NicRules {
     }
 
     /// Reserves a slot and a queue for `flow` on GPU `gpu`.
-    pub fn reserve(&mut self, flow: FlowSpec, gpu: usize, hint: Option<u32>, pid: Option<u32>) -> Reserve {
+    pub fn reserve(&mut self, flow: FlowSpec, gpu: usize, hint: Option<u32>, owner: Owner) -> Reserve {
         let key = FlowKey::from(&flow);
         if let Some(e) = self.flows.get(&key) {
             return Reserve::Existing(*e);
@@ -209,14 +278,16 @@ impl NicRules {
         };
         let queue = self.gpus[gpu].pick(hint);
         self.gpus[gpu].add(queue, 1);
-        let entry = RuleEntry { loc, queue, gpu, pid };
+        let entry = RuleEntry { loc, queue, gpu, owner, pending_delete: false };
         self.flows.insert(key, entry);
         Reserve::New(entry)
     }
 
     /// Forgets `flow`, giving back its slot and queue load.
     pub fn release(&mut self, flow: &FlowSpec) -> Option<RuleEntry> {
-        let e = self.flows.remove(&FlowKey::from(flow))?;
+        let key = FlowKey::from(flow);
+        let e = self.flows.remove(&key)?;
+        self.pending.remove(&key);
         self.slots.free(e.loc);
         self.gpus[e.gpu].add(e.queue, -1);
         Some(e)
@@ -236,11 +307,21 @@ impl NicRules {
             if !self.gpus[e.gpu].queues().contains(&e.queue) {
                 return Err(format!("{flow:?} on foreign queue {}", e.queue));
             }
+            if self.foreign.contains(&e.loc) {
+                return Err(format!("slot {} is foreign and booked", e.loc));
+            }
+            if e.pending_delete != self.pending.contains(flow) {
+                return Err(format!("{flow:?}: pending flag and pending set disagree"));
+            }
             *loads[e.gpu].entry(e.queue).or_default() += 1;
             debug_assert_eq!(FlowKey::from(&flow.spec()), *flow);
         }
-        if self.slots.used() as usize != self.flows.len() {
-            return Err(format!("{} slots used for {} flows", self.slots.used(), self.flows.len()));
+        if self.pending.iter().any(|k| !self.flows.contains_key(k)) {
+            return Err("a pending delete is not booked".into());
+        }
+        let held = self.flows.len() + self.foreign.len();
+        if self.slots.used() as usize != held {
+            return Err(format!("{} slots used for {} flows and foreign slots", self.slots.used(), held));
         }
         for (g, q) in self.gpus.iter().enumerate() {
             for &queue in q.queues() {
@@ -292,30 +373,72 @@ mod tests {
     fn queues_balance_and_honour_hints() {
         let mut t = NicRules::new(100, &[vec![8, 9, 10, 11]]);
         let picks: Vec<u32> = (0..6)
-            .map(|i| match t.reserve(flow(i), 0, None, None) {
+            .map(|i| match t.reserve(flow(i), 0, None, Owner::default()) {
                 Reserve::New(e) => e.queue,
                 other => panic!("{other:?}"),
             })
             .collect();
         assert_eq!(picks, vec![8, 9, 10, 11, 8, 9]);
-        let Reserve::New(e) = t.reserve(flow(100), 0, Some(11), None) else { panic!() };
+        let Reserve::New(e) = t.reserve(flow(100), 0, Some(11), Owner::default()) else { panic!() };
         assert_eq!(e.queue, 11);
         // A queue of another GPU is not honoured: least loaded instead (10).
-        let Reserve::New(e) = t.reserve(flow(101), 0, Some(3), None) else { panic!() };
+        let Reserve::New(e) = t.reserve(flow(101), 0, Some(3), Owner::default()) else { panic!() };
         assert_eq!(e.queue, 10);
-        assert!(matches!(t.reserve(flow(0), 0, None, None), Reserve::Existing(e) if e.queue == 8));
+        assert!(matches!(t.reserve(flow(0), 0, None, Owner::default()), Reserve::Existing(e) if e.queue == 8));
         t.check_consistency().unwrap();
     }
 
     #[test]
     fn exhaustion_and_release() {
         let mut t = NicRules::new(2, &[vec![8]]);
-        assert!(matches!(t.reserve(flow(1), 0, None, None), Reserve::New(_)));
-        assert!(matches!(t.reserve(flow(2), 0, None, None), Reserve::New(_)));
-        assert_eq!(t.reserve(flow(3), 0, None, None), Reserve::Exhausted);
+        assert!(matches!(t.reserve(flow(1), 0, None, Owner::default()), Reserve::New(_)));
+        assert!(matches!(t.reserve(flow(2), 0, None, Owner::default()), Reserve::New(_)));
+        assert_eq!(t.reserve(flow(3), 0, None, Owner::default()), Reserve::Exhausted);
         assert_eq!(t.release(&flow(1)).unwrap().loc, 0);
         assert_eq!(t.release(&flow(1)), None);
-        assert!(matches!(t.reserve(flow(3), 0, None, None), Reserve::New(e) if e.loc == 0));
+        assert!(matches!(t.reserve(flow(3), 0, None, Owner::default()), Reserve::New(e) if e.loc == 0));
+        t.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn foreign_slots_stay_out_of_use() {
+        let mut t = NicRules::new(4, &[vec![8, 9]]);
+        let Reserve::New(e) = t.reserve(flow(1), 0, None, Owner::default()) else { panic!() };
+        assert_eq!(t.mark_foreign(&flow(1)), Some(e.loc));
+        assert!(t.is_empty());
+        assert_eq!(t.gpu(0).load(e.queue), Some(0));
+        // The next reservation skips the foreign slot 0.
+        assert!(matches!(t.reserve(flow(1), 0, None, Owner::default()), Reserve::New(e) if e.loc == 1));
+        assert_eq!(t.foreign_slots().iter().copied().collect::<Vec<_>>(), vec![0]);
+        t.check_consistency().unwrap();
+        for p in 2..5 {
+            let _ = t.reserve(flow(p), 0, None, Owner::default());
+        }
+        // 4 slots: one foreign, three flows.
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.reserve(flow(9), 0, None, Owner::default()), Reserve::Exhausted);
+        t.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn pending_deletes_and_owners() {
+        let lease = |n| Owner { pid: NonZeroU32::new(100 + n), lease: NonZeroU32::new(n) };
+        let mut t = NicRules::new(8, &[vec![8]]);
+        for p in 0..4u16 {
+            let _ = t.reserve(flow(p), 0, None, lease(1 + u32::from(p % 2)));
+        }
+        let mut mine = t.owned_by(NonZeroU32::new(1).unwrap());
+        mine.sort();
+        assert_eq!(mine, vec![flow(0), flow(2)]);
+        t.set_pending(&flow(2), true);
+        assert!(t.get(&flow(2)).unwrap().pending_delete);
+        assert_eq!(t.pending().collect::<Vec<_>>(), vec![flow(2)]);
+        t.check_consistency().unwrap();
+        t.set_owner(&flow(2), lease(3));
+        assert_eq!(t.get(&flow(2)).unwrap().owner, lease(3));
+        // Releasing a pending flow clears its pending mark.
+        t.release(&flow(2));
+        assert_eq!(t.pending_len(), 0);
         t.check_consistency().unwrap();
     }
 }

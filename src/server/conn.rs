@@ -2,13 +2,13 @@
 //! malformed input. A truncated frame only ends its own connection.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use sendfd::SendWithFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::handlers::{self, ConnContext, Reply};
 use super::{Endpoint, ServerState};
@@ -18,11 +18,16 @@ use crate::wire::frame::{self, Code};
 /// The byte that carries an fd (SPEC §4.1: one arbitrary byte).
 const FD_CARRIER: [u8; 1] = [0];
 
+/// Bytes read from a client after shutdown began, at most: enough for every
+/// request a well-behaved client can have in flight.
+const SHUTDOWN_READ_LIMIT: usize = 256 * 1024;
+
 pub async fn serve(
     mut stream: UnixStream,
     endpoint: Endpoint,
     state: &ServerState,
     mut shutdown: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
 ) {
     let gauge = state.metrics.connections.with_label_values(&[endpoint.kind()]);
     gauge.inc();
@@ -34,8 +39,9 @@ pub async fn serve(
         pid = cred.as_ref().and_then(|c| c.pid()).filter(|&p| p > 0).map(|p| p as u32);
         tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.as_ref().map(|c| c.uid()), "client connected");
     }
-    let mut ctx = ConnContext { pid, registered: false };
-    if let Err(e) = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown).await {
+    let mut ctx = ConnContext { pid, registered: false, requester: None };
+    let mut done = Some(done);
+    if let Err(e) = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown, &mut done).await {
         tracing::debug!(endpoint = endpoint.kind(), error = %e, "connection ended with an error");
     }
     if ctx.registered {
@@ -44,19 +50,43 @@ pub async fn serve(
     gauge.dec();
 }
 
+/// Whether requests on `endpoint` tie the connection to its client process.
+fn tracks_client(endpoint: Endpoint) -> bool {
+    matches!(endpoint, Endpoint::RuleManager | Endpoint::Registry | Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_))
+}
+
+fn shutting_down() -> Reply {
+    Reply::Message(frame::error(Code::Unavailable, "the daemon is shutting down"))
+}
+
+/// Serves requests in order. Every request read gets exactly one reply before
+/// the connection closes: after shutdown begins, requests already received
+/// (even partly) are answered UNAVAILABLE, except on the registry, which keeps
+/// answering so that a client's deregistration at exit is never left hanging.
 async fn run(
     stream: &mut UnixStream,
     endpoint: Endpoint,
     state: &ServerState,
     ctx: &mut ConnContext,
     shutdown: &mut watch::Receiver<bool>,
+    done: &mut Option<mpsc::Sender<()>>,
 ) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::with_capacity(512);
+    let mut stopping = false;
+    // The registry serves on through shutdown; everything else stops reading.
+    let serves_through_shutdown = endpoint == Endpoint::Registry;
     loop {
         match frame::parse(&buf) {
             Ok(Some((msg, used))) => {
                 buf.drain(..used);
-                let reply = handlers::handle(endpoint, msg, state, ctx).await;
+                let reply = if stopping && !serves_through_shutdown {
+                    shutting_down()
+                } else {
+                    if ctx.requester.is_none() && tracks_client(endpoint) {
+                        ctx.requester = Some(state.clients.requester(stream.as_fd()));
+                    }
+                    handlers::handle(endpoint, msg, state, ctx).await
+                };
                 let close = matches!(reply, Reply::Close(_));
                 write_reply(stream, reply).await?;
                 if close {
@@ -70,8 +100,25 @@ async fn run(
                 return Ok(());
             }
         }
+        if stopping && !serves_through_shutdown {
+            if !buf.is_empty() {
+                // Part of a request arrived: answer it rather than leave the
+                // client waiting on a closed socket.
+                write_reply(stream, shutting_down()).await?;
+            }
+            return Ok(());
+        }
         let n = tokio::select! {
-            _ = crate::server::stopped(shutdown) => return Ok(()),
+            _ = crate::server::stopped(shutdown), if !stopping => {
+                stopping = true;
+                if serves_through_shutdown {
+                    // Shutdown does not wait for registrations to end.
+                    done.take();
+                } else {
+                    read_available(stream, &mut buf)?;
+                }
+                continue;
+            }
             r = stream.read_buf(&mut buf) => r?,
         };
         if n == 0 {
@@ -83,10 +130,28 @@ async fn run(
     }
 }
 
+/// Reads what the client already sent, without waiting for more.
+fn read_available(stream: &UnixStream, buf: &mut Vec<u8>) -> io::Result<()> {
+    while buf.len() < SHUTDOWN_READ_LIMIT {
+        match stream.try_read_buf(buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 async fn write_reply(stream: &mut UnixStream, reply: Reply) -> io::Result<()> {
     match reply {
         Reply::Message(m) | Reply::Close(m) => {
-            let bytes = frame::encode(&m).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let bytes = match frame::encode(&m) {
+                Ok(b) => b,
+                // Still a reply: a client waits for one.
+                Err(e) => frame::encode(&frame::error(Code::Internal, format!("reply not sent: {e}")))
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
+            };
             stream.write_all(&bytes).await
         }
         Reply::Fd(pool) => send_fd(stream, &pool).await,

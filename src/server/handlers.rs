@@ -10,6 +10,7 @@ use crate::gpu::RxPool;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
+use crate::server::rule_workers::Requester;
 use crate::wire::frame::{self, Code};
 use crate::wire::proto::{unix_socket_proto::Payload, QueueIdResponse, UnixSocketProto};
 
@@ -26,6 +27,8 @@ pub enum Reply {
 pub struct ConnContext {
     pub pid: Option<u32>,
     pub registered: bool,
+    /// The client process, found at the first request that needs it.
+    pub requester: Option<Requester>,
 }
 
 fn invalid(msg: impl Into<String>) -> Reply {
@@ -39,10 +42,11 @@ pub async fn handle(
     ctx: &mut ConnContext,
 ) -> Reply {
     match endpoint {
-        // Rules carry no owner pid until leases exist (reliability work); the
-        // peer pid is logged per connection.
-        Endpoint::RuleManager => rule(state, msg, true, None).await,
-        Endpoint::RuleUninstall => rule(state, msg, false, None).await,
+        Endpoint::RuleManager => {
+            let who = ctx.requester.clone().unwrap_or_default();
+            rule(state, msg, true, who).await
+        }
+        Endpoint::RuleUninstall => rule(state, msg, false, Requester::default()).await,
         Endpoint::QueueIdsByGpu => queue_ids(state, msg),
         Endpoint::Registry => registry(state, msg, ctx),
         Endpoint::GpuFd(gpu) => pool_fd(state, msg, gpu),
@@ -51,14 +55,14 @@ pub async fn handle(
     }
 }
 
-async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, pid: Option<u32>) -> Reply {
+async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Requester) -> Reply {
     let started = Instant::now();
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let (code, reply) = match msg.payload {
         Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(&req) {
             Ok(req) => {
                 let r = if install {
-                    install_rule(state, &req, pid).await
+                    install_rule(state, &req, who).await
                 } else {
                     uninstall_rule(state, &req).await
                 };
@@ -94,9 +98,9 @@ fn resolve(state: &ServerState, req: &RuleRequest) -> Result<(usize, usize), Rul
     })
 }
 
-async fn install_rule(state: &ServerState, req: &RuleRequest, pid: Option<u32>) -> Result<(), RuleFailure> {
+async fn install_rule(state: &ServerState, req: &RuleRequest, who: Requester) -> Result<(), RuleFailure> {
     let (nic, gpu) = resolve(state, req)?;
-    state.workers[nic].install(req.flow, gpu, req.queue, pid).await.map(|_| ())
+    state.workers[nic].install(req.flow, gpu, req.queue, who).await.map(|_| ())
 }
 
 /// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.

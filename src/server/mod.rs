@@ -3,11 +3,13 @@
 
 pub mod conn;
 pub mod handlers;
+pub mod leases;
 pub mod rule_workers;
 pub mod socket_dir;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -18,6 +20,7 @@ use crate::config::pci::PciAddr;
 use crate::config::topology::Topology;
 use crate::gpu::RxPool;
 use crate::metrics::Metrics;
+use leases::ClientTracker;
 use rule_workers::RuleWorker;
 
 /// What a socket file serves.
@@ -109,6 +112,11 @@ pub struct ServerState {
     pub registry: AppRegistry,
     pub metrics: Arc<Metrics>,
     pub conn_limit: Arc<Semaphore>,
+    /// Client processes and their leases.
+    pub clients: Arc<ClientTracker>,
+    /// Set when shutdown starts: the NIC workers answer requests not yet
+    /// started with UNAVAILABLE.
+    pub stopping: Arc<AtomicBool>,
 }
 
 impl ServerState {
@@ -177,9 +185,8 @@ pub fn spawn_endpoint(
             let shutdown = shutdown.clone();
             let done = done.clone();
             tokio::spawn(async move {
-                conn::serve(stream, endpoint, &state, shutdown).await;
+                conn::serve(stream, endpoint, &state, shutdown, done).await;
                 drop(permit);
-                drop(done);
             });
         }
     });

@@ -224,6 +224,17 @@ impl NicControl for EthtoolNic {
         self.rule_count(ifname, NicOp::RuleCapacity).map(|(_, size)| size)
     }
 
+    fn slot_in_use(&self, ifname: &str, loc: u32) -> NicResult<bool> {
+        // One read of that slot: any rule there, of any flow type, counts.
+        let mut nfc = EthtoolRxnfc { cmd: ioctl::ETHTOOL_GRXCLSRULE, ..Default::default() };
+        nfc.fs.location = loc;
+        match self.ioctl.rxnfc(ifname, &mut nfc) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(io_err(ifname, NicOp::ListRules, "ntuple rule (ETHTOOL_GRXCLSRULE)")(e)),
+        }
+    }
+
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {
         self.ioctl.rss_get(ifname).map_err(io_err(
             ifname,
