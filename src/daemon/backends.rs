@@ -61,6 +61,12 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
     if (!flags.sim_fault.is_empty() || !flags.sim_delay.is_empty()) && !use_sim {
         return Err(DaemonError::Config("--sim_fault and --sim_delay need --nic_backend=sim".into()));
     }
+    if let Some(d) = flags.sim_delay.iter().find(|d| d.ifname.as_ref().is_some_and(|i| !topo.nics.iter().any(|n| &n.ifname == i))) {
+        return Err(DaemonError::Config(format!(
+            "--sim_delay: {} is not a NIC of the topology",
+            d.ifname.as_deref().unwrap_or_default()
+        )));
+    }
     let nic: Arc<dyn NicControl> = if use_sim {
         let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
         let sim = SimNic::new(&ifnames);
@@ -68,7 +74,10 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
             sim.inject(f.clone());
         }
         for d in &flags.sim_delay {
-            sim.delay(d.op, d.by);
+            match &d.ifname {
+                Some(ifname) => sim.delay_on(ifname, d.op, d.by),
+                None => sim.delay(d.op, d.by),
+            }
         }
         Arc::new(sim)
     } else {

@@ -71,24 +71,33 @@ impl FromStr for Fault {
     }
 }
 
-/// A delay for every call of one operation: `--sim_delay=OP:MILLIS`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A delay for every call of one operation: `--sim_delay=OP:MILLIS[:IFNAME]`,
+/// on every simulated NIC or only on `IFNAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimDelay {
     pub op: NicOp,
     pub by: Duration,
+    pub ifname: Option<String>,
 }
 
 impl FromStr for SimDelay {
     type Err = FaultParseError;
 
-    /// `OP:MILLIS`, e.g. `del_rule:50`; OP is any NIC operation name.
+    /// `OP:MILLIS[:IFNAME]`, e.g. `del_rule:50` or `add_rule:1000:eth1`; OP is any NIC operation name.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why| FaultParseError(s.to_string(), why);
-        let (op, ms) = s.split_once(':').ok_or_else(|| err("expected OP:MILLIS"))?;
+        let mut parts = s.splitn(3, ':');
+        let (Some(op), Some(ms)) = (parts.next(), parts.next()) else {
+            return Err(err("expected OP:MILLIS[:IFNAME]"));
+        };
+        let ifname = match parts.next() {
+            Some("") => return Err(err("IFNAME after the second ':' is empty")),
+            other => other.map(str::to_string),
+        };
         let op = NicOp::from_name(op)
             .ok_or_else(|| err("OP must be a NIC operation such as add_rule or del_rule"))?;
         let ms: u64 = ms.parse().map_err(|_| err("MILLIS must be a whole number of milliseconds"))?;
-        Ok(SimDelay { op, by: Duration::from_millis(ms) })
+        Ok(SimDelay { op, by: Duration::from_millis(ms), ifname })
     }
 }
 
@@ -152,7 +161,8 @@ struct SimRule {
 #[derive(Debug, Default)]
 struct FaultState {
     faults: Vec<Fault>,
-    delays: HashMap<NicOp, Duration>,
+    /// Per operation, and per NIC (`None`: every NIC).
+    delays: HashMap<(NicOp, Option<String>), Duration>,
     rng: u64,
 }
 
@@ -241,9 +251,15 @@ impl SimNic {
         self.armed.store(true, Ordering::SeqCst);
     }
 
-    /// Delays every call of `op`.
+    /// Delays every call of `op`, on every NIC.
     pub fn delay(&self, op: NicOp, by: Duration) {
-        self.faults.lock().expect("sim fault lock").delays.insert(op, by);
+        self.faults.lock().expect("sim fault lock").delays.insert((op, None), by);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Delays every call of `op` on `ifname` only.
+    pub fn delay_on(&self, ifname: &str, op: NicOp, by: Duration) {
+        self.faults.lock().expect("sim fault lock").delays.insert((op, Some(ifname.to_string())), by);
         self.armed.store(true, Ordering::SeqCst);
     }
 
@@ -322,7 +338,8 @@ impl SimNic {
         }
         let (delay, fail) = {
             let mut f = self.faults.lock().expect("sim fault lock");
-            let delay = f.delays.get(&op).copied();
+            let delay =
+                f.delays.get(&(op, Some(ifname.to_string()))).or_else(|| f.delays.get(&(op, None))).copied();
             let mut fail = None;
             for i in 0..f.faults.len() {
                 if f.faults[i].op != op {
@@ -557,8 +574,10 @@ mod tests {
     #[test]
     fn delay_flag_parsing() {
         let d: SimDelay = "del_rule:50".parse().unwrap();
-        assert_eq!(d, SimDelay { op: NicOp::DelRule, by: Duration::from_millis(50) });
-        for bad in ["del_rule", "frob:5", "del_rule:-1", "del_rule:1.5"] {
+        assert_eq!(d, SimDelay { op: NicOp::DelRule, by: Duration::from_millis(50), ifname: None });
+        let d: SimDelay = "add_rule:1000:eth2".parse().unwrap();
+        assert_eq!(d, SimDelay { op: NicOp::AddRule, by: Duration::from_secs(1), ifname: Some("eth2".into()) });
+        for bad in ["del_rule", "frob:5", "del_rule:-1", "del_rule:1.5", "del_rule:5:"] {
             assert!(bad.parse::<SimDelay>().is_err(), "{bad}");
         }
     }
@@ -578,6 +597,21 @@ mod tests {
         let t = std::time::Instant::now();
         nic.add_rule("eth1", &flow(2), 8, 1).unwrap();
         assert!(t.elapsed() < Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_delay_on_one_nic_leaves_the_others_alone() {
+        let nic = SimNic::new(&["eth1", "eth2"]);
+        for n in ["eth1", "eth2"] {
+            nic.set_feature(n, FEATURE_NTUPLE, true).unwrap();
+        }
+        nic.delay_on("eth1", NicOp::AddRule, Duration::from_millis(30));
+        let t = std::time::Instant::now();
+        nic.add_rule("eth2", &flow(1), 8, 0).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(30));
+        let t = std::time::Instant::now();
+        nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(30));
     }
 
     #[test]

@@ -32,8 +32,20 @@ impl Daemon {
 
     /// Starts without waiting; `env` adds environment variables.
     pub fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn_under(&[], extra, env)
+    }
+
+    /// Starts the daemon through `prefix` (e.g. `unshare --pid --fork`).
+    pub fn spawn_under(prefix: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("--gpu_nic_preset=sim")
             .arg(format!("--uds_path={}", dir.path().display()))
             .arg("--metrics_address=127.0.0.1:0")
@@ -162,4 +174,87 @@ pub fn raw_exchange(path: &std::path::Path, request: &[u8]) -> Vec<u8> {
     let mut body = vec![0u8; u16::from_be_bytes(head) as usize];
     s.read_exact(&mut body).unwrap();
     [head.to_vec(), body].concat()
+}
+
+/// A client in a process of its own (Python, as on every machine we test on):
+/// it sends each request on a new connection, like the NCCL plugin, keeps any
+/// pool fd it receives, prints `ready`, then sleeps until killed.
+pub struct ClientProcess {
+    pub child: Child,
+    pub replies: Vec<Vec<u8>>,
+}
+
+const CLIENT_PY: &str = r#"
+import socket, sys, time
+held = []
+for i in range(2, len(sys.argv), 2):
+    path, req = sys.argv[i], bytes.fromhex(sys.argv[i + 1])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    s.sendall(req)
+    if path.rsplit('/', 1)[-1].startswith('get_gpu_fd_'):
+        msg, anc, flags, addr = s.recvmsg(1, socket.CMSG_SPACE(4))
+        held.extend(anc)
+        print('reply fd', flush=True)
+    else:
+        head = b''
+        while len(head) < 2:
+            head += s.recv(2 - len(head))
+        n = int.from_bytes(head, 'big')
+        body = b''
+        while len(body) < n:
+            body += s.recv(n - len(body))
+        print('reply ' + (head + body).hex(), flush=True)
+    s.close()
+print('ready', flush=True)
+time.sleep(float(sys.argv[1]))
+"#;
+
+impl ClientProcess {
+    /// Runs the requests (socket path, framed request), then lives `linger` more.
+    pub fn run(requests: &[(PathBuf, Vec<u8>)], linger: Duration) -> ClientProcess {
+        let mut cmd = Command::new("python3");
+        cmd.arg("-c").arg(CLIENT_PY).arg(linger.as_secs_f64().to_string());
+        for (path, req) in requests {
+            let hex: String = req.iter().map(|b| format!("{b:02x}")).collect();
+            cmd.arg(path).arg(hex);
+        }
+        let mut child = cmd.stdout(Stdio::piped()).stdin(Stdio::null()).spawn().expect("python3");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut replies = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "client process ended early");
+            let line = line.trim();
+            if line == "ready" {
+                break;
+            }
+            let hex = line.strip_prefix("reply ").expect("reply line");
+            replies.push(
+                (0..hex.len()).step_by(2).filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect(),
+            );
+        }
+        ClientProcess { child, replies }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for ClientProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of an unlabelled metric in a `/metrics` body.
+pub fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }

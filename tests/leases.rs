@@ -1,0 +1,150 @@
+//! Leases: rules of a client process that dies go away by themselves, and
+//! deletes the NIC refuses are finished by the daemon.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{metric, ClientProcess, Daemon, READY};
+use tcpx_rxdm::wire::client;
+use tcpx_rxdm::wire::frame;
+
+const GPU0: &str = "0000:04:00.0";
+const GPU_ETH2: &str = "0000:0a:00.0";
+
+fn encoded(m: &tcpx_rxdm::wire::proto::UnixSocketProto) -> Vec<u8> {
+    frame::encode(m).unwrap()
+}
+
+fn ok_frame() -> Vec<u8> {
+    encoded(&frame::ok())
+}
+
+fn install(sport: i32, gpu: &str) -> Vec<u8> {
+    encoded(&client::rule_request(1, ("10.1.0.2", sport), ("192.168.1.2", 5000), Some(gpu), None))
+}
+
+fn install_v6(sport: i32, gpu: &str) -> Vec<u8> {
+    encoded(&client::rule_request(5, ("fd00::2", sport), ("fd00:0:0:2::2", 5000), Some(gpu), None))
+}
+
+/// Every booked rule, flattened over the NICs.
+fn rules(d: &Daemon) -> Vec<serde_json::Value> {
+    let flows = d.flows();
+    let mut out = Vec::new();
+    for nic in flows["nics"].as_array().unwrap() {
+        // Bookkeeping always equals the NIC's own table.
+        assert_eq!(
+            nic["rules"].as_array().unwrap().len(),
+            nic["nic_rules"].as_array().unwrap().len(),
+            "{nic}"
+        );
+        out.extend(nic["rules"].as_array().unwrap().iter().cloned());
+    }
+    out
+}
+
+/// Polls until `cond` holds; returns how long it took (panics after `limit`).
+fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < limit, "condition not met within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t.elapsed()
+}
+
+fn client_requests(d: &Daemon) -> Vec<(PathBuf, Vec<u8>)> {
+    vec![
+        (d.sock("rx_rule_manager"), install(41000, GPU0)),
+        (d.sock("rx_rule_manager"), install(41001, GPU0)),
+        (d.sock("rx_rule_manager"), install_v6(41002, GPU_ETH2)),
+    ]
+}
+
+/// Kills a client that installed three rules; returns how long until they were
+/// gone. `pid_visible`: whether the daemon sees the client's pid.
+fn kill_and_time_reclaim(d: &Daemon, pid_visible: bool) -> Duration {
+    // A rule of this test process, which stays alive: it must survive.
+    assert_eq!(common::raw_exchange(&d.sock("rx_rule_manager"), &install(40000, GPU0)), ok_frame());
+    let mut c = ClientProcess::run(&client_requests(d), Duration::from_secs(60));
+    assert!(c.replies.iter().all(|r| *r == ok_frame()), "{:?}", c.replies);
+    let all = rules(d);
+    assert_eq!(all.len(), 4);
+    let theirs: Vec<_> = all.iter().filter(|r| r["src"] != "10.1.0.2:40000").collect();
+    for r in &theirs {
+        assert_eq!(r["lease"], true, "{r}");
+        match pid_visible {
+            true => assert_eq!(r["pid"].as_u64(), Some(u64::from(c.pid())), "{r}"),
+            false => assert!(r["pid"].is_null(), "pid not visible to the daemon: {r}"),
+        }
+    }
+    c.kill();
+    let took = wait_until(Duration::from_secs(5), || rules(d).len() == 1);
+    let left = rules(d);
+    assert_eq!(left[0]["src"], "10.1.0.2:40000");
+    let (_, m) = d.http_get("/metrics");
+    assert_eq!(metric(&m, "tcpx_rxdm_lease_rules_reclaimed_total"), Some(3.0));
+    took
+}
+
+#[test]
+fn a_killed_clients_rules_disappear_within_a_second() {
+    let d = Daemon::start(&[]);
+    let took = kill_and_time_reclaim(&d, true);
+    println!("rules of a killed client reclaimed in {took:?}");
+    assert!(took < Duration::from_secs(1), "reclaim took {took:?}");
+}
+
+#[test]
+#[ignore = "needs root (unshare --pid)"]
+fn reclaim_works_when_the_client_pid_is_invisible_to_the_daemon() {
+    // The daemon in a pid namespace of its own sees this test's processes as pid 0,
+    // as a sidecar does its workload's: only SO_PEERPIDFD identifies them.
+    let d = Daemon::spawn_under(&["unshare", "--pid", "--fork", "--kill-child"], &[], &[]);
+    d.wait_for_log(READY, Duration::from_secs(20)).unwrap_or_else(|| panic!("{}", d.log().join("\n")));
+    let took = kill_and_time_reclaim(&d, false);
+    println!("rules of a killed client in another pid namespace reclaimed in {took:?}");
+    assert!(took < Duration::from_secs(1), "reclaim took {took:?}");
+}
+
+#[test]
+fn without_leases_a_dead_clients_rules_stay() {
+    let d = Daemon::start(&["--noleases"]);
+    let mut c = ClientProcess::run(&client_requests(&d), Duration::from_secs(60));
+    assert!(rules(&d).iter().all(|r| r["lease"] == false && r["pid"].is_null()));
+    c.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rules(&d).len(), 3);
+}
+
+#[test]
+fn refused_deletes_are_retried_until_everything_is_gone() {
+    // 30 % of NIC deletes fail: clients see some errors, the daemon finishes the job.
+    let d = Daemon::start(&["--sim_fault=del_rule:EIO:0.3"]);
+    let n = 100i32;
+    for i in 0..n {
+        assert_eq!(common::raw_exchange(&d.sock("rx_rule_manager"), &install(30000 + i, GPU0)), ok_frame());
+    }
+    let mut refused = 0;
+    for i in 0..n {
+        let reply = common::raw_exchange(&d.sock("rx_rule_uninstall"), &{
+            encoded(&client::rule_request(1, ("10.1.0.2", 30000 + i), ("192.168.1.2", 5000), Some(GPU0), None))
+        });
+        if reply != ok_frame() {
+            let msg = frame::parse(&reply).unwrap().unwrap().0;
+            assert_eq!(client::status_code(&msg), 13, "EIO maps to INTERNAL");
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "with 30 % failing deletes some uninstall must have been refused");
+    // And a killed client's rules, under the same faults.
+    let mut c = ClientProcess::run(&client_requests(&d), Duration::from_secs(60));
+    c.kill();
+    let took = wait_until(Duration::from_secs(10), || rules(&d).is_empty());
+    println!("{refused} of {n} uninstalls refused by the NIC; all rules gone {took:?} after the client was killed");
+    let (_, m) = d.http_get("/metrics");
+    assert_eq!(metric(&m, "tcpx_rxdm_rule_deletes_pending{nic=\"eth1\"}"), Some(0.0));
+    assert!(m.lines().any(|l| l.starts_with("tcpx_rxdm_rule_delete_retries_total") && !l.ends_with(" 0")), "retries counted");
+}
