@@ -130,7 +130,13 @@ fn refused_deletes_are_retried_until_everything_is_gone() {
     let mut refused = 0;
     for i in 0..n {
         let reply = common::raw_exchange(&d.sock("rx_rule_uninstall"), &{
-            encoded(&client::rule_request(1, ("10.1.0.2", 30000 + i), ("192.168.1.2", 5000), Some(GPU0), None))
+            encoded(&client::rule_request(
+                1,
+                ("10.1.0.2", 30000 + i),
+                ("192.168.1.2", 5000),
+                Some(GPU0),
+                None,
+            ))
         });
         if reply != ok_frame() {
             let msg = frame::parse(&reply).unwrap().unwrap().0;
@@ -143,8 +149,13 @@ fn refused_deletes_are_retried_until_everything_is_gone() {
     let mut c = ClientProcess::run(&client_requests(&d), Duration::from_secs(60));
     c.kill();
     let took = wait_until(Duration::from_secs(10), || rules(&d).is_empty());
-    println!("{refused} of {n} uninstalls refused by the NIC; all rules gone {took:?} after the client was killed");
+    println!(
+        "{refused} of {n} uninstalls refused by the NIC; all rules gone {took:?} after the client was killed"
+    );
     let (_, m) = d.http_get("/metrics");
     assert_eq!(metric(&m, "tcpx_rxdm_rule_deletes_pending{nic=\"eth1\"}"), Some(0.0));
-    assert!(m.lines().any(|l| l.starts_with("tcpx_rxdm_rule_delete_retries_total") && !l.ends_with(" 0")), "retries counted");
+    assert!(
+        m.lines().any(|l| l.starts_with("tcpx_rxdm_rule_delete_retries_total") && !l.ends_with(" 0")),
+        "retries counted"
+    );
 }

@@ -61,7 +61,11 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
     if (!flags.sim_fault.is_empty() || !flags.sim_delay.is_empty()) && !use_sim {
         return Err(DaemonError::Config("--sim_fault and --sim_delay need --nic_backend=sim".into()));
     }
-    if let Some(d) = flags.sim_delay.iter().find(|d| d.ifname.as_ref().is_some_and(|i| !topo.nics.iter().any(|n| &n.ifname == i))) {
+    if let Some(d) = flags
+        .sim_delay
+        .iter()
+        .find(|d| d.ifname.as_ref().is_some_and(|i| !topo.nics.iter().any(|n| &n.ifname == i)))
+    {
         return Err(DaemonError::Config(format!(
             "--sim_delay: {} is not a NIC of the topology",
             d.ifname.as_deref().unwrap_or_default()

@@ -53,7 +53,9 @@ impl ShutdownFile {
             return Err(JobEndError::NoFolder { path: path.to_path_buf(), dir });
         }
         match std::fs::remove_file(path) {
-            Ok(()) => tracing::warn!(path = %path.display(), "removed a stale shutdown file left by an earlier job"),
+            Ok(()) => {
+                tracing::warn!(path = %path.display(), "removed a stale shutdown file left by an earlier job")
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(JobEndError::RemoveStale { path: path.to_path_buf(), err }),
         }
@@ -61,7 +63,10 @@ impl ShutdownFile {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(werr)?;
         // Created in place, moved in (an atomic rename), or a hard link.
         inotify
-            .add_watch(&dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR)
+            .add_watch(
+                &dir,
+                AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR,
+            )
             .map_err(werr)?;
         // SAFETY: the AsyncFd owns the Inotify, so its descriptor stays open
         // and unchanged for the AsyncFd's whole life.

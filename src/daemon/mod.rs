@@ -82,7 +82,9 @@ impl std::fmt::Display for StopReason {
             StopReason::Signal(s) => write!(f, "received {s}"),
             StopReason::LastApplicationGone => f.write_str("the last registered application disconnected"),
             StopReason::ShutdownFile(p) => write!(f, "the shutdown file {} appeared", p.display()),
-            StopReason::AllClientsExited(d) => write!(f, "no client process has been alive for {}s", d.as_secs()),
+            StopReason::AllClientsExited(d) => {
+                write!(f, "no client process has been alive for {}s", d.as_secs())
+            }
             StopReason::Nic(NicEvent::LinkDown(n)) => write!(f, "link of {n} went down"),
             StopReason::Nic(NicEvent::Removed(n)) => write!(f, "{n} was removed"),
             StopReason::Nic(NicEvent::Reset { ifname, before, after }) => {
@@ -466,10 +468,8 @@ async fn start(
             .map_err(|e| rt(format!("starting the rule worker of {}: {e}", n.ifname)))?;
         workers.push(w);
     }
-    let policy = LeasePolicy {
-        track: flags.leases || flags.shutdown_when_all_clients_exited,
-        reclaim: flags.leases,
-    };
+    let policy =
+        LeasePolicy { track: flags.leases || flags.shutdown_when_all_clients_exited, reclaim: flags.leases };
     let (clients, exits) = ClientTracker::new(policy, metrics.clone());
     let state = Arc::new(ServerState {
         topology: topo.clone(),

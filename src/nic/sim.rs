@@ -576,7 +576,10 @@ mod tests {
         let d: SimDelay = "del_rule:50".parse().unwrap();
         assert_eq!(d, SimDelay { op: NicOp::DelRule, by: Duration::from_millis(50), ifname: None });
         let d: SimDelay = "add_rule:1000:eth2".parse().unwrap();
-        assert_eq!(d, SimDelay { op: NicOp::AddRule, by: Duration::from_secs(1), ifname: Some("eth2".into()) });
+        assert_eq!(
+            d,
+            SimDelay { op: NicOp::AddRule, by: Duration::from_secs(1), ifname: Some("eth2".into()) }
+        );
         for bad in ["del_rule", "frob:5", "del_rule:-1", "del_rule:1.5", "del_rule:5:"] {
             assert!(bad.parse::<SimDelay>().is_err(), "{bad}");
         }

@@ -80,7 +80,9 @@ impl NicRuleEngine {
                 }
                 Reserve::New(e) => match nic.add_rule(&self.ifname, &flow, e.queue, e.loc) {
                     Ok(()) => return Ok(Installed::New(e)),
-                    Err(err) if may_be_occupied(err.errno) && nic.slot_in_use(&self.ifname, e.loc) == Ok(true) => {
+                    Err(err)
+                        if may_be_occupied(err.errno) && nic.slot_in_use(&self.ifname, e.loc) == Ok(true) =>
+                    {
                         self.rules.mark_foreign(&flow);
                         tracing::warn!(
                             ifname = %self.ifname,
@@ -176,7 +178,8 @@ impl NicRuleEngine {
             .map(|(f, e)| NicRule { loc: e.loc, queue: e.queue, src: f.src, dst: f.dst })
             .collect();
         let foreign = self.rules.foreign_slots();
-        let mut have: Vec<NicRule> = nic_rules.iter().filter(|r| !foreign.contains(&r.loc)).copied().collect();
+        let mut have: Vec<NicRule> =
+            nic_rules.iter().filter(|r| !foreign.contains(&r.loc)).copied().collect();
         want.sort_by_key(|r| r.loc);
         have.sort_by_key(|r| r.loc);
         want == have
@@ -227,7 +230,9 @@ mod tests {
             eng.rules().check_consistency().unwrap();
         }
         // The slot that failed is handed out again.
-        assert!(matches!(eng.install(&nic, flow(1), 0, None, Owner::default()), Ok(Installed::New(e)) if e.loc == 0));
+        assert!(
+            matches!(eng.install(&nic, flow(1), 0, None, Owner::default()), Ok(Installed::New(e)) if e.loc == 0)
+        );
         assert!(eng.matches_nic(&nic.list_rules("eth1").unwrap()));
     }
 
@@ -250,8 +255,7 @@ mod tests {
     #[test]
     fn foreign_slot_is_skipped_not_fatal() {
         let (nic, mut eng) = setup(16);
-        let stranger =
-            FlowSpec { src: "10.9.9.9:1".parse().unwrap(), dst: "192.168.1.2:1".parse().unwrap() };
+        let stranger = FlowSpec { src: "10.9.9.9:1".parse().unwrap(), dst: "192.168.1.2:1".parse().unwrap() };
         nic.add_foreign_rule("eth1", 0, stranger, 3);
         nic.add_foreign_rule("eth1", 1, stranger, 3);
         let Ok(Installed::New(e)) = eng.install(&nic, flow(1), 0, None, Owner::default()) else { panic!() };
@@ -263,7 +267,10 @@ mod tests {
         eng.rules().check_consistency().unwrap();
         // A plain refusal on a free slot is still an error, not a foreign slot.
         nic.fail_nth(NicOp::AddRule, 1, Errno::EBUSY);
-        assert_eq!(eng.install(&nic, flow(3), 0, None, Owner::default()).unwrap_err().code, Code::Unavailable);
+        assert_eq!(
+            eng.install(&nic, flow(3), 0, None, Owner::default()).unwrap_err().code,
+            Code::Unavailable
+        );
         assert_eq!(eng.rules().foreign_slots().len(), 2);
         eng.rules().check_consistency().unwrap();
     }
@@ -297,7 +304,9 @@ mod tests {
         nic.fail_nth(NicOp::DelRule, 1, Errno::EAGAIN);
         assert!(eng.uninstall(&nic, &flow(1)).is_err());
         assert_eq!(eng.rules().pending_len(), 1);
-        assert!(matches!(eng.install(&nic, flow(1), 0, None, owner(2)), Ok(Installed::Existing(e)) if e.owner == owner(2) && !e.pending_delete));
+        assert!(
+            matches!(eng.install(&nic, flow(1), 0, None, owner(2)), Ok(Installed::Existing(e)) if e.owner == owner(2) && !e.pending_delete)
+        );
         assert_eq!(eng.rules().pending_len(), 0);
         assert!(eng.retry_pending(&nic).removed.is_empty());
         assert_eq!(nic.list_rules("eth1").unwrap().len(), 1);

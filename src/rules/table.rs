@@ -384,7 +384,9 @@ mod tests {
         // A queue of another GPU is not honoured: least loaded instead (10).
         let Reserve::New(e) = t.reserve(flow(101), 0, Some(3), Owner::default()) else { panic!() };
         assert_eq!(e.queue, 10);
-        assert!(matches!(t.reserve(flow(0), 0, None, Owner::default()), Reserve::Existing(e) if e.queue == 8));
+        assert!(
+            matches!(t.reserve(flow(0), 0, None, Owner::default()), Reserve::Existing(e) if e.queue == 8)
+        );
         t.check_consistency().unwrap();
     }
 

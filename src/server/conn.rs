@@ -52,7 +52,10 @@ pub async fn serve(
 
 /// Whether requests on `endpoint` tie the connection to its client process.
 fn tracks_client(endpoint: Endpoint) -> bool {
-    matches!(endpoint, Endpoint::RuleManager | Endpoint::Registry | Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_))
+    matches!(
+        endpoint,
+        Endpoint::RuleManager | Endpoint::Registry | Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_)
+    )
 }
 
 fn shutting_down() -> Reply {

@@ -111,7 +111,10 @@ pub struct ClientTracker {
 
 impl ClientTracker {
     /// The tracker and the receiving end of exited leases.
-    pub fn new(policy: LeasePolicy, metrics: Arc<Metrics>) -> (Arc<Self>, mpsc::UnboundedReceiver<NonZeroU32>) {
+    pub fn new(
+        policy: LeasePolicy,
+        metrics: Arc<Metrics>,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<NonZeroU32>) {
         let (exits, rx) = mpsc::unbounded_channel();
         let t = ClientTracker {
             policy,
@@ -145,7 +148,7 @@ impl ClientTracker {
         match self.identify(sock) {
             Some(lease) => Requester {
                 owner: Owner { pid: lease.pid, lease: self.policy.reclaim.then_some(lease.id) },
-                lease: self.policy.reclaim.then(|| lease as Arc<dyn LeaseState>),
+                lease: self.policy.reclaim.then_some(lease as Arc<dyn LeaseState>),
             },
             None => Requester::default(),
         }

@@ -303,7 +303,10 @@ impl NicThread {
         let r = self.engine.uninstall(self.nic.as_ref(), &flow);
         match &r {
             Ok(Some(e)) => {
-                self.metrics.nic_op_latency.with_label_values(&["del_rule"]).observe(t.elapsed().as_secs_f64());
+                self.metrics
+                    .nic_op_latency
+                    .with_label_values(&["del_rule"])
+                    .observe(t.elapsed().as_secs_f64());
                 self.removed(e);
             }
             Ok(None) => {}
@@ -328,14 +331,20 @@ impl NicThread {
         if !r.failed.is_empty() {
             self.schedule_retry();
         }
-        self.metrics.rule_deletes_pending.with_label_values(&[self.ifname()]).set(self.engine.rules().pending_len() as i64);
+        self.metrics
+            .rule_deletes_pending
+            .with_label_values(&[self.ifname()])
+            .set(self.engine.rules().pending_len() as i64);
     }
 
     fn schedule_retry(&mut self) {
         if self.retry_at.is_none() {
             self.retry_at = Some(Instant::now() + self.retry_wait);
         }
-        self.metrics.rule_deletes_pending.with_label_values(&[self.ifname()]).set(self.engine.rules().pending_len() as i64);
+        self.metrics
+            .rule_deletes_pending
+            .with_label_values(&[self.ifname()])
+            .set(self.engine.rules().pending_len() as i64);
     }
 
     fn retry(&mut self) {
@@ -355,7 +364,10 @@ impl NicThread {
                 tracing::info!(ifname = %self.ifname(), removed = r.removed.len(), "refused rule deletes went through on retry");
             }
         }
-        self.metrics.rule_deletes_pending.with_label_values(&[self.ifname()]).set(self.engine.rules().pending_len() as i64);
+        self.metrics
+            .rule_deletes_pending
+            .with_label_values(&[self.ifname()])
+            .set(self.engine.rules().pending_len() as i64);
     }
 
     fn remove_all(&mut self, give_up_at: Instant) -> Vec<NicError> {

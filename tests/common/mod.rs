@@ -231,7 +231,10 @@ impl ClientProcess {
             }
             let hex = line.strip_prefix("reply ").expect("reply line");
             replies.push(
-                (0..hex.len()).step_by(2).filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect(),
+                (0..hex.len())
+                    .step_by(2)
+                    .filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                    .collect(),
             );
         }
         ClientProcess { child, replies }

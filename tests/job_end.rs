@@ -1,0 +1,169 @@
+//! Job end for sidecars (shutdown file, all clients gone) and a reply before
+//! every close during shutdown.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use common::{ClientProcess, Daemon};
+use nix::sys::signal::Signal;
+use tcpx_rxdm::wire::client;
+use tcpx_rxdm::wire::frame;
+
+const GPU0: &str = "0000:04:00.0";
+const GPU_ETH2: &str = "0000:0a:00.0";
+
+fn install(sport: i32, gpu: &str) -> Vec<u8> {
+    frame::encode(&client::rule_request(1, ("10.1.0.2", sport), ("192.168.1.2", 5000), Some(gpu), None))
+        .unwrap()
+}
+
+#[test]
+fn shutdown_file_ends_the_daemon_cleanly() {
+    let mut d = Daemon::start(&[]);
+    assert!(!d.dir.path().join("terminated").exists());
+    std::fs::write(d.dir.path().join("terminated"), b"").unwrap();
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", d.log().join("\n"));
+    assert!(d.log().iter().any(|l| l.contains("the shutdown file") && l.contains("appeared")));
+    // Sockets and the lock are gone; the shutdown file itself stays for others to see.
+    assert_eq!(d.files(), vec!["terminated".to_string()]);
+}
+
+#[test]
+fn a_stale_shutdown_file_from_an_earlier_job_is_removed_at_startup() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let path = elsewhere.path().join("job-done");
+    std::fs::write(&path, b"left by the last job").unwrap();
+    let mut d = Daemon::start(&[&format!("--shutdown_file={}", path.display())]);
+    assert!(d.log().iter().any(|l| l.contains("removed a stale shutdown file")), "{}", d.log().join("\n"));
+    assert!(!path.exists());
+    // Still serving: a stale file is not a reason to stop.
+    assert_eq!(
+        common::raw_exchange(&d.sock("rx_rule_manager"), &install(40000, GPU0)),
+        frame::encode(&frame::ok()).unwrap()
+    );
+    std::fs::write(&path, b"").unwrap();
+    assert_eq!(d.wait_exit(Duration::from_secs(10)).code(), Some(0));
+}
+
+#[test]
+fn shutdown_file_in_a_missing_folder_is_a_configuration_error() {
+    let (code, err) = common::run_to_exit(&[
+        "--gpu_nic_preset=sim",
+        "--uds_path=/tmp/tcpx-test-missing-folder",
+        "--metrics_address=",
+        "--shutdown_file=/nonexistent-folder/terminated",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--shutdown_file"), "{err}");
+}
+
+#[test]
+fn a_process_holding_only_a_pool_fd_keeps_the_daemon_alive() {
+    let mut d = Daemon::start(&[
+        "--shutdown_when_all_clients_exited",
+        "--wait_time_before_exit=1",
+        "--nomonitor_shutdown",
+    ]);
+    let fd_sock = d.sock(&format!("get_gpu_fd_{GPU0}"));
+    let req = frame::encode(&client::raw_request(GPU0)).unwrap();
+    let c = ClientProcess::run(&[(fd_sock, req)], Duration::from_secs(3));
+    // Well past the 1 s grace: the client still holds the pool.
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(d.child.try_wait().unwrap().is_none(), "exited while a client held the pool fd");
+    let exited = Instant::now();
+    drop(c); // killed: no client process left
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", d.log().join("\n"));
+    assert!(exited.elapsed() >= Duration::from_millis(900), "waited the grace period");
+    assert!(d.log().iter().any(|l| l.contains("no client process has been alive for 1s")));
+}
+
+#[test]
+fn without_any_client_the_daemon_does_not_exit_on_its_own() {
+    let d = Daemon::start(&["--shutdown_when_all_clients_exited", "--wait_time_before_exit=0"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut d = d;
+    assert!(d.child.try_wait().unwrap().is_none(), "no client was ever seen");
+}
+
+/// Reads one reply frame, or reports how the connection ended.
+fn read_frame(s: &mut UnixStream) -> Result<Vec<u8>, String> {
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).map_err(|e| format!("no reply: {e}"))?;
+    let mut body = vec![0u8; u16::from_be_bytes(head) as usize];
+    s.read_exact(&mut body).map_err(|e| format!("short reply: {e}"))?;
+    Ok([head.to_vec(), body].concat())
+}
+
+#[test]
+fn sigterm_with_requests_in_flight_answers_every_request() {
+    // One NIC op takes 200 ms: most of 12 installs are still queued at SIGTERM.
+    let mut d = Daemon::start(&["--sim_delay=add_rule:200", "--monitor_shutdown"]);
+    let mut reg = UnixStream::connect(d.sock("rxdm_application_registry")).unwrap();
+    reg.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    reg.write_all(&frame::encode(&client::register(true)).unwrap()).unwrap();
+    assert_eq!(read_frame(&mut reg).unwrap(), frame::encode(&frame::ok()).unwrap());
+    let path = d.sock("rx_rule_manager");
+    let clients: Vec<_> = (0..12)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut s = UnixStream::connect(path).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                s.write_all(&install(42000 + i, GPU0)).unwrap();
+                read_frame(&mut s)
+            })
+        })
+        .collect();
+    // A client halfway through sending its request.
+    let mut partial = UnixStream::connect(&path).unwrap();
+    partial.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    partial.write_all(&install(43000, GPU0)[..5]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    d.signal(Signal::SIGTERM);
+    let mut codes = Vec::new();
+    for c in clients {
+        let reply = c.join().unwrap().unwrap_or_else(|e| panic!("bare close: {e}"));
+        let msg = frame::parse(&reply).unwrap().unwrap().0;
+        codes.push(client::status_code(&msg));
+    }
+    assert!(codes.iter().all(|&c| c == 0 || c == 14), "OK or UNAVAILABLE only: {codes:?}");
+    assert!(codes.contains(&0), "the first installs finished: {codes:?}");
+    assert!(codes.contains(&14), "queued installs were answered UNAVAILABLE: {codes:?}");
+    let reply = read_frame(&mut partial).unwrap_or_else(|e| panic!("partial request got no reply: {e}"));
+    assert_eq!(client::status_code(&frame::parse(&reply).unwrap().unwrap().0), 14);
+    // The registry still answers a deregistration during shutdown.
+    reg.write_all(&frame::encode(&client::register(false)).unwrap()).unwrap();
+    assert_eq!(read_frame(&mut reg).unwrap(), frame::encode(&frame::ok()).unwrap());
+    assert_eq!(d.wait_exit(Duration::from_secs(15)).code(), Some(0), "{}", d.log().join("\n"));
+}
+
+#[test]
+fn installs_on_other_nics_do_not_wait_for_a_slow_one() {
+    // eth1's NIC takes 300 ms per insert; eth2 must not notice.
+    let d = Daemon::start(&["--sim_delay=add_rule:300:eth1"]);
+    let slow = {
+        let path = d.sock("rx_rule_manager");
+        std::thread::spawn(move || {
+            for i in 0..3 {
+                let r = common::raw_exchange(&path, &install(44000 + i, GPU0));
+                assert_eq!(r, frame::encode(&frame::ok()).unwrap());
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    for i in 0..20 {
+        assert_eq!(
+            common::raw_exchange(&d.sock("rx_rule_manager"), &install(45000 + i, GPU_ETH2)),
+            frame::encode(&frame::ok()).unwrap()
+        );
+    }
+    let fast = t.elapsed();
+    slow.join().unwrap();
+    assert!(fast < Duration::from_millis(250), "20 installs on eth2 took {fast:?} behind eth1's slow NIC");
+}
