@@ -155,7 +155,8 @@ pub struct Flags {
     /// Simulated NIC fault OP:ERRNO:PROB (repeatable), e.g. add_rule:EBUSY:0.1.
     #[arg(long = "sim_fault", action = ArgAction::Append)]
     pub sim_fault: Vec<Fault>,
-    /// Simulated NIC delay OP:MILLIS for every call of OP (repeatable), e.g. del_rule:50.
+    /// Simulated NIC delay OP:DELAY for every call of OP (repeatable); DELAY in
+    /// milliseconds or with a unit, e.g. del_rule:50, del_rule:50ms, add_rule:200us.
     #[arg(long = "sim_delay", action = ArgAction::Append)]
     pub sim_delay: Vec<SimDelay>,
 }
