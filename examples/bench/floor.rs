@@ -22,6 +22,8 @@ const LISTENER: u64 = u64::MAX;
 
 /// A running floor server; [`Floor::stop`] ends its threads.
 pub struct Floor {
+    // Read by `stop`, which only the tests call; the benchmark's floor process ends by signal.
+    #[cfg_attr(not(test), allow(dead_code))]
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<io::Result<()>>>,
 }
@@ -46,8 +48,14 @@ pub fn serve(path: &Path, threads: usize, reply: Vec<u8>) -> io::Result<Floor> {
 
 impl Floor {
     /// Stops the threads (within one epoll timeout) and returns the first error any hit.
+    #[cfg(test)]
     pub fn stop(self) -> io::Result<()> {
         self.stop.store(true, Ordering::Relaxed);
+        self.join()
+    }
+
+    /// Waits for the threads without stopping them: they return only on an error.
+    pub fn join(self) -> io::Result<()> {
         let mut first = Ok(());
         for t in self.threads {
             let r = t.join().unwrap_or_else(|_| Err(io::Error::other("floor thread panicked")));

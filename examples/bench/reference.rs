@@ -18,8 +18,8 @@ pub struct Cost {
     pub mean: Duration,
     /// CPU (user + system) of the child processes per rule, in µs.
     pub cpu_us: f64,
-    /// The exit codes seen, e.g. "81" (ethtool's EOPNOTSUPP path).
-    pub exit_codes: String,
+    /// What the runs ended with: exit codes and the first line of stderr, each distinct one.
+    pub outcomes: String,
 }
 
 struct Netns(String);
@@ -91,7 +91,9 @@ pub fn measure(n: usize) -> Result<Cost, String> {
             let t = Instant::now();
             let out = Command::new("sh").arg("-c").arg(&cmd).output().map_err(|e| format!("sh: {e}"))?;
             lat.push(t.elapsed());
-            codes.insert(out.status.code().map(|c| c.to_string()).unwrap_or_else(|| "signal".into()));
+            let code = out.status.code().map(|c| c.to_string()).unwrap_or_else(|| "signal".into());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            codes.insert(format!("exit {code}, \"{}\"", stderr.lines().next().unwrap_or("").trim()));
         }
         let cpu = children_cpu_s() - cpu0;
         let mean = lat.iter().sum::<Duration>() / n as u32;
@@ -102,7 +104,7 @@ pub fn measure(n: usize) -> Result<Cost, String> {
             p99: percentile(&lat, 0.99).unwrap_or_default(),
             mean,
             cpu_us: cpu / n as f64 * 1e6,
-            exit_codes: codes.into_iter().collect::<Vec<_>>().join(", "),
+            outcomes: codes.into_iter().collect::<Vec<_>>().join("; "),
         })
     })
     .join()
