@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release && cargo run --release --example bench -- [--rounds 3]
-//!     [--clients 1,8,64,256] [--requests 10000] [--write-doc docs/PERFORMANCE.md]
+//!     [--clients 1,8,64,256] [--requests 20000] [--write-doc docs/PERFORMANCE.md]
 //! ```
 //!
 //! What it measures, in one run:
@@ -69,7 +69,7 @@ struct Args {
           value_parser = positive)]
     clients: Vec<usize>,
     /// Requests per round, per client count, per server.
-    #[arg(long, default_value_t = 10_000, value_parser = positive)]
+    #[arg(long, default_value_t = 20_000, value_parser = positive)]
     requests: usize,
     /// Regenerate the marked section of this file (docs/PERFORMANCE.md) from the run.
     #[arg(long)]
