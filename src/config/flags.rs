@@ -155,8 +155,9 @@ pub struct Flags {
     /// Simulated NIC fault OP:ERRNO:PROB (repeatable), e.g. add_rule:EBUSY:0.1.
     #[arg(long = "sim_fault", action = ArgAction::Append)]
     pub sim_fault: Vec<Fault>,
-    /// Simulated NIC delay OP:MILLIS[:IFNAME] for every call of OP, on every NIC or
-    /// only IFNAME (repeatable), e.g. del_rule:50 or add_rule:1000:eth1.
+    /// Simulated NIC delay OP:DELAY[:IFNAME] for every call of OP, on every NIC or
+    /// only IFNAME (repeatable); DELAY in milliseconds or with a unit, e.g.
+    /// del_rule:50, del_rule:50ms, add_rule:200us, add_rule:1000:eth1.
     #[arg(long = "sim_delay", action = ArgAction::Append)]
     pub sim_delay: Vec<SimDelay>,
 }

@@ -71,7 +71,7 @@ impl FromStr for Fault {
     }
 }
 
-/// A delay for every call of one operation: `--sim_delay=OP:MILLIS[:IFNAME]`,
+/// A delay for every call of one operation: `--sim_delay=OP:DELAY[:IFNAME]`,
 /// on every simulated NIC or only on `IFNAME`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimDelay {
@@ -83,12 +83,14 @@ pub struct SimDelay {
 impl FromStr for SimDelay {
     type Err = FaultParseError;
 
-    /// `OP:MILLIS[:IFNAME]`, e.g. `del_rule:50` or `add_rule:1000:eth1`; OP is any NIC operation name.
+    /// `OP:DELAY[:IFNAME]`, e.g. `del_rule:50` or `add_rule:200us:eth1`; OP is any
+    /// NIC operation name. DELAY is a whole number of milliseconds, or a whole
+    /// number with a unit: `50ms`, `200us`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why| FaultParseError(s.to_string(), why);
         let mut parts = s.splitn(3, ':');
-        let (Some(op), Some(ms)) = (parts.next(), parts.next()) else {
-            return Err(err("expected OP:MILLIS[:IFNAME]"));
+        let (Some(op), Some(delay)) = (parts.next(), parts.next()) else {
+            return Err(err("expected OP:DELAY[:IFNAME]"));
         };
         let ifname = match parts.next() {
             Some("") => return Err(err("IFNAME after the second ':' is empty")),
@@ -96,8 +98,19 @@ impl FromStr for SimDelay {
         };
         let op = NicOp::from_name(op)
             .ok_or_else(|| err("OP must be a NIC operation such as add_rule or del_rule"))?;
-        let ms: u64 = ms.parse().map_err(|_| err("MILLIS must be a whole number of milliseconds"))?;
-        Ok(SimDelay { op, by: Duration::from_millis(ms), ifname })
+        let (digits, unit): (&str, fn(u64) -> Duration) = if let Some(d) = delay.strip_suffix("us") {
+            (d, Duration::from_micros)
+        } else if let Some(d) = delay.strip_suffix("ms") {
+            (d, Duration::from_millis)
+        } else {
+            (delay, Duration::from_millis)
+        };
+        let bad = "DELAY must be a whole number of milliseconds, or a whole number ending in ms or us (e.g. 20, 20ms, 200us)";
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err(bad));
+        }
+        let n: u64 = digits.parse().map_err(|_| err(bad))?;
+        Ok(SimDelay { op, by: unit(n), ifname })
     }
 }
 
@@ -580,9 +593,43 @@ mod tests {
             d,
             SimDelay { op: NicOp::AddRule, by: Duration::from_secs(1), ifname: Some("eth2".into()) }
         );
-        for bad in ["del_rule", "frob:5", "del_rule:-1", "del_rule:1.5", "del_rule:5:"] {
-            assert!(bad.parse::<SimDelay>().is_err(), "{bad}");
+        let d: SimDelay = "add_rule:200us:eth2".parse().unwrap();
+        assert_eq!((d.by, d.ifname.as_deref()), (Duration::from_micros(200), Some("eth2")));
+        let cases = [
+            ("add_rule:20", Duration::from_millis(20)),
+            ("add_rule:20ms", Duration::from_millis(20)),
+            ("add_rule:200us", Duration::from_micros(200)),
+            ("add_rule:0us", Duration::ZERO),
+            ("add_rule:1500us", Duration::from_micros(1500)),
+        ];
+        for (s, want) in cases {
+            assert_eq!(
+                s.parse::<SimDelay>().unwrap(),
+                SimDelay { op: NicOp::AddRule, by: want, ifname: None },
+                "{s}"
+            );
         }
+        for bad in [
+            "del_rule",
+            "frob:5",
+            "del_rule:-1",
+            "del_rule:1.5",
+            "del_rule:+5",
+            "del_rule:",
+            "del_rule:ms",
+            "del_rule:us",
+            "del_rule:20ns",
+            "del_rule:20s",
+            "del_rule:20 us",
+            "del_rule:20usms",
+            "del_rule:99999999999999999999us",
+            "del_rule:5:",
+        ] {
+            let e = bad.parse::<SimDelay>().unwrap_err();
+            assert_eq!(e.0, bad, "the error names the value");
+        }
+        let e = "add_rule:5ns".parse::<SimDelay>().unwrap_err();
+        assert!(e.to_string().contains("200us"), "{e}");
     }
 
     #[test]
