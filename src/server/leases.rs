@@ -90,6 +90,8 @@ pub struct LeasePolicy {
 #[derive(Default)]
 struct Table {
     by_key: HashMap<ProcKey, Arc<Lease>>,
+    /// Visible pids of live leases, for the one-syscall fast path.
+    by_pid: HashMap<u32, Arc<Lease>>,
     next_id: u32,
     next_unique: u64,
     /// Users already told that their connections get no lease.
@@ -107,6 +109,7 @@ pub struct ClientTracker {
     /// Where `SO_PEERPIDFD` is missing (pre-6.5), it is not asked again.
     no_peer_pidfd: AtomicBool,
     watches: AtomicU64,
+    pidfds: AtomicU64,
 }
 
 impl ClientTracker {
@@ -124,6 +127,7 @@ impl ClientTracker {
             metrics,
             no_peer_pidfd: AtomicBool::new(false),
             watches: AtomicU64::new(0),
+            pidfds: AtomicU64::new(0),
         };
         (Arc::new(t), rx)
     }
@@ -140,6 +144,11 @@ impl ClientTracker {
     /// How many pidfd watches were started (one per process where it can be told apart).
     pub fn watches_started(&self) -> u64 {
         self.watches.load(Ordering::Relaxed)
+    }
+
+    /// How many pidfds were taken to identify peers (the slow path).
+    pub fn pidfds_opened(&self) -> u64 {
+        self.pidfds.load(Ordering::Relaxed)
     }
 
     /// Who is at the other end of `sock`, for the rule path: the process's
@@ -164,8 +173,9 @@ impl ClientTracker {
         // Fast path: a visible pid already watched (its watch has not fired,
         // so the pid still names the same process).
         if let Some(p) = pid {
-            if let Some(l) = self.lookup(ProcKey::Pid(p.get())) {
-                return Some(l);
+            let t = self.table.lock().expect("lease table lock");
+            if let Some(l) = t.by_pid.get(&p.get()).filter(|l| l.alive()) {
+                return Some(l.clone());
             }
         }
         let pidfd = match self.peer_pidfd(sock) {
@@ -178,6 +188,7 @@ impl ClientTracker {
                 }
             },
         };
+        self.pidfds.fetch_add(1, Ordering::Relaxed);
         let key = match (pidfs_inode(&pidfd), pid) {
             (Some(ino), _) => ProcKey::Inode(ino),
             (None, Some(p)) => ProcKey::Pid(p.get()),
@@ -203,6 +214,9 @@ impl ClientTracker {
             let id = NonZeroU32::new(t.next_id).expect("ids start at 1");
             let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true) });
             t.by_key.insert(key, lease.clone());
+            if let Some(p) = pid {
+                t.by_pid.insert(p.get(), lease.clone());
+            }
             self.publish(t.by_key.len());
             lease
         };
@@ -276,6 +290,11 @@ impl ClientTracker {
             let mut t = self.table.lock().expect("lease table lock");
             if t.by_key.get(&lease.key).is_some_and(|l| l.id == lease.id) {
                 t.by_key.remove(&lease.key);
+            }
+            if let Some(p) = lease.pid {
+                if t.by_pid.get(&p.get()).is_some_and(|l| l.id == lease.id) {
+                    t.by_pid.remove(&p.get());
+                }
             }
             t.by_key.len()
         };
@@ -360,6 +379,7 @@ mod tests {
         assert!(leases.iter().all(|l| l.id == leases[0].id), "same process, same lease");
         assert_eq!(leases[0].pid.map(|p| p.get()), Some(std::process::id()));
         assert_eq!(t.watches_started(), 1);
+        assert_eq!(t.pidfds_opened(), 1, "later connections of a visible pid take the fast path");
         assert_eq!(*t.subscribe().borrow(), ClientCount { seen_any: true, alive: 1 });
         assert_eq!(t.metrics.leases.clients.get(), 1);
         let r = t.requester(pairs[0].0.as_fd());
