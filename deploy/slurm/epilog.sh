@@ -4,7 +4,7 @@
 # A non-zero exit here makes Slurm drain the node: the NICs may not be as
 # they were. Settings are in common.sh.
 set -euo pipefail
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$(readlink -f "$0")")/common.sh"
 
 if [ ! -s "$TCPX_PID_FILE" ]; then

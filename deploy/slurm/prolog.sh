@@ -8,7 +8,7 @@
 #              TaskProlog=/etc/slurm/tcpx/task-prolog.sh
 # TCPX_PRINT_ARGS=1 prints the daemon's command line, one word a line, and exits.
 set -euo pipefail
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$(readlink -f "$0")")/common.sh"
 
 args=(
