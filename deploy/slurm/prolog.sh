@@ -4,7 +4,7 @@
 # with the reason (so Slurm does not start the job on a node without it).
 # Pair with epilog.sh; settings are in common.sh.
 #
-# slurm.conf:  Prolog=/etc/slurm/tcpx/prolog.sh  Epilog=/etc/slurm/tcpx/epilog.sh
+# slurm.conf:  Prolog=/etc/slurm/tcpx/prolog.sh  Epilog=/etc/slurm/tcpx/epilog.sh  PrologFlags=Alloc
 #              TaskProlog=/etc/slurm/tcpx/task-prolog.sh
 # TCPX_PRINT_ARGS=1 prints the daemon's command line, one word a line, and exits.
 set -euo pipefail
