@@ -1,7 +1,8 @@
 # shellcheck shell=bash disable=SC2034
 # Shared settings of prolog.sh and epilog.sh (sourced, not run). Every
-# setting can be overridden from the environment, e.g. in slurm.conf's
-# PrologEpilogTimeout-bound scripts or a wrapper.
+# setting can be overridden from the environment (slurmd's, or a wrapper that
+# exports them and runs the script). Keep slurm.conf's PrologEpilogTimeout
+# above TCPX_READY_TIMEOUT and TCPX_STOP_TIMEOUT.
 
 : "${SLURM_JOB_ID:?SLURM_JOB_ID is not set: run this as a Slurm prolog/epilog}"
 
