@@ -3,7 +3,9 @@
 //! code under test on a thread that joined that namespace (sockets opened
 //! there belong to it), and deletes the namespace afterwards, also on failure.
 //!
-//! Needs root and iproute2 (`ip`); without them these tests fail loudly.
+//! Needs root and iproute2 (`ip`): ignored by a plain `cargo test`; CI runs them
+//! as root with `cargo test -- --include-ignored`, where missing root or `ip`
+//! fails loudly.
 //! They run one at a time (they would only compete for the CPU, but `ip`
 //! output is easier to read that way).
 
@@ -111,6 +113,7 @@ impl Drop for Netns {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces, veth)"]
 fn netns_features_channels_and_stats_on_veth() {
     let _g = serial();
     let ns = Netns::new("feat");
@@ -170,6 +173,7 @@ fn netns_features_channels_and_stats_on_veth() {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces, veth)"]
 fn netns_rule_and_rss_ioctls_reach_the_driver() {
     let _g = serial();
     let ns = Netns::new("rule");
@@ -222,6 +226,7 @@ fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<NicEvent>) {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces, veth)"]
 fn netns_monitor_sees_link_down_address_change_and_removal() {
     let _g = serial();
     let ns = Netns::new("mon");
@@ -290,6 +295,7 @@ fn read_sysctl(name: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root (network namespaces, veth)"]
 fn netns_tuning_sysctls_and_routes_applied_and_restored() {
     let _g = serial();
     let ns = Netns::new("tune");
@@ -366,6 +372,7 @@ fn nic_snapshot(nic: &EthtoolNic) -> (Vec<(String, bool)>, tcpx_rxdm::nic::ethto
 /// The acceptance check: the real daemon on a veth (no ntuple) fails
 /// cleanly, names the interface and the operation, and leaves the NIC as found.
 #[test]
+#[ignore = "needs root (network namespaces, veth)"]
 fn netns_daemon_on_veth_fails_cleanly_and_leaves_the_nic_as_found() {
     let _g = serial();
     let ns = Netns::new("daemon");

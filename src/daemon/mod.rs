@@ -4,6 +4,7 @@
 pub mod backends;
 pub mod http_routes;
 pub mod job_end;
+pub mod notify;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -166,6 +167,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         None => None,
     };
     let backends = backends::select(&flags, &mut topo, &source)?;
+    notify::send(&notify::status("priming NICs, allocating pools"));
     let topo = Arc::new(topo);
 
     let t = Instant::now();
@@ -212,6 +214,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         Ok(m) => m,
         Err(e) => {
             tracing::error!(error = %e, "startup failed; undoing what was applied");
+            notify::send(&notify::status(&format!("startup failed: {e}")));
             let _ = shutdown_tx.send(true);
             for err in node.teardown().await {
                 tracing::error!(error = %err, "rollback step failed");
@@ -229,6 +232,10 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     }
     routes.set_ready(true);
     tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
+    notify::send(&format!(
+        "READY=1\n{}",
+        notify::status(&format!("serving on {}", flags.uds_path.display()))
+    ));
 
     let grace = Duration::from_secs(flags.wait_time_before_exit);
     let reason = tokio::select! {
@@ -244,6 +251,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &topo, &metrics) => StopReason::Nic(ev),
     };
     tracing::info!(reason = %reason, "shutting down");
+    notify::send(&format!("STOPPING=1\n{}", notify::status(&format!("shutting down: {reason}"))));
     drop(monitor);
     routes.set_ready(false);
     // A second signal during shutdown forces the exit. A repeat within

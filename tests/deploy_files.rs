@@ -1,0 +1,455 @@
+//! The deployment files in deploy/ and the Dockerfile, read as their tools
+//! read them: every daemon command line they hold must be accepted by our
+//! flag parser, and the pieces around it (mounts, probes, job end, socket
+//! folder, NCCL environment) must agree with those flags.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tcpx_rxdm::config::flags::{Flags, SetupParam};
+
+const OUR_BIN: &str = "/usr/local/bin/tcpx-rxdm";
+const REFERENCE_BIN: &str = "/tcpgpudmarxd/build/app/tcpgpudmarxd";
+const TUNE: SetupParam = SetupParam::Tune { initcwnd: 128, rto_min_ms: 2, quickack: 0 };
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// Every document of a YAML file.
+fn yaml_docs(rel: &str) -> Vec<Value> {
+    let text = read(rel);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{rel}: {e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn doc_of_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"))
+}
+
+fn pod_spec(doc: &Value) -> &Value {
+    match doc["kind"].as_str() {
+        Some("Pod") => &doc["spec"],
+        _ => &doc["spec"]["template"]["spec"],
+    }
+}
+
+fn str_list(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().map(|s| s.as_str().expect("string item").to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// The daemon container and whether it is an init container.
+fn daemon_container(pod: &Value) -> (&Value, bool) {
+    for (list, init) in [("containers", false), ("initContainers", true)] {
+        if let Some(c) = pod[list].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == "tcpx-daemon")) {
+            return (c, init);
+        }
+    }
+    panic!("no tcpx-daemon container");
+}
+
+fn workload_containers(pod: &Value) -> Vec<&Value> {
+    pod["containers"].as_array().unwrap().iter().filter(|c| c["name"] != "tcpx-daemon").collect()
+}
+
+/// The daemon's argv as the container runtime builds it: `command` replaces the
+/// image's ENTRYPOINT, `args` its CMD.
+fn container_argv(c: &Value) -> Vec<String> {
+    let mut argv = str_list(&c["command"]);
+    if argv.is_empty() {
+        argv.push(OUR_BIN.to_string());
+    }
+    argv.extend(str_list(&c["args"]));
+    argv
+}
+
+fn parse(argv: &[String], what: &str) -> Flags {
+    assert!(argv[0] == OUR_BIN || argv[0] == REFERENCE_BIN, "{what}: runs {}", argv[0]);
+    Flags::parse_args(argv.iter().cloned()).unwrap_or_else(|e| panic!("{what}: {argv:?} rejected: {e}"))
+}
+
+fn env_map(c: &Value) -> BTreeMap<String, String> {
+    c["env"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// mountPath -> volume name.
+fn mounts(c: &Value) -> BTreeMap<String, String> {
+    c["volumeMounts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| {
+                    (m["mountPath"].as_str().unwrap().to_string(), m["name"].as_str().unwrap().to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn volume<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("volume {name}"))
+}
+
+fn metrics_port(f: &Flags) -> u16 {
+    f.metrics_address.0.expect("HTTP endpoints on").port()
+}
+
+const DAEMON_MANIFESTS: [&str; 4] = [
+    "deploy/kubernetes/tcpx-daemon-sidecar.yaml",
+    "deploy/kubernetes/native-sidecar-job.yaml",
+    "deploy/kubernetes/daemonset.yaml",
+    "deploy/kubernetes/nccl-allgather.yaml",
+];
+
+/// Checks shared by every manifest that runs the daemon; returns its flags.
+fn check_daemon_pod(rel: &str, pod: &Value) -> Flags {
+    let (c, _) = daemon_container(pod);
+    let flags = parse(&container_argv(c), rel);
+    assert_eq!(flags.setup_param, TUNE, "{rel}");
+
+    // Host mounts where the daemon looks for them, and the driver libraries.
+    let m = mounts(c);
+    for (path, host) in [("/hostsysfs", "/sys"), ("/hostprocsysfs", "/proc/sys")] {
+        let vol = volume(pod, m.get(path).unwrap_or_else(|| panic!("{rel}: {path} not mounted")));
+        assert_eq!(vol["hostPath"]["path"], host, "{rel}: {path}");
+    }
+    assert!(m.contains_key("/usr/local/nvidia/lib64"), "{rel}: driver libraries not mounted");
+    assert!(env_map(c)["LD_LIBRARY_PATH"].split(':').any(|p| p == "/usr/local/nvidia/lib64"), "{rel}");
+
+    // The socket folder is a mount, and each workload sees the same volume at the
+    // same path, with the NCCL plugin pointed at it.
+    let uds = flags.uds_path.to_str().unwrap();
+    let sock_vol = m.get(uds).unwrap_or_else(|| panic!("{rel}: {uds} is not a mount"));
+    for w in workload_containers(pod) {
+        assert_eq!(mounts(w).get(uds), Some(sock_vol), "{rel}: {} does not mount {uds}", w["name"]);
+        if let Some(prefix) = env_map(w).get("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX") {
+            assert_eq!(prefix, uds, "{rel}");
+        }
+    }
+
+    // Probes go to the HTTP port the flags open.
+    let port = metrics_port(&flags);
+    let mut probes = 0;
+    for p in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        if c[p].is_object() {
+            probes += 1;
+            assert_eq!(c[p]["httpGet"]["port"], port, "{rel} {p}");
+            let path = c[p]["httpGet"]["path"].as_str().unwrap();
+            assert!(["/readyz", "/healthz"].contains(&path), "{rel} {p}: {path}");
+        }
+    }
+    assert!(probes > 0, "{rel}: no probe");
+    assert_eq!(c["ports"][0]["containerPort"], port, "{rel}");
+    flags
+}
+
+#[test]
+fn every_kubernetes_daemon_command_line_is_accepted() {
+    for rel in DAEMON_MANIFESTS {
+        let docs = yaml_docs(rel);
+        let workloads: Vec<&Value> = docs
+            .iter()
+            .filter(|d| ["Job", "DaemonSet", "Pod"].contains(&d["kind"].as_str().unwrap()))
+            .collect();
+        assert_eq!(workloads.len(), 1, "{rel}");
+        let flags = check_daemon_pod(rel, pod_spec(workloads[0]));
+        assert_eq!(flags.uds_path, Path::new("/run/tcpx"), "{rel}");
+    }
+}
+
+#[test]
+fn classic_sidecar_is_a_drop_in_and_ends_the_job() {
+    let rel = "deploy/kubernetes/tcpx-daemon-sidecar.yaml";
+    let docs = yaml_docs(rel);
+    let job = doc_of_kind(&docs, "Job");
+    let pod = pod_spec(job);
+    let (c, init) = daemon_container(pod);
+    assert!(!init);
+    // The reference's command line, word for word, is the start of ours.
+    let argv = container_argv(c);
+    assert_eq!(argv[0], REFERENCE_BIN);
+    assert_eq!(argv[argv.len() - str_list(&c["args"]).len() - 1], r#"\"--verbose 128 2 0 \""#);
+    assert_eq!(volume(pod, "tcpx-socket")["hostPath"]["path"], "/run/tcpx");
+    assert_eq!(volume(pod, "libraries")["hostPath"]["path"], "/home/kubernetes/bin/nvidia/lib64");
+
+    let flags = parse(&argv, rel);
+    assert_eq!(pod["restartPolicy"], "Never");
+    assert_eq!(pod["shareProcessNamespace"], true);
+    // Job end: the workload touches the shutdown file; clients leaving is the fallback.
+    let shutdown = flags.shutdown_file().expect("--shutdown_file on");
+    assert!(flags.shutdown_when_all_clients_exited);
+    let workload = workload_containers(pod)[0];
+    let script = str_list(&workload["command"]).join(" ");
+    assert!(script.contains(&format!("touch {}", shutdown.display())), "{script}");
+    // Readiness from the health file the daemon writes, on a volume both see.
+    let health = &env_map(c)["HEALTH_CHECK_LOG_FILE"];
+    assert!(script.contains(health.as_str()), "{script}");
+    assert!(script.contains("Buffer manager initialization complete"), "{script}");
+    let health_dir = Path::new(health).parent().unwrap().to_str().unwrap();
+    assert_eq!(mounts(workload).get(health_dir), mounts(c).get(health_dir));
+}
+
+#[test]
+fn native_sidecars_gate_the_workload_on_readyz() {
+    for rel in ["deploy/kubernetes/native-sidecar-job.yaml", "deploy/kubernetes/nccl-allgather.yaml"] {
+        let docs = yaml_docs(rel);
+        let pod = pod_spec(doc_of_kind(&docs, "Job"));
+        let (c, init) = daemon_container(pod);
+        assert!(init, "{rel}: not an init container");
+        assert_eq!(c["restartPolicy"], "Always", "{rel}");
+        let flags = parse(&container_argv(c), rel);
+        assert_eq!(c["startupProbe"]["httpGet"]["path"], "/readyz", "{rel}");
+        assert_eq!(c["startupProbe"]["httpGet"]["port"], metrics_port(&flags), "{rel}");
+        // The kubelet stops the daemon; a client leaving must not (it would be restarted).
+        assert!(!flags.monitor_shutdown, "{rel}");
+        assert_eq!(pod["shareProcessNamespace"], true, "{rel}");
+        assert_eq!(pod["restartPolicy"], "Never", "{rel}");
+    }
+}
+
+#[test]
+fn daemonset_keeps_leases_on_and_podmonitor_finds_it() {
+    let docs = yaml_docs("deploy/kubernetes/daemonset.yaml");
+    let ds = doc_of_kind(&docs, "DaemonSet");
+    let pod = pod_spec(ds);
+    let (c, _) = daemon_container(pod);
+    let flags = parse(&container_argv(c), "daemonset");
+    assert!(flags.leases && !flags.monitor_shutdown);
+    // Leases across Pods on kernels before 6.5 need the host's pid namespace.
+    assert_eq!(pod["hostPID"], true);
+    for r in ["cpu", "memory"] {
+        assert!(c["resources"]["requests"][r].is_string(), "no {r} request");
+    }
+    assert!(c["resources"]["limits"]["memory"].is_string());
+
+    let pm = doc_of_kind(&yaml_docs("deploy/kubernetes/podmonitor.yaml"), "PodMonitor").clone();
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    let labels = &ds["spec"]["template"]["metadata"]["labels"];
+    let selector = pm["spec"]["selector"]["matchLabels"].as_object().unwrap();
+    assert!(!selector.is_empty());
+    for (k, v) in selector {
+        assert_eq!(&labels[k], v, "PodMonitor selects {k}={v}, the DaemonSet's Pods do not carry it");
+    }
+    let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["path"], "/metrics");
+    let port =
+        c["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]).expect("port by name");
+    assert_eq!(port["containerPort"], metrics_port(&flags));
+}
+
+#[test]
+fn nccl_job_runs_two_ranks_with_the_tcpx_environment() {
+    let docs = yaml_docs("deploy/kubernetes/nccl-allgather.yaml");
+    let job = doc_of_kind(&docs, "Job");
+    assert_eq!(job["spec"]["completionMode"], "Indexed");
+    assert_eq!(job["spec"]["completions"], 2);
+    assert_eq!(job["spec"]["parallelism"], 2);
+    let pod = pod_spec(job);
+    let svc = doc_of_kind(&docs, "Service");
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    assert_eq!(pod["subdomain"], svc["metadata"]["name"]);
+    let cm = doc_of_kind(&docs, "ConfigMap");
+    assert!(cm["data"]["allgather.py"].as_str().unwrap().contains("all_gather_into_tensor"));
+
+    let nccl = workload_containers(pod)[0];
+    let argv = str_list(&nccl["command"]);
+    let host0 = format!(
+        "--master_addr={}-0.{}",
+        job["metadata"]["name"].as_str().unwrap(),
+        svc["metadata"]["name"].as_str().unwrap()
+    );
+    assert!(argv.contains(&host0), "{argv:?}");
+    assert!(argv.contains(&"--node_rank=$(JOB_COMPLETION_INDEX)".to_string()), "{argv:?}");
+    let env = env_map(nccl);
+    for (k, v) in [
+        ("NCCL_SOCKET_IFNAME", "eth0"),
+        ("NCCL_CROSS_NIC", "0"),
+        ("NCCL_ALGO", "Ring"),
+        ("NCCL_PROTO", "Simple"),
+        ("NCCL_NSOCKS_PERTHREAD", "4"),
+        ("NCCL_SOCKET_NTHREADS", "1"),
+        ("NCCL_DYNAMIC_CHUNK_SIZE", "524288"),
+        ("NCCL_P2P_NET_CHUNKSIZE", "524288"),
+        ("NCCL_P2P_PCI_CHUNKSIZE", "524288"),
+        ("NCCL_P2P_NVL_CHUNKSIZE", "1048576"),
+        ("NCCL_BUFFSIZE", "4194304"),
+        ("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"),
+        ("NCCL_NET_GDR_LEVEL", "PIX"),
+        ("NCCL_P2P_PXN_LEVEL", "0"),
+        ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "eth1,eth2,eth3,eth4"),
+        ("NCCL_GPUDIRECTTCPX_CTRL_DEV", "eth0"),
+        ("NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS", "500000"),
+        ("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", "/run/tcpx"),
+        ("LD_LIBRARY_PATH", "/usr/local/nvidia/lib64"),
+    ] {
+        assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+    }
+    // CPU bindings: one entry per GPU NIC, each with a core range.
+    for k in ["NCCL_GPUDIRECTTCPX_TX_BINDINGS", "NCCL_GPUDIRECTTCPX_RX_BINDINGS"] {
+        let nics: Vec<&str> = env[k].split(';').map(|b| b.split(':').next().unwrap()).collect();
+        assert_eq!(nics, ["eth1", "eth2", "eth3", "eth4"], "{k}");
+    }
+    assert_eq!(nccl["resources"]["limits"]["nvidia.com/gpu"], 8);
+}
+
+#[test]
+fn kustomization_lists_every_manifest() {
+    let k = yaml_docs("deploy/kubernetes/kustomization.yaml").remove(0);
+    let listed: BTreeSet<String> = str_list(&k["resources"]).into_iter().collect();
+    let on_disk: BTreeSet<String> = std::fs::read_dir(repo("deploy/kubernetes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, on_disk);
+    // The image every manifest uses is the one the kustomization retags.
+    let image = k["images"][0]["name"].as_str().unwrap();
+    for rel in DAEMON_MANIFESTS {
+        let docs = yaml_docs(rel);
+        let w = docs.iter().find(|d| d["spec"]["template"].is_object()).unwrap();
+        let (c, _) = daemon_container(pod_spec(w));
+        assert_eq!(c["image"].as_str().unwrap().split(':').next(), Some(image), "{rel}");
+    }
+}
+
+/// `[Section]` -> key -> values (a key may repeat).
+fn unit_file(rel: &str) -> BTreeMap<String, BTreeMap<String, Vec<String>>> {
+    let mut out: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    let mut section = String::new();
+    for line in read(rel).lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = s.to_string();
+            continue;
+        }
+        let (k, v) = line.split_once('=').unwrap_or_else(|| panic!("{rel}: {line}"));
+        out.entry(section.clone()).or_default().entry(k.to_string()).or_default().push(v.to_string());
+    }
+    out
+}
+
+#[test]
+fn systemd_unit_command_line_and_socket_folder_agree() {
+    let unit = unit_file("deploy/systemd/tcpx-rxdm.service");
+    let svc = &unit["Service"];
+    let one = |k: &str| svc.get(k).and_then(|v| v.last()).unwrap_or_else(|| panic!("no {k}=")).as_str();
+    assert_eq!(one("Type"), "notify");
+    // `$VAR` words expand to nothing unless set in /etc/default/tcpx-rxdm.
+    let argv: Vec<String> =
+        one("ExecStart").split_whitespace().filter(|w| !w.starts_with('$')).map(String::from).collect();
+    let flags = parse(&argv, "ExecStart");
+    assert!(!flags.monitor_shutdown);
+    assert_eq!(flags.uds_path, Path::new("/run").join(one("RuntimeDirectory")));
+    // The group that owns the runtime folder also owns the sockets, and may enter the folder.
+    assert_eq!(flags.socket_group.as_deref(), Some(one("Group")));
+    let dir_mode = u32::from_str_radix(one("RuntimeDirectoryMode"), 8).unwrap();
+    assert_eq!(dir_mode & 0o070, 0o070, "group cannot enter the socket folder");
+    assert_eq!(dir_mode & 0o007, 0, "socket folder open to everyone");
+    assert_eq!(flags.socket_mode & 0o060, 0o060);
+    // Hardening leaves what the daemon needs.
+    assert!(one("CapabilityBoundingSet").split_whitespace().any(|c| c == "CAP_NET_ADMIN"));
+    assert_ne!(svc.get("ProtectKernelTunables").and_then(|v| v.last()).map(String::as_str), Some("yes"));
+    assert_ne!(svc.get("PrivateDevices").and_then(|v| v.last()).map(String::as_str), Some("yes"));
+    let env = svc["Environment"].join(" ");
+    assert!(env.contains("LD_LIBRARY_PATH=/usr/local/nvidia/lib64"), "{env}");
+    // The group exists once sysusers.d ran.
+    let sysusers = read("deploy/systemd/tcpx-rxdm.sysusers");
+    assert!(sysusers.lines().any(|l| l.split_whitespace().take(2).eq(["g", one("Group")])), "{sysusers}");
+}
+
+fn slurm_prolog_argv(env: &[(&str, &str)]) -> Vec<String> {
+    let mut cmd = Command::new(repo("deploy/slurm/prolog.sh"));
+    cmd.env_clear().env("PATH", std::env::var("PATH").unwrap()).env("TCPX_PRINT_ARGS", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect()
+}
+
+#[test]
+fn slurm_prolog_command_line_is_accepted() {
+    let argv = slurm_prolog_argv(&[("SLURM_JOB_ID", "4242"), ("SLURM_JOB_GID", "1000")]);
+    let flags = parse(&argv, "prolog.sh");
+    assert_eq!(flags.uds_path, Path::new("/run/tcpx-4242"));
+    assert!(!flags.monitor_shutdown, "a job's second step would find no daemon");
+    assert_eq!(flags.socket_group.as_deref(), Some("1000"));
+    assert_eq!(metrics_port(&flags), 9467);
+
+    // Overrides, as the live test uses them.
+    let argv = slurm_prolog_argv(&[
+        ("SLURM_JOB_ID", "7"),
+        ("TCPX_RXDM_BIN", OUR_BIN),
+        ("TCPX_UDS_PATH", "/tmp/x/tcpx-7"),
+        ("TCPX_HTTP", ""),
+        ("TCPX_PRESET", "sim"),
+        ("TCPX_EXTRA_ARGS", "--log_format=json --max_connections=64"),
+    ]);
+    let flags = parse(&argv, "prolog.sh with overrides");
+    assert_eq!(flags.uds_path, Path::new("/tmp/x/tcpx-7"));
+    assert_eq!(flags.metrics_address.0, None);
+    assert_eq!(flags.gpu_nic_preset, "sim");
+    assert_eq!(flags.max_connections, 64);
+    assert_eq!(flags.socket_group, None);
+
+    // The task prolog points NCCL at the same folder.
+    let out = Command::new(repo("deploy/slurm/task-prolog.sh")).env("SLURM_JOB_ID", "4242").output().unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "export NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX=/run/tcpx-4242\n"
+    );
+
+    // No job id: a clear error, not a daemon on /run/tcpx-.
+    let out = Command::new(repo("deploy/slurm/prolog.sh")).env_remove("SLURM_JOB_ID").output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SLURM_JOB_ID"));
+}
+
+#[test]
+fn dockerfile_entrypoint_and_cmd_are_accepted() {
+    let text = read("Dockerfile");
+    let json_after = |key: &str| -> Vec<String> {
+        let line = text.lines().rev().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key}"));
+        serde_json::from_str(line[key.len()..].trim())
+            .unwrap_or_else(|e| panic!("{key} is not exec form: {e}"))
+    };
+    let mut argv = json_after("ENTRYPOINT");
+    assert_eq!(argv, [OUR_BIN]);
+    argv.extend(json_after("CMD"));
+    parse(&argv, "Dockerfile");
+
+    // The runtime stage: no shell step, the library path, both binary paths.
+    let runtime = text.rsplit("\nFROM ").next().unwrap();
+    assert!(!runtime.lines().any(|l| l.starts_with("RUN ")), "the runtime stage must not need a shell");
+    assert!(runtime.contains("ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64"));
+    assert!(text.contains(&format!("ln -s {OUR_BIN} /out{REFERENCE_BIN}")));
+    assert!(text.contains(&format!("/out{OUR_BIN}")));
+    assert!(text.contains("cargo build --release --locked"));
+    assert!(runtime.contains("org.opencontainers.image.licenses=\"Apache-2.0\""));
+}

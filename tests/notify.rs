@@ -1,0 +1,101 @@
+//! systemd `Type=notify` over a real datagram socket: the daemon on sim NICs
+//! with `NOTIFY_SOCKET` set to a socket the test binds.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+
+/// Receives datagrams until one contains `key`; returns every message seen.
+fn recv_until(rx: &UnixDatagram, key: &str, timeout: Duration) -> Vec<String> {
+    let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match rx.recv(&mut buf) {
+            Ok(n) => {
+                let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let done = m.lines().any(|l| l == key);
+                seen.push(m);
+                if done {
+                    return seen;
+                }
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+            }
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+    panic!("no {key} within {timeout:?}; got {seen:?}");
+}
+
+#[test]
+fn ready_after_the_ready_line_and_stopping_after_sigterm() {
+    let sockdir = tempfile::tempdir().unwrap();
+    let path = sockdir.path().join("notify");
+    let rx = UnixDatagram::bind(&path).unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+
+    let mut d = Daemon::spawn(&["--nomonitor_shutdown"], &[("NOTIFY_SOCKET", path.to_str().unwrap())]);
+    let before = recv_until(&rx, "READY=1", Duration::from_secs(20));
+    // READY=1 comes last, after startup status lines, and only once the daemon serves.
+    let ready_msg = before.last().unwrap();
+    assert!(ready_msg.lines().any(|l| l.starts_with("STATUS=serving on ")), "{ready_msg:?}");
+    assert!(
+        before[..before.len() - 1].iter().all(|m| !m.contains("READY=1") && m.starts_with("STATUS=")),
+        "{before:?}"
+    );
+    assert!(before.iter().any(|m| m.contains("STATUS=priming NICs")), "{before:?}");
+    // Already serving when READY=1 arrived: /readyz answers 200, the rule socket exists
+    // and the ready line was logged before the datagram was sent.
+    assert_eq!(d.http_get("/readyz").0, 200);
+    assert!(d.files().contains(&"rx_rule_manager".to_string()));
+    let log = d.log();
+    if !log.iter().any(|l| l.contains(READY)) {
+        // The log reader thread may lag the datagram by a moment; the line must still come.
+        d.wait_for_log(READY, Duration::from_secs(5)).expect("ready line logged");
+    }
+
+    // Nothing more until asked to stop.
+    let mut buf = [0u8; 256];
+    assert!(rx.recv(&mut buf).is_err(), "unexpected message while serving");
+
+    d.signal(Signal::SIGTERM);
+    let after = recv_until(&rx, "STOPPING=1", Duration::from_secs(10));
+    let stopping = after.last().unwrap();
+    assert!(stopping.contains("STATUS=shutting down: received SIGTERM"), "{stopping:?}");
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", d.log().join("\n"));
+}
+
+#[test]
+fn abstract_notify_socket_and_failed_startup_status() {
+    let name = format!("tcpx-rxdm-notify-test-{}", std::process::id());
+    let addr = {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap()
+    };
+    let rx = UnixDatagram::bind_addr(&addr).unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let value = format!("@{name}");
+
+    let d = Daemon::spawn(&["--nomonitor_shutdown"], &[("NOTIFY_SOCKET", value.as_str())]);
+    recv_until(&rx, "READY=1", Duration::from_secs(20));
+    drop(d);
+
+    // A startup that fails says why in STATUS= and never sends READY=1.
+    let mut d = Daemon::spawn(&["--sim_fault=set_rss:EOPNOTSUPP:1"], &[("NOTIFY_SOCKET", value.as_str())]);
+    let st = d.wait_exit(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(1));
+    let mut msgs = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = rx.recv(&mut buf) {
+        msgs.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(msgs.iter().all(|m| !m.contains("READY=1")), "{msgs:?}");
+    assert!(msgs.iter().any(|m| m.starts_with("STATUS=startup failed: ") && m.contains("RSS")), "{msgs:?}");
+}
