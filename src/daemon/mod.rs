@@ -127,6 +127,11 @@ impl Node {
     }
 }
 
+/// The NIC a teardown error names (`restoring eth1: …`), or `host`.
+fn restore_nic(err: &str) -> &str {
+    err.strip_prefix("restoring ").and_then(|r| r.split(':').next()).unwrap_or("host")
+}
+
 /// Milliseconds since `t`, rounded to microseconds for readable logs.
 fn ms(t: Instant) -> f64 {
     (t.elapsed().as_secs_f64() * 1e6).round() / 1e3
@@ -156,6 +161,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
 
     let metrics = Arc::new(Metrics::new());
+    metrics.init_nics(topo.nics.iter().map(|n| n.ifname.as_str()));
     let routes = Arc::new(Routes::new(metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     if let Some(addr) = flags.metrics_address.0 {
@@ -189,6 +195,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
             tracing::error!(error = %e, "startup failed; undoing what was applied");
             let _ = shutdown_tx.send(true);
             for err in node.teardown().await {
+                metrics.restore_failed(restore_nic(&err), &err);
                 tracing::error!(error = %err, "rollback step failed");
             }
             return Err(e);
@@ -239,6 +246,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     }
     let errors = node.teardown().await;
     for e in &errors {
+        metrics.restore_failed(restore_nic(e), e);
         tracing::error!(error = %e, "restore step failed");
     }
     if !errors.is_empty() {
@@ -360,7 +368,10 @@ async fn start(
     for r in results {
         match r {
             Ok(p) => node.primed.push(p),
-            Err(e) => first_err = first_err.or(Some(e)),
+            Err(e) => {
+                metrics.nic_op_failed(&e.source);
+                first_err = first_err.or(Some(e))
+            }
         }
     }
     if let Some(e) = first_err {
@@ -468,6 +479,11 @@ async fn start(
     open(Endpoint::RuleUninstall)?;
     open(Endpoint::QueueIdsByGpu)?;
     open(Endpoint::Registry)?;
+    let l = node.dir.bind(crate::server::status::SOCKET).map_err(|e| rt(e.to_string()))?;
+    crate::server::status::spawn(l, state.clone(), shutdown.clone());
+    for p in &node.primed {
+        metrics.set_nic_info(&p.ifname, &format!("{:?}", p.header_split), b.binder.backend());
+    }
     tracing::info!(elapsed_ms = ms(t), "rule endpoints started");
 
     let _ = routes.state.set(state.clone());

@@ -5,6 +5,7 @@ pub mod conn;
 pub mod handlers;
 pub mod rule_workers;
 pub mod socket_dir;
+pub mod status;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
