@@ -341,7 +341,21 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
                 None,
             ),
         }
-        r.add(s, "driver", Status::Pass, driver_line(&sysfs, &class), None);
+        let info = crate::nic::ethtool::ioctl::EthtoolIoctl::open().and_then(|io| io.drvinfo(ifname));
+        let line = match info {
+            Ok([driver, version, fw, bus]) => {
+                let mut l = format!("{driver} {version}");
+                if !fw.is_empty() && fw != "N/A" {
+                    l.push_str(&format!(", firmware {fw}"));
+                }
+                if !bus.is_empty() && bus != "N/A" {
+                    l.push_str(&format!(", bus {bus}"));
+                }
+                l.trim().to_string()
+            }
+            Err(_) => driver_line(&sysfs, &class),
+        };
+        r.add(s, "driver", Status::Pass, line, None);
     }
 
     match probe_family(nic, ifname) {
