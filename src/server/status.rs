@@ -122,7 +122,7 @@ pub async fn status_json(state: &ServerState) -> Value {
             "slots": s.capacity,
             "rules": s.rules.len(),
             "slots_free": (s.capacity as usize).saturating_sub(s.rules.len()),
-            "rules_by_queue": by_queue.iter().map(|(q, n)| (q.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "rules_by_queue": by_queue.iter().map(|(q, n)| json!({ "queue": q, "rules": n })).collect::<Vec<_>>(),
             "nic_rules": s.nic_rules.as_ref().map(|r| r.len()),
             "nic_error": s.nic_error,
         }));
@@ -233,8 +233,12 @@ pub fn status_text(v: &Value) -> String {
     );
     out += "\nNICs\n";
     for n in v["nics"].as_array().into_iter().flatten() {
-        let queues: Vec<String> =
-            n["rules_by_queue"].as_object().into_iter().flatten().map(|(q, c)| format!("{q}:{c}")).collect();
+        let queues: Vec<String> = n["rules_by_queue"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| format!("{}:{}", e["queue"], e["rules"]))
+            .collect();
         out += &format!(
             "  {}: {} rules, {} of {} slots free; by queue {}\n",
             n["ifname"].as_str().unwrap_or("?"),
