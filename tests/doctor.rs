@@ -177,3 +177,20 @@ fn moved_nic_is_explained() {
     );
     assert!(out.contains("--gpu_nic_preset=auto"), "the fix names discovery:\n{out}");
 }
+
+#[test]
+fn a_running_daemon_is_seen_through_its_lock_and_keeps_it() {
+    let d = common::Daemon::start(&[]);
+    let uds = format!("--uds_path={}", d.dir.path().display());
+    let (code, out, err) = doctor(&["--gpu_nic_preset=sim", &uds]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let pid = d.child.id();
+    assert!(
+        line(&out, "host", "daemon").starts_with(&format!("✔ daemon: a daemon holds the lock (pid {pid})")),
+        "{out}"
+    );
+    // The lock was only tested: a second daemon on the folder is still refused.
+    let (code, stderr) = common::run_to_exit(&["--gpu_nic_preset=sim", &uds, "--metrics_address="]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("already serves"), "{stderr}");
+}

@@ -162,6 +162,14 @@ struct Ctx<'a> {
     daemon: Option<String>,
 }
 
+impl Ctx<'_> {
+    /// The pid of a running daemon whose NICs are the ones checked here (a
+    /// daemon on simulated NICs keeps their state in its own process).
+    fn daemon_on_these_nics(&self) -> Option<&str> {
+        self.daemon.as_deref().filter(|_| !self.sim_nic)
+    }
+}
+
 /// Runs every check.
 pub fn run(flags: &Flags) -> Report {
     let mut r = Report { preset: flags.gpu_nic_preset.clone(), ..Default::default() };
@@ -405,7 +413,7 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
         match (on, rules) {
             (Ok(on), Ok(rules)) => {
                 let state = if on { "on" } else { "off" };
-                if let Some(pid) = &ctx.daemon {
+                if let Some(pid) = ctx.daemon_on_these_nics() {
                     r.add(
                         s,
                         "ntuple state",
@@ -473,7 +481,7 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
             let used: Vec<u32> = t.to_vec();
             let into_gpu = used.iter().any(|q| queues.contains(q));
             let found = format!("{} entries over queues {}", t.len(), ranges(&used));
-            if ctx.daemon.is_some() && into_gpu {
+            if ctx.daemon_on_these_nics().is_some() && into_gpu {
                 r.add(
                     s,
                     "RSS",
@@ -526,7 +534,7 @@ fn header_split_lines(
     ifname: &str,
     f: &DriverFamily,
 ) {
-    let running = ctx.daemon.is_some();
+    let running = ctx.daemon_on_these_nics().is_some();
     let (family_status, family, on) = match f {
         DriverFamily::PrivFlags { flags, strict, max_rx_buffer } => {
             let mut extra = Vec::new();
