@@ -116,6 +116,18 @@ fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if rest.iter().skip(1).any(|a| a == "--help" || a == "-h" || a == "-help") {
+        match cmd {
+            "doctor" => println!(
+                "Usage: tcpx-rxdm doctor [--json] [DAEMON FLAGS]\n\nRead-only checks of this node for the \
+                 daemon's flags; exit 0 ready, 1 not ready, 2 bad flags. The daemon's flags:\n"
+            ),
+            _ => println!(
+                "Usage: tcpx-rxdm status [flows] [--json] [--uds_path=DIR]\n\nAsks the daemon serving \
+                 --uds_path; exit 0 ready, 1 unreachable or not ready, 2 bad arguments. The daemon's flags:\n"
+            ),
+        }
+    }
     let flags = match Flags::parse_args(rest) {
         Ok(f) => f,
         Err(e) => {

@@ -121,6 +121,10 @@ fn dashboard_and_alerts_name_only_metrics_the_daemon_exports() {
     let d = Daemon::start(&[]);
     let (status, body) = d.http_get("/metrics");
     assert_eq!(status, 200);
+    assert!(
+        body.contains(r#"tcpx_rxdm_nic_info{binder="none",header_split="priv_flags",nic="eth4"} 1"#),
+        "{body}"
+    );
     let (types, samples) = exposition(&body);
     for name in dash_names.iter().chain(&alert_names) {
         let family = ["_bucket", "_sum", "_count"]

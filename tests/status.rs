@@ -154,6 +154,10 @@ fn no_daemon_and_bad_arguments() {
     let (code, _, err) = status(&[&format!("--uds_path={}", dir.path().display())]);
     assert_eq!(code, 1);
     assert!(err.contains("no daemon answers") && err.contains("rxdm_status"), "{err}");
+    // A flag value in the next word, then a positional word.
+    let (code, _, err) = status(&["--uds_path", &dir.path().display().to_string(), "flows"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no daemon answers"), "{err}");
     let (code, _, err) = status(&["rules", &format!("--uds_path={}", dir.path().display())]);
     assert_eq!(code, 2);
     assert!(err.contains("rules"), "{err}");

@@ -161,7 +161,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
 
     let metrics = Arc::new(Metrics::new());
-    metrics.init_nics(topo.nics.iter().map(|n| n.ifname.as_str()));
+    metrics.init_topology(&topo);
     let routes = Arc::new(Routes::new(metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     if let Some(addr) = flags.metrics_address.0 {
@@ -459,7 +459,10 @@ async fn start(
 
     let t = Instant::now();
     for p in &mut node.primed {
-        p.enable_header_split(b.nic.as_ref()).map_err(|e| rt(format!("header split on {e}")))?;
+        p.enable_header_split(b.nic.as_ref()).map_err(|e| {
+            metrics.nic_op_failed(&e.source);
+            rt(format!("header split on {e}"))
+        })?;
     }
     tracing::info!(elapsed_ms = ms(t), "header split enabled");
 
@@ -482,7 +485,7 @@ async fn start(
     let l = node.dir.bind(crate::server::status::SOCKET).map_err(|e| rt(e.to_string()))?;
     crate::server::status::spawn(l, state.clone(), shutdown.clone());
     for p in &node.primed {
-        metrics.set_nic_info(&p.ifname, &format!("{:?}", p.header_split), b.binder.backend());
+        metrics.set_nic_info(&p.ifname, p.header_split.name(), b.binder.backend());
     }
     tracing::info!(elapsed_ms = ms(t), "rule endpoints started");
 

@@ -2,7 +2,7 @@
 //!
 //! Every family is named `tcpx_rxdm_…` with its unit in the name, and every
 //! family has series from startup: zero-valued ones for the label values known
-//! then (each NIC once [`Metrics::init_nics`] ran, each rule op and result
+//! then (each NIC, GPU and queue once [`Metrics::init_topology`] ran, each rule op and result
 //! code, each endpoint kind), so that alerts never see "no data". Failures are
 //! also kept in a small ring of recent errors for `tcpx-rxdm status`.
 
@@ -273,6 +273,18 @@ impl Metrics {
         self.rule_series.latency[op as usize].observe(seconds);
     }
 
+    /// Creates the zero-valued series of every family labelled by NIC, GPU or
+    /// queue, for the NICs, GPUs and queues of `topo`.
+    pub fn init_topology(&self, topo: &crate::config::topology::Topology) {
+        self.init_nics(topo.nics.iter().map(|n| n.ifname.as_str()));
+        for (nic, gpu) in topo.gpus() {
+            self.pool_bytes.with_label_values(&[&gpu.pci.to_string()]);
+            for q in &gpu.queues {
+                self.rules_by_queue.with_label_values(&[nic.ifname.as_str(), &q.to_string()]);
+            }
+        }
+    }
+
     /// Creates the zero-valued per-NIC series of every family labelled by NIC.
     pub fn init_nics<'a>(&self, nics: impl IntoIterator<Item = &'a str>) {
         for nic in nics {
@@ -359,7 +371,8 @@ mod tests {
     #[test]
     fn families_have_series_from_startup_and_carry_the_program_name() {
         let m = Metrics::new();
-        m.init_nics(["eth1", "eth2"]);
+        let topo = crate::config::presets::topology_from_text(crate::config::presets::SIM, "sim").unwrap();
+        m.init_topology(&topo);
         let text = m.render();
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
@@ -375,6 +388,8 @@ mod tests {
             "tcpx_rxdm_lease_clients 0",
             "tcpx_rxdm_connections_without_lease_total 0",
             "tcpx_rxdm_ready 0",
+            r#"tcpx_rxdm_pool_size_bytes{gpu="0000:8b:00.0"} 0"#,
+            r#"tcpx_rxdm_rules_by_queue{nic="eth4",queue="15"} 0"#,
         ] {
             assert!(text.contains(want), "{want} missing");
         }
