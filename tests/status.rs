@@ -165,3 +165,26 @@ fn no_daemon_and_bad_arguments() {
     assert_eq!(code, 2);
     assert!(err.contains("--uds_pth"), "{err}");
 }
+
+#[test]
+fn flows_larger_than_a_frame_arrive_whole() {
+    let d = Daemon::start(&[]);
+    let mut c = Client::connect(d.dir.path().join("rx_rule_manager")).unwrap();
+    let n = 700;
+    for port in 0..n {
+        let req = client::rule_request(
+            1,
+            ("10.1.0.2", 20000 + port),
+            ("192.168.3.2", 5000),
+            Some("0000:84:00.0"),
+            None,
+        );
+        assert_eq!(client::raw_bytes(&c.request(&req).unwrap()), Some(&b"Ok."[..]));
+    }
+    let (code, out, err) = status(&["flows", "--json", &d.uds()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.len() > 64 << 10, "only {} bytes: not past one 64 KiB frame", out.len());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let eth3 = v["nics"].as_array().unwrap().iter().find(|n| n["ifname"] == "eth3").unwrap();
+    assert_eq!(eth3["rules"].as_array().unwrap().len(), n as usize);
+}

@@ -545,7 +545,8 @@ fn header_split_lines(
                 extra.push("max-rx-buffer-size");
             }
             let on = flags.iter().any(|(n, v)| n == PRIV_HEADER_SPLIT && *v);
-            (Status::Pass, format!("private flags ({PRIV_HEADER_SPLIT}; also {})", extra.join(", ")), Some(on))
+            let also = if extra.is_empty() { String::new() } else { format!("; also {}", extra.join(", ")) };
+            (Status::Pass, format!("private flags ({PRIV_HEADER_SPLIT}{also})"), Some(on))
         }
         DriverFamily::Rings { start } => {
             (Status::Pass, "rings tcp-data-split (upstream)".to_string(), Some(*start == DataSplit::Enabled))

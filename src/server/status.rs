@@ -28,6 +28,8 @@ const MAX_REQUEST: u64 = 256;
 /// Status connections served at once (more wait in the backlog).
 const MAX_CONNECTIONS: usize = 4;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a status connection may take, reply included.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Serves `listener` until shutdown.
 pub fn spawn(listener: UnixListener, state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
@@ -51,8 +53,13 @@ pub fn spawn(listener: UnixListener, state: Arc<ServerState>, mut shutdown: watc
                 let gauge = state.metrics.connections.with_label_values(&["status"]);
                 gauge.inc();
                 state.metrics.connections_total.with_label_values(&["status"]).inc();
-                if let Err(e) = serve(stream, &state).await {
-                    tracing::debug!(endpoint = "status", error = %e, "status connection ended with an error");
+                // A reader that stalls must not hold a permit for ever.
+                match tokio::time::timeout(CONNECTION_TIMEOUT, serve(stream, &state)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(endpoint = "status", error = %e, "status connection ended with an error")
+                    }
+                    Err(_) => tracing::debug!(endpoint = "status", "status connection timed out"),
                 }
                 gauge.dec();
                 drop(permit);
