@@ -160,6 +160,8 @@ struct Ctx<'a> {
     sim_nic: bool,
     /// Pid of the daemon holding the socket-folder lock, if one runs.
     daemon: Option<String>,
+    /// Whether pools must be bound to NIC queues (real NICs, a binder chosen).
+    binding_needed: bool,
 }
 
 impl Ctx<'_> {
@@ -190,7 +192,8 @@ pub fn run(flags: &Flags) -> Report {
         _ => "cuda".into(),
     };
     let daemon = lock_holder(&flags.uds_path);
-    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon };
+    let binding_needed = !sim_nic && flags.bind_backend != BindBackendKind::None;
+    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, binding_needed };
 
     match resolved {
         Ok((topo, source)) => {
@@ -630,7 +633,7 @@ fn check_kernel(r: &mut Report, ctx: &Ctx) {
     // A pool must be bound to the GPU queues by one of two kernel paths,
     // unless binding is off or the NICs are simulated.
     let bind = ctx.flags.bind_backend;
-    let binding_needed = !ctx.sim_nic && bind != BindBackendKind::None;
+    let binding_needed = ctx.binding_needed;
     let devmem = genl_family_ops(crate::gpu::devmem::NETDEV_FAMILY_NAME);
     let devmem_ok =
         matches!(&devmem, Ok(Some(ops)) if ops.contains(&(crate::gpu::devmem::NETDEV_CMD_BIND_RX as u32)));
@@ -814,15 +817,23 @@ fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
         let mut parts = Vec::new();
         let mut status = Status::Pass;
         let mut fix = None;
+        // Without queue binding (simulated NICs, --bind_backend=none) RDMA and
+        // dma-buf are not needed: their absence only warns.
+        let needed = if ctx.binding_needed { Status::Fail } else { Status::Warn };
+        let mut worse = |s: Status| {
+            if s == Status::Fail || status == Status::Pass {
+                status = s;
+            }
+        };
         match alloc.rdma_with_vmm(*gpu) {
             Ok(true) => parts.push("GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED".to_string()),
             Ok(false) => {
-                status = Status::Fail;
+                worse(needed);
                 parts.push("no GPUDirect RDMA with VMM".into());
                 fix = Some("needs a data-center GPU and the open NVIDIA kernel module".to_string());
             }
             Err(e) => {
-                status = Status::Fail;
+                worse(Status::Fail);
                 parts.push(e.to_string());
             }
         }
@@ -836,14 +847,14 @@ fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
                 if pool.dmabuf_fd().is_some() {
                     parts.push("dma-buf export".into());
                 } else {
-                    status = Status::Fail;
+                    worse(needed);
                     parts.push(format!("no dma-buf: {}", pool.describe()));
                     fix = Some("dma-buf export needs the open NVIDIA kernel module (nvidia-open) and a kernel with dma-buf".into());
                 }
                 drop(pool);
             }
             Err(e) => {
-                status = Status::Fail;
+                worse(Status::Fail);
                 parts.push(format!("test allocation failed: {e}"));
             }
         }
