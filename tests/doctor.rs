@@ -194,3 +194,19 @@ fn a_running_daemon_is_seen_through_its_lock_and_keeps_it() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("already serves"), "{stderr}");
 }
+
+#[test]
+fn gpu_lines_follow_the_gpu_backend() {
+    let uds = tempfile::tempdir().unwrap();
+    let uds = format!("--uds_path={}", uds.path().display());
+    let (code, out, _) = doctor(&["--gpu_nic_preset=sim", "--gpu_backend=host", &uds]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "GPUs", "pools").starts_with("– pools: host memory pools"), "{out}");
+    if tcpx_rxdm::gpu::cuda::CudaAllocator::driver_present() {
+        eprintln!("skipped the no-driver half: this machine has libcuda (the GPU check covers it)");
+        return;
+    }
+    let (code, out, _) = doctor(&["--gpu_nic_preset=sim", "--gpu_backend=cuda", &uds]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "GPUs", "driver").starts_with("✗ driver: libcuda.so not found"), "{out}");
+}
