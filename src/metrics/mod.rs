@@ -98,17 +98,22 @@ pub struct Metrics {
     pub nic_op_failures: IntCounterVec,
     /// NIC or host-tuning restore steps that failed (`nic="host"` for tuning).
     pub restore_failures: IntCounterVec,
+    pub leases: LeaseMetrics,
     /// Rules removed because the client process that installed them exited.
-    pub lease_rules_reclaimed: IntCounterVec,
-    /// Client processes holding a lease (tracked by pidfd or pid).
-    pub lease_clients: IntGauge,
-    /// Rule connections whose client could not be tracked (no pid/pidfd).
-    pub connections_without_lease: IntCounter,
+    pub lease_rules_reclaimed: IntCounter,
     /// Constant 1 per NIC, labelled with its header-split family and binder.
     pub nic_info: IntGaugeVec,
     rule_series: RuleSeries,
     recent: Mutex<VecDeque<RecentError>>,
     started: std::time::Instant,
+}
+
+/// Client processes and their leases.
+pub struct LeaseMetrics {
+    /// Client processes tracked now.
+    pub clients: IntGauge,
+    /// Connections whose process could not be identified (no lease).
+    pub connections_without_lease: IntCounter,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -203,21 +208,26 @@ impl Metrics {
                 "Restore steps that failed at shutdown or rollback (nic=\"host\": host tuning).",
                 &["nic"],
             ),
-            lease_rules_reclaimed: counter(
-                "tcpx_rxdm_lease_rules_reclaimed_total",
-                "Rules removed because the client process that installed them exited.",
-                &["nic"],
-            ),
-            lease_clients: reg(
-                &r,
-                IntGauge::new("tcpx_rxdm_lease_clients", "Client processes holding rule leases.")
+            leases: LeaseMetrics {
+                clients: reg(
+                    &r,
+                    IntGauge::new("tcpx_rxdm_lease_clients", "Client processes tracked by a pidfd.")
+                        .expect("valid metric"),
+                ),
+                connections_without_lease: reg(
+                    &r,
+                    IntCounter::new(
+                        "tcpx_rxdm_connections_without_lease_total",
+                        "Connections whose client process could not be identified, so nothing they install is removed when it exits.",
+                    )
                     .expect("valid metric"),
-            ),
-            connections_without_lease: reg(
+                ),
+            },
+            lease_rules_reclaimed: reg(
                 &r,
                 IntCounter::new(
-                    "tcpx_rxdm_connections_without_lease_total",
-                    "Rule connections whose client process could not be tracked for a lease.",
+                    "tcpx_rxdm_lease_rules_reclaimed_total",
+                    "Rules removed because the client process that installed them exited.",
                 )
                 .expect("valid metric"),
             ),
@@ -291,7 +301,6 @@ impl Metrics {
             self.rules_installed.with_label_values(&[nic]);
             self.rule_slots.with_label_values(&[nic]);
             self.restore_failures.with_label_values(&[nic]);
-            self.lease_rules_reclaimed.with_label_values(&[nic]);
             for kind in LINK_EVENT_KINDS {
                 self.link_events.with_label_values(&[nic, kind]);
             }
@@ -314,11 +323,6 @@ impl Metrics {
     pub fn restore_failed(&self, nic: &str, message: &str) {
         self.restore_failures.with_label_values(&[nic]).inc();
         self.remember("restore", nic, message.to_string());
-    }
-
-    /// Counts rules removed because their client exited.
-    pub fn lease_rules_reclaimed(&self, nic: &str, rules: u64) {
-        self.lease_rules_reclaimed.with_label_values(&[nic]).inc_by(rules);
     }
 
     /// Sets the info series of one NIC (a previous one for the NIC is replaced).
@@ -382,7 +386,7 @@ mod tests {
             r#"tcpx_rxdm_rule_requests_total{code="RESOURCE_EXHAUSTED",op="install"} 0"#,
             r#"tcpx_rxdm_nic_op_failures_total{errno="EBUSY",nic="eth2",op="add_rule"} 0"#,
             r#"tcpx_rxdm_restore_failures_total{nic="host"} 0"#,
-            r#"tcpx_rxdm_lease_rules_reclaimed_total{nic="eth1"} 0"#,
+            "tcpx_rxdm_lease_rules_reclaimed_total 0",
             r#"tcpx_rxdm_link_events_total{kind="reset",nic="eth1"} 0"#,
             r#"tcpx_rxdm_connections{endpoint="rule_manager"} 0"#,
             "tcpx_rxdm_lease_clients 0",

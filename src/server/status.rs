@@ -170,7 +170,7 @@ pub async fn status_json(state: &ServerState) -> Value {
         "nics": nics,
         "clients": clients,
         "registered_applications": state.registry.count(),
-        "lease_clients": m.lease_clients.get(),
+        "lease_clients": m.leases.clients.get(),
         "connections": connections,
         "pools": pools,
         "recent_errors": m.recent_errors(),
