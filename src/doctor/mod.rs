@@ -969,7 +969,11 @@ fn check_host(r: &mut Report, ctx: &Ctx) {
                     "open files",
                     Status::Warn,
                     format!("RLIMIT_NOFILE soft {soft}, hard {hard}: below --max_connections {} + 256 for the daemon's own files", flags.max_connections),
-                    Some(format!("raise it (`ulimit -n {need}`, LimitNOFILE= in systemd, or lower --max_connections)")),
+                    Some(if hard >= need {
+                        format!("the hard limit allows it: raise the soft one (`ulimit -Sn {hard}`)")
+                    } else {
+                        format!("raise it (`ulimit -n {need}`, LimitNOFILE= in systemd, or lower --max_connections)")
+                    }),
                 );
             } else {
                 r.add(s, "open files", Status::Pass, format!("RLIMIT_NOFILE soft {soft}, hard {hard}"), None);
