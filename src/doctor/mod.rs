@@ -370,7 +370,7 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
     }
 
     match probe_family(nic, ifname) {
-        Ok(f) => header_split_lines(r, ctx, s, nic, ifname, &f),
+        Ok(f) => header_split_lines(r, ctx, s, ifname, &f),
         Err(e) => r.add(s, "header split", Status::Fail, format!("probing the driver failed: {e}"), None),
     }
 
@@ -529,14 +529,7 @@ fn driver_line(sysfs: &Path, class: &Path) -> String {
     }
 }
 
-fn header_split_lines(
-    r: &mut Report,
-    ctx: &Ctx,
-    s: &str,
-    nic: &dyn NicControl,
-    ifname: &str,
-    f: &DriverFamily,
-) {
+fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &DriverFamily) {
     let running = ctx.daemon_on_these_nics().is_some();
     let (family_status, family, on) = match f {
         DriverFamily::PrivFlags { flags, strict, max_rx_buffer } => {
@@ -569,13 +562,18 @@ fn header_split_lines(
     });
     r.add(s, "header split", family_status, family, fix);
     match on {
-        Some(true) if running => r.add(s, "header split state", Status::Pass, "on (the running daemon enabled it)", None),
+        Some(true) if running => {
+            r.add(s, "header split state", Status::Pass, "on (the running daemon enabled it)", None)
+        }
         Some(true) => r.add(
             s,
             "header split state",
             Status::Warn,
             "already on with no daemon running: a previous daemon left the NIC primed",
-            Some(format!("harmless for the next start (it turns it off, binds, then on); by hand: `ethtool --set-priv-flags {ifname} {PRIV_HEADER_SPLIT} off`")),
+            Some(format!(
+                "harmless for the next start (it turns it off, binds, then on); by hand: `{}`",
+                undo_header_split(ifname, f)
+            )),
         ),
         Some(false) if running => r.add(
             s,
@@ -584,10 +582,19 @@ fn header_split_lines(
             "off although a daemon runs: it may still be starting, or the driver was reset",
             None,
         ),
-        Some(false) => r.add(s, "header split state", Status::Pass, "off (the daemon turns it on after binding)", None),
+        Some(false) => {
+            r.add(s, "header split state", Status::Pass, "off (the daemon turns it on after binding)", None)
+        }
         None => {}
     }
-    let _ = nic;
+}
+
+/// The `ethtool` command that turns header split off by hand.
+fn undo_header_split(ifname: &str, f: &DriverFamily) -> String {
+    match f {
+        DriverFamily::Rings { .. } => format!("ethtool -G {ifname} tcp-data-split off"),
+        _ => format!("ethtool --set-priv-flags {ifname} {PRIV_HEADER_SPLIT} off"),
+    }
 }
 
 /// `CTRL_ATTR_OPS` and `CTRL_ATTR_OP_ID` of the generic netlink controller.
@@ -1001,6 +1008,100 @@ pub fn main(flags: &Flags, json: bool) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nic::NicOp;
+
+    use crate::nic::sim::{SimDriver, SimNic};
+    use crate::nic::FlowSpec;
+
+    fn flags() -> Flags {
+        Flags::parse_args(
+            ["tcpx-rxdm", "--gpu_nic_preset=manual", "--gpu_nic_topology_proto=x"].map(String::from),
+        )
+        .unwrap()
+    }
+
+    /// The NIC lines for `eth1` of a topology using queues 8-11 and `top`.
+    fn nic_lines(nic: &SimNic, daemon: Option<&str>, top: u32) -> Vec<Check> {
+        let flags = flags();
+        let text = format!(
+            r#"gpu_rxq_configs {{ gpu_infos {{ gpu_pci_addr: "0000:04:00.0" queue_ids: 8 queue_ids: 9 queue_ids: 10 queue_ids: {top} }} ifname: "eth1" }} rss_set_size: 8 max_rx_rules: 100"#
+        );
+        let topo = crate::config::presets::topology_from_text(&text, "test").unwrap();
+        // A NIC the daemon would own (not simulated in its own process), but
+        // driven through the simulated backend so its state can be prepared.
+        let ctx = Ctx {
+            flags: &flags,
+            topo: Some(topo.clone()),
+            source: Some(Source::Inline),
+            sim_nic: false,
+            daemon: daemon.map(str::to_string),
+            binding_needed: false,
+        };
+        let mut r = Report::default();
+        check_nic(&mut r, &ctx, &topo, nic, "eth1");
+        r.checks
+    }
+
+    fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+        checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no {name} in {checks:?}"))
+    }
+
+    #[test]
+    fn a_nic_left_primed_warns_unless_a_daemon_owns_it() {
+        let nic = SimNic::new(&["eth1"]);
+        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        for port in [1u32, 2] {
+            let f = FlowSpec {
+                src: format!("10.0.0.2:{port}").parse().unwrap(),
+                dst: "192.168.1.2:5".parse().unwrap(),
+            };
+            nic.add_rule("eth1", &f, 8, port).unwrap();
+        }
+        nic.set_priv_flag("eth1", PRIV_HEADER_SPLIT, true).unwrap();
+        let before = (nic.list_rules("eth1").unwrap(), nic.priv_flags("eth1").unwrap());
+
+        let alone = nic_lines(&nic, None, 11);
+        let state = find(&alone, "ntuple state");
+        assert_eq!(state.status, Status::Warn);
+        assert!(state.found.contains("on, 2 stale rules"), "{state:?}");
+        let hs = find(&alone, "header split state");
+        assert_eq!(hs.status, Status::Warn);
+        assert!(hs.fix.as_deref().unwrap().contains("ethtool --set-priv-flags eth1 enable-header-split off"));
+
+        let owned = nic_lines(&nic, Some("pid 7"), 11);
+        let state = find(&owned, "ntuple state");
+        assert_eq!(state.status, Status::Pass);
+        assert!(state.found.contains("the running daemon, pid 7, owns them"), "{state:?}");
+        assert_eq!(find(&owned, "header split state").status, Status::Pass);
+        // Only read calls were made.
+        assert_eq!((nic.list_rules("eth1").unwrap(), nic.priv_flags("eth1").unwrap()), before);
+        for op in [NicOp::SetFeature, NicOp::SetPrivFlag, NicOp::SetRss, NicOp::AddRule, NicOp::DelRule] {
+            let setup = match op {
+                NicOp::SetFeature | NicOp::SetPrivFlag => 1,
+                NicOp::AddRule => 2,
+                _ => 0,
+            };
+            assert_eq!(nic.calls(op), setup, "{op} called by the checks");
+        }
+    }
+
+    #[test]
+    fn too_few_channels_fail_and_small_rule_tables_warn() {
+        let nic = SimNic::new(&["eth1"]);
+        nic.set_capacity("eth1", 50);
+        nic.model_driver("eth1", SimDriver::RingSizeOnly);
+        let checks = nic_lines(&nic, None, 20);
+        let ch = find(&checks, "channels");
+        assert_eq!(ch.status, Status::Fail);
+        assert!(ch.found.contains("16 rx queues, but the topology uses queue 20"), "{ch:?}");
+        assert!(ch.fix.as_deref().unwrap().contains("ethtool -L eth1 combined 21"), "{ch:?}");
+        let nt = find(&checks, "ntuple");
+        assert_eq!(nt.status, Status::Warn);
+        assert!(nt.found.contains("50 rule slots: fewer than max_rx_rules 100"), "{nt:?}");
+        let hs = find(&checks, "header split");
+        assert_eq!(hs.status, Status::Warn);
+        assert!(hs.found.contains("rx ring 1024 of 4096"), "{hs:?}");
+    }
 
     #[test]
     fn queue_ranges_are_compact() {
