@@ -961,6 +961,22 @@ fn check_host(r: &mut Report, ctx: &Ctx) {
             found.push_str(" (set at start, restored at exit)");
         }
         r.add(s, "tuning", status, found, None);
+        if let SetupParam::Tune { initcwnd, rto_min_ms, quickack } = flags.setup_param {
+            let params = crate::nic::tuning::TuningParams { initcwnd, rto_min_ms, quickack };
+            match route_states(&params) {
+                Ok((total, tuned)) => r.add(
+                    s,
+                    "route metrics",
+                    Status::Pass,
+                    format!(
+                        "{tuned} of {total} main-table routes already carry initcwnd {initcwnd}, rto_min {rto_min_ms} ms, quickack {quickack} (0 = left alone){}",
+                        if ctx.daemon.is_none() && tuned < total { "; the daemon sets them at start" } else { "" }
+                    ),
+                    None,
+                ),
+                Err(e) => r.add(s, "route metrics", Status::Warn, format!("cannot dump routes: {e}"), None),
+            }
+        }
     }
 
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
@@ -988,6 +1004,29 @@ fn check_host(r: &mut Report, ctx: &Ctx) {
         }
         Err(e) => r.add(s, "open files", Status::Warn, format!("getrlimit: {e}"), None),
     }
+}
+
+/// Main-table unicast routes (IPv4 and IPv6), and how many already carry
+/// every route metric native tuning sets. Reads only.
+fn route_states(params: &crate::nic::tuning::TuningParams) -> Result<(usize, usize), String> {
+    use crate::nic::rtnl;
+    let want = params.route_metrics();
+    let mut conn =
+        crate::nic::nl::NlConn::open(neli::consts::socket::NlFamily::Route).map_err(|e| e.to_string())?;
+    let (mut total, mut tuned) = (0, 0);
+    for v6 in [false, true] {
+        for payload in conn.transact(&rtnl::getroute_dump(v6)).map_err(|e| e.to_string())? {
+            let route = rtnl::parse_route(&payload).map_err(|e| e.to_string())?;
+            if !route.is_tunable() {
+                continue;
+            }
+            total += 1;
+            if want.iter().all(|(t, v)| route.metric(*t) == Some(*v)) {
+                tuned += 1;
+            }
+        }
+    }
+    Ok((total, tuned))
 }
 
 /// `tcpx-rxdm doctor [--json] FLAGS…`: prints the report, returns the exit code.
