@@ -1,7 +1,7 @@
 //! `tcpx-rxdm doctor` on a veth pair in a private network namespace: a NIC
 //! without ntuple or header split must fail with the right lines, and the
-//! check must change nothing (features, channels, private flags, RSS and the
-//! TCP sysctls read the same before and after).
+//! check must change nothing (features, channels, private flags, RSS, the TCP
+//! sysctls and the routes' metrics read the same before and after).
 //!
 //! Needs root and iproute2, so it is ignored by default; run it with
 //! `cargo test --test doctor_netns -- --include-ignored` (CI runs as root).
@@ -36,10 +36,22 @@ impl Netns {
         for dev in ["lo", "eth1", "eth1p"] {
             ip(&["-n", &ns.0, "link", "set", dev, "up"]);
         }
+        // An address, hence a main-table route whose metrics the check reads.
+        ip(&["-n", &ns.0, "addr", "add", "10.9.0.1/24", "dev", "eth1"]);
         ns
     }
 
     /// Runs `f` on a thread that joined the namespace.
+    /// `ip route` of the namespace with metrics (what host tuning would change).
+    fn routes(&self) -> String {
+        let out = Command::new("ip")
+            .args(["-n", &self.0, "-d", "route", "show", "table", "main"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -83,7 +95,8 @@ fn snapshot() -> Snapshot {
 #[ignore = "needs root (network namespaces)"]
 fn doctor_on_a_veth_reports_no_ntuple_and_changes_nothing() {
     let ns = Netns::new();
-    let before = ns.run(snapshot);
+    let before = (ns.run(snapshot), ns.routes());
+    assert!(before.1.contains("10.9.0.0/24"), "{}", before.1);
     let uds = tempfile::tempdir().unwrap();
     let folder = uds.path().join("sockets");
     let topo = r#"gpu_rxq_configs { gpu_infos { gpu_pci_addr: "0000:04:00.0" queue_ids: 2 queue_ids: 3 } ifname: "eth1" } rss_set_size: 2 tcpd_queue_size: 2 max_rx_rules: 100"#;
@@ -109,7 +122,9 @@ fn doctor_on_a_veth_reports_no_ntuple_and_changes_nothing() {
     has("✔ channels: 4 rx queues");
     has("NOT ready");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    let after = ns.run(snapshot);
+    // The IPv4 route and the IPv6 link-local ones; none tuned yet.
+    has("✔ route metrics: 0 of 3 main-table routes already carry initcwnd 128");
+    let after = (ns.run(snapshot), ns.routes());
     assert_eq!(before, after, "doctor changed the NIC or the sysctls");
     assert!(!folder.exists(), "doctor created the socket folder");
 }
