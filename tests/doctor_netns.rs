@@ -122,8 +122,9 @@ fn doctor_on_a_veth_reports_no_ntuple_and_changes_nothing() {
     has("✔ channels: 4 rx queues");
     has("NOT ready");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    // The IPv4 route and the IPv6 link-local ones; none tuned yet.
-    has("✔ route metrics: 0 of 3 main-table routes already carry initcwnd 128");
+    // The IPv4 route (and IPv6 link-local ones where IPv6 is on); none tuned yet.
+    has("✔ route metrics: 0 of ");
+    has("main-table routes already carry initcwnd 128");
     let after = (ns.run(snapshot), ns.routes());
     assert_eq!(before, after, "doctor changed the NIC or the sysctls");
     assert!(!folder.exists(), "doctor created the socket folder");
