@@ -21,6 +21,11 @@ struct Daemon {
 impl Daemon {
     /// The sim daemon without HTTP, ready.
     fn start(extra: &[&str]) -> Daemon {
+        Daemon::spawn(extra, true)
+    }
+
+    /// The sim daemon without HTTP; waits for the ready line if `ready`.
+    fn spawn(extra: &[&str], ready: bool) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(BIN)
             .arg("--gpu_nic_preset=sim")
@@ -42,7 +47,12 @@ impl Daemon {
                 }
             }
         });
-        rx.recv_timeout(Duration::from_secs(20)).expect("daemon ready");
+        if ready {
+            rx.recv_timeout(Duration::from_secs(20)).expect("daemon ready");
+        } else {
+            // Keep the reader draining stderr; readiness is the test's business.
+            std::thread::spawn(move || while rx.recv().is_ok() {});
+        }
         Daemon { child, dir }
     }
 
@@ -187,4 +197,31 @@ fn flows_larger_than_a_frame_arrive_whole() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let eth3 = v["nics"].as_array().unwrap().iter().find(|n| n["ifname"] == "eth3").unwrap();
     assert_eq!(eth3["rules"].as_array().unwrap().len(), n as usize);
+}
+
+#[test]
+fn status_answers_not_ready_while_startup_finishes() {
+    // Every private-flag change takes 300 ms: enabling header split on four
+    // NICs after the status socket opened keeps startup going for seconds.
+    let d = Daemon::spawn(&["--sim_delay=set_priv_flag:300"], false);
+    let sock = d.dir.path().join("rxdm_status");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < deadline, "status socket never appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, out, err) = status(&["--json", &d.uds()]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ready"], false, "{out}");
+    loop {
+        let (code, out, _) = status(&[&d.uds()]);
+        if code == 0 {
+            assert!(out.contains(": ready, up "), "{out}");
+            break;
+        }
+        assert!(out.contains("NOT ready"), "{out}");
+        assert!(std::time::Instant::now() < deadline, "never became ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

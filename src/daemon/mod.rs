@@ -441,6 +441,9 @@ async fn start(
     });
     state.set_addresses(address_map(b.nic.as_ref(), topo));
     node.state = Some(state.clone());
+    // `tcpx-rxdm status` answers (not ready) from here on.
+    let l = node.dir.bind(crate::server::status::SOCKET).map_err(|e| rt(e.to_string()))?;
+    crate::server::status::spawn(l, state.clone(), shutdown.clone());
 
     let t = Instant::now();
     let mut open = |ep: Endpoint| -> Result<(), DaemonError> {
@@ -482,8 +485,6 @@ async fn start(
     open(Endpoint::RuleUninstall)?;
     open(Endpoint::QueueIdsByGpu)?;
     open(Endpoint::Registry)?;
-    let l = node.dir.bind(crate::server::status::SOCKET).map_err(|e| rt(e.to_string()))?;
-    crate::server::status::spawn(l, state.clone(), shutdown.clone());
     for p in &node.primed {
         metrics.set_nic_info(&p.ifname, p.header_split.name(), b.binder.backend());
     }
