@@ -9,9 +9,11 @@
 //! - [`server`]: Unix-socket endpoints, connection loop, dispatch.
 //! - [`metrics`]: Prometheus registry and the HTTP endpoints.
 //! - [`daemon`]: lifecycle: prime → allocate → bind → serve → restore.
+//! - [`doctor`]: `tcpx-rxdm doctor`, read-only checks of a node.
 
 pub mod config;
 pub mod daemon;
+pub mod doctor;
 pub mod gpu;
 pub mod metrics;
 pub mod nic;

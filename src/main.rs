@@ -1,4 +1,6 @@
-//! `tcpx-rxdm`: argv normalisation, flags, logging, run, exit code.
+//! `tcpx-rxdm`: argv normalisation, flags, logging, run, exit code; the
+//! `doctor` and `status` subcommands (dispatched on the first argument, before
+//! the daemon's flags are parsed, and sharing them).
 
 use std::process::ExitCode;
 
@@ -7,7 +9,12 @@ use tcpx_rxdm::daemon;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let flags = match Flags::parse_args(std::env::args()) {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(cmd) = args.get(1).filter(|a| *a == "doctor" || *a == "status").cloned() {
+        args.remove(1);
+        return subcommand(&cmd, args);
+    }
+    let flags = match Flags::parse_args(args) {
         Ok(f) => f,
         Err(e) => {
             // clap prints the message naming the flag; usage errors exit 2, --help 0.
@@ -51,5 +58,94 @@ fn init_logging(flags: &Flags) {
     match flags.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
+    }
+}
+
+/// Options of the subcommands besides the daemon's flags.
+struct SubOpts {
+    json: bool,
+    /// Positional words (`status flows`).
+    words: Vec<String>,
+}
+
+/// Takes `--json` (absl forms too) and positional words out of `args`
+/// (program name first); the rest are the daemon's flags.
+fn split_sub_args(args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
+    let mut opts = SubOpts { json: false, words: Vec::new() };
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    rest.extend(it.next());
+    let mut value_next = false;
+    for a in it {
+        let flag = a.trim_start_matches('-');
+        if value_next {
+            value_next = false;
+            rest.push(a);
+            continue;
+        }
+        if a.starts_with('-') {
+            match flag {
+                "json" | "json=true" | "json=1" => opts.json = true,
+                "json=false" | "json=0" | "nojson" => opts.json = false,
+                f if f.starts_with("json=") => return Err(format!("--json: invalid value {:?}", &f[5..])),
+                f => {
+                    // A value in the next word for non-boolean flags (`--uds_path /x`).
+                    let boolean =
+                        ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited"];
+                    let name = f.trim_start_matches("no");
+                    value_next = !f.contains('=')
+                        && !boolean.contains(&f)
+                        && !boolean.contains(&name)
+                        && f != "help"
+                        && f != "h";
+                    rest.push(a);
+                }
+            }
+        } else {
+            opts.words.push(a);
+        }
+    }
+    Ok((opts, rest))
+}
+
+fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
+    let (opts, rest) = match split_sub_args(args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("tcpx-rxdm {cmd}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if rest.iter().skip(1).any(|a| a == "--help" || a == "-h" || a == "-help") {
+        match cmd {
+            "doctor" => println!(
+                "Usage: tcpx-rxdm doctor [--json] [DAEMON FLAGS]\n\nRead-only checks of this node for the \
+                 daemon's flags; exit 0 ready, 1 not ready, 2 bad flags. The daemon's flags:\n"
+            ),
+            _ => println!(
+                "Usage: tcpx-rxdm status [flows] [--json] [--uds_path=DIR]\n\nAsks the daemon serving \
+                 --uds_path; exit 0 ready, 1 unreachable or not ready, 2 bad arguments. The daemon's flags:\n"
+            ),
+        }
+    }
+    let flags = match Flags::parse_args(rest) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(e.exit_code() as u8);
+        }
+    };
+    // Logs (from the code the checks share with the daemon) stay quiet unless asked for.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    match cmd {
+        "doctor" => {
+            if let Some(w) = opts.words.first() {
+                eprintln!("tcpx-rxdm doctor: unexpected argument {w:?}");
+                return ExitCode::from(2);
+            }
+            ExitCode::from(tcpx_rxdm::doctor::main(&flags, opts.json))
+        }
+        _ => ExitCode::from(tcpx_rxdm::server::status::client_main(&flags, &opts.words, opts.json)),
     }
 }

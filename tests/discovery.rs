@@ -3,102 +3,14 @@
 //! `devices/…/net/<if>`, and `device` links `../../../<pci>`.
 
 use std::fs;
-use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
 
 use tcpx_rxdm::config::discovery::{discover, DiscoveryError};
 use tcpx_rxdm::config::topology::NicSpec;
 use tempfile::TempDir;
 
-const BRIDGE: (&str, &str) = ("0x1000", "0x060400"); // PCIe switch port
-const ROOT_PORT: (&str, &str) = ("0x8086", "0x060400");
-const H100: (&str, &str) = ("0x10de", "0x030200");
-const GVNIC: (&str, &str) = ("0x1ae0", "0x020000");
-const NVSWITCH: (&str, &str) = ("0x10de", "0x068000");
-const AMD_GPU: (&str, &str) = ("0x1002", "0x030000");
-const NVME: (&str, &str) = ("0x144d", "0x010802");
-
-struct FakeSysfs {
-    dir: TempDir,
-}
-
-impl FakeSysfs {
-    fn new() -> Self {
-        let dir = TempDir::new().unwrap();
-        fs::create_dir_all(dir.path().join("class/net")).unwrap();
-        FakeSysfs { dir }
-    }
-
-    fn root(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Adds PCI function `path` (relative to `devices/`, e.g.
-    /// `pci0000:00/0000:00:01.0/0000:01:00.0`) with its vendor and class files.
-    fn pci(&self, path: &str, (vendor, class): (&str, &str)) -> &Self {
-        let dir = self.root().join("devices").join(path);
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
-        fs::write(dir.join("class"), format!("{class}\n")).unwrap();
-        // Real function directories hold symlinks out of the tree; the walk must not follow them.
-        symlink("../../../bus/pci/drivers/gve", dir.join("driver")).unwrap();
-        self
-    }
-
-    /// Adds interface `ifname` of the PCI function at `devices/<device>`.
-    fn nic(&self, ifname: &str, device: &str) -> &Self {
-        let if_dir = self.root().join("devices").join(device).join("net").join(ifname);
-        fs::create_dir_all(&if_dir).unwrap();
-        let pci_name = Path::new(device).file_name().unwrap();
-        symlink(Path::new("../../..").join(pci_name), if_dir.join("device")).unwrap();
-        self.class_link(ifname, &format!("{device}/net/{ifname}"));
-        self
-    }
-
-    /// Adds a virtual interface (no `device` link), like `lo` or a veth.
-    fn virtual_if(&self, ifname: &str) -> &Self {
-        fs::create_dir_all(self.root().join("devices/virtual/net").join(ifname)).unwrap();
-        self.class_link(ifname, &format!("virtual/net/{ifname}"));
-        self
-    }
-
-    fn class_link(&self, ifname: &str, under_devices: &str) {
-        let target = PathBuf::from("../../devices").join(under_devices);
-        symlink(target, self.root().join("class/net").join(ifname)).unwrap();
-    }
-}
-
-/// One a3 "block": root port → switch upstream port → three downstream ports with two
-/// H100s and a gVNIC; GPUs on buses `first`, `first+1`, NIC on `first+2`.
-fn a3_block(fs: &FakeSysfs, root_port: &str, first: u8, ifname: &str) {
-    let rc = format!("pci0000:{}", &root_port[5..7]);
-    let rp = format!("{rc}/{root_port}");
-    let up = format!("{rp}/0000:{:02x}:00.0", first - 3);
-    fs.pci(&rp, ROOT_PORT).pci(&up, BRIDGE);
-    for (i, kind) in [H100, H100, GVNIC].into_iter().enumerate() {
-        let dsp = format!("{up}/0000:{:02x}:{:02x}.0", first - 2, i + 1);
-        let ep = format!("{dsp}/0000:{:02x}:00.0", first + i as u8);
-        fs.pci(&dsp, BRIDGE).pci(&ep, kind);
-    }
-    fs.nic(ifname, &format!("{up}/0000:{:02x}:03.0/0000:{:02x}:00.0", first - 2, first + 2));
-}
-
-/// a3-highgpu-8g: eth1..eth4, each with two H100s behind a switch two hops up; a host
-/// NIC eth0 on the root complex; lo and a veth. An NVSwitch-class NVIDIA function sits
-/// under eth1's switch and must not count as a GPU.
-fn a3_highgpu_8g() -> FakeSysfs {
-    let fs = FakeSysfs::new();
-    // Created out of order: discovery must sort.
-    a3_block(&fs, "0000:80:02.0", 0x8a, "eth4");
-    a3_block(&fs, "0000:00:01.0", 0x04, "eth1");
-    a3_block(&fs, "0000:80:01.0", 0x84, "eth3");
-    a3_block(&fs, "0000:00:02.0", 0x0a, "eth2");
-    fs.pci("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:04.0", BRIDGE)
-        .pci("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:04.0/0000:03:00.0", NVSWITCH);
-    fs.pci("pci0000:00/0000:00:04.0", GVNIC).nic("eth0", "pci0000:00/0000:00:04.0");
-    fs.virtual_if("lo").virtual_if("veth1a2b3c");
-    fs
-}
+#[path = "common/sysfs.rs"]
+mod sysfs;
+use sysfs::*;
 
 fn any_address(_: &str) -> bool {
     true

@@ -365,12 +365,12 @@ fn metrics_and_health_endpoints() {
     raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(1, Some("0000:99:00.0"))));
     let (status, body) = d.http_get("/metrics");
     assert_eq!(status, 200);
-    assert!(body.contains(r#"tcpx_rule_requests_total{code="OK",op="install"} 1"#), "{body}");
-    assert!(body.contains(r#"tcpx_rule_requests_total{code="NOT_FOUND",op="install"} 1"#));
-    assert!(body.contains(r#"tcpx_rules_installed{nic="eth1"} 1"#));
-    assert!(body.contains(r#"tcpx_rule_slots{nic="eth1"} 100000"#));
-    assert!(body.contains(r#"tcpx_pool_bytes{gpu="0000:04:00.0"} 67108864"#));
-    assert!(body.contains("tcpx_ready 1"));
+    assert!(body.contains(r#"tcpx_rxdm_rule_requests_total{code="OK",op="install"} 1"#), "{body}");
+    assert!(body.contains(r#"tcpx_rxdm_rule_requests_total{code="NOT_FOUND",op="install"} 1"#));
+    assert!(body.contains(r#"tcpx_rxdm_rules_installed{nic="eth1"} 1"#));
+    assert!(body.contains(r#"tcpx_rxdm_rule_slots{nic="eth1"} 100000"#));
+    assert!(body.contains(r#"tcpx_rxdm_pool_size_bytes{gpu="0000:04:00.0"} 67108864"#));
+    assert!(body.contains("tcpx_rxdm_ready 1"));
     let (status, cfg) = d.http_get("/debug/config");
     assert_eq!(status, 200);
     let cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();

@@ -146,6 +146,11 @@ impl Node {
     }
 }
 
+/// The NIC a teardown error names (`restoring eth1: …`), or `host`.
+fn restore_nic(err: &str) -> &str {
+    err.strip_prefix("restoring ").and_then(|r| r.split(':').next()).unwrap_or("host")
+}
+
 /// Milliseconds since `t`, rounded to microseconds for readable logs.
 fn ms(t: Instant) -> f64 {
     (t.elapsed().as_secs_f64() * 1e6).round() / 1e3
@@ -183,6 +188,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     };
 
     let metrics = Arc::new(Metrics::new());
+    metrics.init_topology(&topo);
     let routes = Arc::new(Routes::new(metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     if let Some(addr) = flags.metrics_address.0 {
@@ -217,6 +223,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
             notify::send(&notify::status(&format!("startup failed: {e}")));
             let _ = shutdown_tx.send(true);
             for err in node.teardown().await {
+                metrics.restore_failed(restore_nic(&err), &err);
                 tracing::error!(error = %err, "rollback step failed");
             }
             return Err(e);
@@ -281,6 +288,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     }
     let errors = node.teardown().await;
     for e in &errors {
+        metrics.restore_failed(restore_nic(e), e);
         tracing::error!(error = %e, "restore step failed");
     }
     if !errors.is_empty() {
@@ -414,7 +422,10 @@ async fn start(
     for r in results {
         match r {
             Ok(p) => node.primed.push(p),
-            Err(e) => first_err = first_err.or(Some(e)),
+            Err(e) => {
+                metrics.nic_op_failed(&e.source);
+                first_err = first_err.or(Some(e))
+            }
         }
     }
     if let Some(e) = first_err {
@@ -493,6 +504,9 @@ async fn start(
     spawn_reaper(Arc::downgrade(&state), exits);
     state.set_addresses(address_map(b.nic.as_ref(), topo));
     node.state = Some(state.clone());
+    // `tcpx-rxdm status` answers (not ready) from here on.
+    let l = node.dir.bind(crate::server::status::SOCKET).map_err(|e| rt(e.to_string()))?;
+    crate::server::status::spawn(l, state.clone(), shutdown.clone());
 
     let t = Instant::now();
     let mut open = |ep: Endpoint| -> Result<(), DaemonError> {
@@ -511,7 +525,10 @@ async fn start(
 
     let t = Instant::now();
     for p in &mut node.primed {
-        p.enable_header_split(b.nic.as_ref()).map_err(|e| rt(format!("header split on {e}")))?;
+        p.enable_header_split(b.nic.as_ref()).map_err(|e| {
+            metrics.nic_op_failed(&e.source);
+            rt(format!("header split on {e}"))
+        })?;
     }
     tracing::info!(elapsed_ms = ms(t), "header split enabled");
 
@@ -531,6 +548,9 @@ async fn start(
     open(Endpoint::RuleUninstall)?;
     open(Endpoint::QueueIdsByGpu)?;
     open(Endpoint::Registry)?;
+    for p in &node.primed {
+        metrics.set_nic_info(&p.ifname, p.header_split.name(), b.binder.backend());
+    }
     tracing::info!(elapsed_ms = ms(t), "rule endpoints started");
 
     let _ = routes.state.set(state.clone());

@@ -20,6 +20,18 @@ pub enum HeaderSplit {
     Unsupported,
 }
 
+impl HeaderSplit {
+    /// Short name for metrics labels and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeaderSplit::PrivFlags => "priv_flags",
+            HeaderSplit::DataSplit => "tcp_data_split",
+            HeaderSplit::RingSizeFallback => "ring_size_fallback",
+            HeaderSplit::Unsupported => "none",
+        }
+    }
+}
+
 impl From<&DriverFamily> for HeaderSplit {
     fn from(f: &DriverFamily) -> Self {
         match f {

@@ -98,6 +98,39 @@ pub fn sysctl_dir(procfs_root: &Path) -> PathBuf {
     }
 }
 
+/// One host knob the native tuning sets: where it lives, what it holds now
+/// (`None`: the file does not exist here) and what the daemon would write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnobState {
+    pub path: PathBuf,
+    pub current: Option<String>,
+    /// The target as text (`"0"`, `">= 4096"`).
+    pub want: String,
+    /// Whether the current value already meets the target.
+    pub ok: bool,
+}
+
+/// Reads (never writes) every sysctl and module parameter native tuning sets.
+pub fn knob_states(procfs_root: &Path, sysfs_root: &Path) -> Vec<KnobState> {
+    let sys = sysctl_dir(procfs_root);
+    let files = SYSCTLS.iter().map(|(p, v)| (sys.join(p), *v));
+    let hystart = std::iter::once((sysfs_root.join(HYSTART_DETECT.0), HYSTART_DETECT.1));
+    files
+        .chain(hystart)
+        .map(|(path, target)| {
+            let current = std::fs::read_to_string(&path).ok().map(|s| normalize(&s));
+            let (want, ok) = match target {
+                Target::Exact(v) => (v.to_string(), current.as_deref() == Some(v)),
+                Target::AtLeast(min) => (
+                    format!(">= {min}"),
+                    current.as_deref().and_then(|c| c.parse::<u64>().ok()).is_some_and(|c| c >= min),
+                ),
+            };
+            KnobState { path, current, want, ok }
+        })
+        .collect()
+}
+
 /// Applied tuning and what it takes to undo it. Restore in the network
 /// namespace `apply` ran in: `/proc/sys/net` and rtnetlink follow the calling
 /// thread's namespace.

@@ -33,7 +33,7 @@ pub struct NicRuleEngine {
 }
 
 fn nic_failure(e: &NicError) -> RuleFailure {
-    RuleFailure::new(code_for_errno(e.errno), e.to_string())
+    RuleFailure { nic: Some(e.clone()), ..RuleFailure::new(code_for_errno(e.errno), e.to_string()) }
 }
 
 /// Errnos with which drivers refuse an insert into an occupied slot

@@ -18,11 +18,13 @@ use crate::wire::frame::Code;
 pub struct RuleFailure {
     pub code: Code,
     pub message: String,
+    /// The NIC's refusal behind it, if any (counted by the caller).
+    pub nic: Option<crate::nic::NicError>,
 }
 
 impl RuleFailure {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        RuleFailure { code, message: message.into() }
+        RuleFailure { code, message: message.into(), nic: None }
     }
 }
 

@@ -6,6 +6,7 @@ pub mod handlers;
 pub mod leases;
 pub mod rule_workers;
 pub mod socket_dir;
+pub mod status;
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -291,6 +291,9 @@ impl NicThread {
             self.metrics.rules_installed.with_label_values(&[self.ifname()]).inc();
             self.queue_gauge(e.queue).inc();
         }
+        if let Err(RuleFailure { nic: Some(e), .. }) = &r {
+            self.metrics.nic_op_failed(e);
+        }
         let foreign = self.engine.rules().foreign_slots().len();
         if foreign != foreign_before {
             self.metrics.foreign_slots.with_label_values(&[self.ifname()]).set(foreign as i64);
@@ -310,7 +313,12 @@ impl NicThread {
                 self.removed(e);
             }
             Ok(None) => {}
-            Err(_) => self.schedule_retry(),
+            Err(f) => {
+                if let Some(e) = &f.nic {
+                    self.metrics.nic_op_failed(e);
+                }
+                self.schedule_retry()
+            }
         }
         r
     }
@@ -326,6 +334,7 @@ impl NicThread {
             self.removed(e);
         }
         for err in &r.failed {
+            self.metrics.nic_op_failed(err);
             tracing::warn!(ifname = %self.ifname(), error = %err, "NIC refused a rule delete; retrying");
         }
         if !r.failed.is_empty() {
@@ -352,6 +361,9 @@ impl NicThread {
         let r = self.engine.retry_pending(self.nic.as_ref());
         self.metrics.rule_delete_retries.with_label_values(&[self.ifname()]).inc();
         let refused = !r.failed.is_empty();
+        for err in &r.failed {
+            self.metrics.nic_op_failed(err);
+        }
         for e in &r.removed {
             self.removed(e);
         }
@@ -378,6 +390,9 @@ impl NicThread {
             wait = (wait * 2).min(RETRY_MAX);
             failed = self.engine.retry_pending(self.nic.as_ref()).failed;
         }
+        for err in &failed {
+            self.metrics.nic_op_failed(err);
+        }
         self.retry_at = None;
         self.reset_gauges();
         let pending = self.engine.rules().len() as i64;
@@ -403,7 +418,10 @@ impl NicThread {
     fn snapshot(&self) -> NicFlows {
         let (nic_rules, nic_error) = match self.nic.list_rules(self.ifname()) {
             Ok(r) => (Some(r), None),
-            Err(e) => (None, Some(e.to_string())),
+            Err(e) => {
+                self.metrics.nic_op_failed(&e);
+                (None, Some(e.to_string()))
+            }
         };
         let rules = self
             .engine

@@ -31,6 +31,7 @@ use crate::config::pci::PciAddr;
 /// driver then fails with a message instead of aborting mid-allocation.
 const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
+    "cuDriverGetVersion",
     "cuGetErrorName",
     "cuGetErrorString",
     "cuDeviceGetCount",
@@ -176,6 +177,23 @@ impl CudaAllocator {
     pub fn driver_present() -> bool {
         // SAFETY: only tries to dlopen the library by its candidate names.
         unsafe { sys::is_culib_present() }
+    }
+
+    /// The driver's CUDA version as `major.minor` (`cuDriverGetVersion`).
+    pub fn driver_version(&self) -> Result<String, GpuError> {
+        let mut v = 0;
+        // SAFETY: valid out-pointer; the driver is initialised (see `new`).
+        check(unsafe { sys::cuDriverGetVersion(&mut v) }).map_err(|msg| GpuError::Op {
+            gpu: "*".into(),
+            op: "cuDriverGetVersion",
+            msg,
+        })?;
+        Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
+    }
+
+    /// `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED` for `pci` (opens the device).
+    pub fn rdma_with_vmm(&self, pci: PciAddr) -> Result<bool, GpuError> {
+        self.device(pci).map(|d| d.rdma_vmm)
     }
 
     fn device(&self, pci: PciAddr) -> Result<Arc<Device>, GpuError> {

@@ -12,6 +12,7 @@ use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
 
 pub const SIOCETHTOOL: u32 = 0x8946;
 
+pub const ETHTOOL_GDRVINFO: u32 = 0x03;
 pub const ETHTOOL_GSTRINGS: u32 = 0x1b;
 pub const ETHTOOL_GSTATS: u32 = 0x1d;
 pub const ETHTOOL_GRXRINGS: u32 = 0x2d;
@@ -138,6 +139,22 @@ impl EthtoolIoctl {
         // caller guarantees `data` per this function's contract.
         let rc = unsafe { libc::ioctl(self.sock.as_raw_fd(), SIOCETHTOOL as _, &mut ifr as *mut IfreqData) };
         Errno::result(rc).map(drop)
+    }
+
+    /// GDRVINFO (`ethtool -i`): driver name, driver version, firmware version, bus info.
+    pub fn drvinfo(&self, ifname: &str) -> Result<[String; 4], Errno> {
+        // struct ethtool_drvinfo: cmd, five 32-byte strings, 12 reserved
+        // bytes, five u32 counts: 196 bytes.
+        let mut buf = [0u8; 196];
+        buf[..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
+        // SAFETY: the kernel copies sizeof(struct ethtool_drvinfo) = 196
+        // bytes in and out; `buf` has exactly that size.
+        unsafe { self.raw(ifname, buf.as_mut_ptr().cast())? };
+        let field = |i: usize| {
+            let b = &buf[4 + 32 * i..4 + 32 * (i + 1)];
+            String::from_utf8_lossy(&b[..b.iter().position(|&c| c == 0).unwrap_or(32)]).into_owned()
+        };
+        Ok([field(0), field(1), field(2), field(3)])
     }
 
     /// A command whose buffer is exactly one `struct ethtool_rxnfc`.

@@ -1,0 +1,227 @@
+//! `tcpx-rxdm status` against a running sim daemon whose HTTP endpoints are
+//! off (`--metrics_address=`): everything goes through the socket folder.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tcpx_rxdm::wire::client::{self, Client};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tcpx-rxdm");
+const READY: &str = "Buffer manager initialization completed.";
+
+struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// The sim daemon without HTTP, ready.
+    fn start(extra: &[&str]) -> Daemon {
+        Daemon::spawn(extra, true)
+    }
+
+    /// The sim daemon without HTTP; waits for the ready line if `ready`.
+    fn spawn(extra: &[&str], ready: bool) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(BIN)
+            .arg("--gpu_nic_preset=sim")
+            .arg(format!("--uds_path={}", dir.path().display()))
+            .arg("--metrics_address=")
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(READY) {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if ready {
+            rx.recv_timeout(Duration::from_secs(20)).expect("daemon ready");
+        } else {
+            // Keep the reader draining stderr; readiness is the test's business.
+            std::thread::spawn(move || while rx.recv().is_ok() {});
+        }
+        Daemon { child, dir }
+    }
+
+    fn uds(&self) -> String {
+        format!("--uds_path={}", self.dir.path().display())
+    }
+
+    fn install(&self, src_port: i32, gpu: &str, dst: &str) {
+        let mut c = Client::connect(self.dir.path().join("rx_rule_manager")).unwrap();
+        let reply = c
+            .request(&client::rule_request(1, ("10.1.0.2", src_port), (dst, 5000), Some(gpu), None))
+            .unwrap();
+        assert_eq!(client::raw_bytes(&reply), Some(&b"Ok."[..]), "{reply:?}");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `tcpx-rxdm status ARGS`: (exit code, stdout, stderr).
+fn status(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).arg("status").args(args).stdin(Stdio::null()).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn status_and_flows_show_installed_rules_without_http() {
+    let d = Daemon::start(&[]);
+    for port in [40001, 40002, 40003] {
+        d.install(port, "0000:04:00.0", "192.168.1.2");
+    }
+    d.install(40004, "0000:0b:00.0", "192.168.2.2");
+
+    let (code, out, err) = status(&[&d.uds()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.lines().next().unwrap().contains(": ready, up "), "{out}");
+    assert!(out.contains("eth1: 3 rules, 99997 of 100000 slots free; by queue 8:"), "{out}");
+    assert!(out.contains("eth2: 1 rules, 99999 of 100000 slots free"), "{out}");
+    assert!(out.contains("eth3: 0 rules"), "{out}");
+    assert!(out.contains("0000:04:00.0 (eth1, queues 8,9,10,11): 64.0 MiB"), "{out}");
+    assert!(out.contains("recent errors\n  none"), "{out}");
+
+    let (code, out, _) = status(&["--json", &d.uds()]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ready"], true);
+    let eth1 = &v["nics"][0];
+    assert_eq!(
+        (eth1["ifname"].as_str(), eth1["rules"].as_u64(), eth1["slots_free"].as_u64()),
+        (Some("eth1"), Some(3), Some(99997))
+    );
+    let by_queue = eth1["rules_by_queue"].as_array().unwrap();
+    assert_eq!(by_queue.iter().map(|e| e["rules"].as_u64().unwrap()).sum::<u64>(), 3);
+    let queues: Vec<u64> = by_queue.iter().map(|e| e["queue"].as_u64().unwrap()).collect();
+    assert_eq!(queues, (8..16).collect::<Vec<_>>(), "every GPU queue listed in order, also empty ones");
+    assert_eq!(v["nics"][1]["rules"], 1);
+    let client_rules: u64 =
+        v["clients"].as_array().unwrap().iter().map(|c| c["rules"].as_u64().unwrap()).sum();
+    assert_eq!(client_rules, 4);
+    assert_eq!(v["pools"].as_array().unwrap().len(), 8);
+    assert_eq!(v["pools"][0]["size_bytes"], 64 << 20);
+    assert_eq!(v["recent_errors"], serde_json::json!([]));
+
+    let (code, out, _) = status(&["flows", &d.uds()]);
+    assert_eq!(code, 0);
+    assert_eq!(out.matches("Filter: ").count(), 4, "{out}");
+    assert!(out.contains("eth1: 3 rules, 100000 slots"), "{out}");
+    assert!(out.contains("\tSrc IP addr: 10.1.0.2 mask: 0.0.0.0\n\tDest IP addr: 192.168.1.2 mask: 0.0.0.0\n\tSrc port: 40001 mask: 0x0\n\tDest port: 5000 mask: 0x0\n\tAction: Direct to queue "), "{out}");
+    assert!(out.contains("\tGPU: 0000:0b:00.0"), "{out}");
+
+    let (code, out, _) = status(&[&d.uds(), "flows", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nics"][0]["rules"].as_array().unwrap().len(), 3);
+    assert_eq!(v["nics"][1]["rules"][0]["src"], "10.1.0.2:40004");
+}
+
+#[test]
+fn malformed_requests_get_an_error_reply_and_the_socket_has_the_endpoint_mode() {
+    let d = Daemon::start(&["--socket_mode=0600"]);
+    let path = d.dir.path().join("rxdm_status");
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    for request in [&b"hello\n"[..], b"status"] {
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+        assert!(v["error"].as_str().unwrap().contains("unknown request"), "{body}");
+    }
+    // The daemon still answers a good request afterwards.
+    let (code, _, err) = status(&[&d.uds()]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn no_daemon_and_bad_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = status(&[&format!("--uds_path={}", dir.path().display())]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no daemon answers") && err.contains("rxdm_status"), "{err}");
+    // A flag value in the next word, then a positional word.
+    let (code, _, err) = status(&["--uds_path", &dir.path().display().to_string(), "flows"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no daemon answers"), "{err}");
+    let (code, _, err) = status(&["rules", &format!("--uds_path={}", dir.path().display())]);
+    assert_eq!(code, 2);
+    assert!(err.contains("rules"), "{err}");
+    let (code, _, err) = status(&["--uds_pth=/x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--uds_pth"), "{err}");
+}
+
+#[test]
+fn flows_larger_than_a_frame_arrive_whole() {
+    let d = Daemon::start(&[]);
+    let mut c = Client::connect(d.dir.path().join("rx_rule_manager")).unwrap();
+    let n = 700;
+    for port in 0..n {
+        let req = client::rule_request(
+            1,
+            ("10.1.0.2", 20000 + port),
+            ("192.168.3.2", 5000),
+            Some("0000:84:00.0"),
+            None,
+        );
+        assert_eq!(client::raw_bytes(&c.request(&req).unwrap()), Some(&b"Ok."[..]));
+    }
+    let (code, out, err) = status(&["flows", "--json", &d.uds()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.len() > 64 << 10, "only {} bytes: not past one 64 KiB frame", out.len());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let eth3 = v["nics"].as_array().unwrap().iter().find(|n| n["ifname"] == "eth3").unwrap();
+    assert_eq!(eth3["rules"].as_array().unwrap().len(), n as usize);
+}
+
+#[test]
+fn status_answers_not_ready_while_startup_finishes() {
+    // Every private-flag change takes 300 ms: enabling header split on four
+    // NICs after the status socket opened keeps startup going for seconds.
+    let d = Daemon::spawn(&["--sim_delay=set_priv_flag:300"], false);
+    let sock = d.dir.path().join("rxdm_status");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < deadline, "status socket never appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, out, err) = status(&["--json", &d.uds()]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ready"], false, "{out}");
+    loop {
+        let (code, out, _) = status(&[&d.uds()]);
+        if code == 0 {
+            assert!(out.contains(": ready, up "), "{out}");
+            break;
+        }
+        assert!(out.contains("NOT ready"), "{out}");
+        assert!(std::time::Instant::now() < deadline, "never became ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
