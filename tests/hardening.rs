@@ -48,3 +48,37 @@ fn over_long_fields_get_invalid_argument() {
     let ok = client::rule_request(1, ("10.1.0.2", 1), ("192.168.1.2", 2), Some(GPU0), None);
     assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&ok)), OK_FRAME);
 }
+
+/// SIGHUP is an orderly shutdown: rules removed, files removed, exit 0; a
+/// second SIGHUP well into a slow shutdown forces the exit (code 1).
+#[test]
+fn sighup_is_an_orderly_shutdown_and_a_second_one_forces() {
+    use nix::sys::signal::Signal;
+    let mut d = Daemon::start(&[]);
+    let mut c = d.client("rx_rule_manager");
+    let r = c.request(&client::rule_request(1, ("10.0.0.9", 1), ("192.168.2.2", 2), None, None)).unwrap();
+    assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]));
+    d.signal(Signal::SIGHUP);
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", d.log().join("\n"));
+    assert_eq!(d.files(), Vec::<String>::new(), "files left behind");
+    let log = d.log();
+    assert!(log.iter().any(|l| l.contains("received SIGHUP")), "{}", log.join("\n"));
+    assert!(log.iter().any(|l| l.contains("rules removed")));
+    assert!(log.iter().any(|l| l.contains("shutdown complete")));
+
+    // 30 rules at 100 ms per removal: a 3 s shutdown, interrupted by a second SIGHUP.
+    let mut d = Daemon::start(&["--sim_delay=del_rule:100"]);
+    for p in 0..30 {
+        let mut c = d.client("rx_rule_manager");
+        let r = c.request(&client::rule_request(1, ("10.0.0.9", p), ("192.168.1.2", 2), None, None)).unwrap();
+        assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]));
+    }
+    d.signal(Signal::SIGHUP);
+    d.wait_for_log("shutting down", Duration::from_secs(10)).expect("shutdown started");
+    std::thread::sleep(Duration::from_millis(1500));
+    d.signal(Signal::SIGHUP);
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(1), "{}", d.log().join("\n"));
+    assert!(d.log().iter().any(|l| l.contains("exiting now without finishing restore")));
+}

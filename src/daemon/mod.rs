@@ -137,6 +137,8 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let started = Instant::now();
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Runtime(e.to_string()))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Runtime(e.to_string()))?;
+    // SIGHUP (a closed terminal, some supervisors): the same orderly shutdown.
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| DaemonError::Runtime(e.to_string()))?;
 
     let t = Instant::now();
     let (mut topo, source) =
@@ -208,6 +210,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let reason = tokio::select! {
         _ = sigterm.recv() => StopReason::Signal("SIGTERM"),
         _ = sigint.recv() => StopReason::Signal("SIGINT"),
+        _ = sighup.recv() => StopReason::Signal("SIGHUP"),
         _ = state.registry.last_gone.notified(), if flags.monitor_shutdown => StopReason::LastApplicationGone,
         ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &topo, &metrics) => StopReason::Nic(ev),
     };
@@ -223,6 +226,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
             tokio::select! {
                 _ = sigterm.recv() => {},
                 _ = sigint.recv() => {},
+                _ = sighup.recv() => {},
             }
             if shutdown_started.elapsed() >= FORCE_GRACE {
                 break;
