@@ -34,10 +34,15 @@ impl Daemon {
     pub fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.arg("--gpu_nic_preset=sim")
-            .arg(format!("--uds_path={}", dir.path().display()))
-            .arg("--metrics_address=127.0.0.1:0")
-            .args(extra)
+        cmd.arg("--gpu_nic_preset=sim");
+        // A test may name its own socket folder (or HTTP address) in `extra`.
+        if !extra.iter().any(|a| a.starts_with("--uds_path")) {
+            cmd.arg(format!("--uds_path={}", dir.path().display()));
+        }
+        if !extra.iter().any(|a| a.starts_with("--metrics_address")) {
+            cmd.arg("--metrics_address=127.0.0.1:0");
+        }
+        cmd.args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
