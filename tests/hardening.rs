@@ -177,3 +177,111 @@ fn existing_folder_that_keeps_the_group_out_is_warned_about() {
     let d = Daemon::start(&[&format!("--uds_path={}", ok.path().display())]);
     assert!(!d.log().iter().any(|l| l.contains("cannot reach the sockets")), "{}", d.log().join("\n"));
 }
+
+/// Two daemons in one network namespace never manage the same NIC, whatever
+/// their socket folders, and deleting the lock file does not let a second in.
+#[test]
+fn second_daemon_on_claimed_nics_exits_one_naming_nic_and_holder() {
+    let first = Daemon::start(&["--claim_sim_nics"]);
+    let other = tempfile::tempdir().unwrap();
+    let run_second = |uds: &std::path::Path| {
+        run_to_exit(&[
+            "--gpu_nic_preset=sim",
+            "--claim_sim_nics",
+            &format!("--uds_path={}", uds.display()),
+            "--metrics_address=",
+        ])
+    };
+    let (code, err) = run_second(other.path());
+    assert_eq!(code, 1, "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.contains("NIC eth1") && last.contains(&format!("pid {}", first.child.id())), "{err}");
+    // Refused before it touched anything: nothing primed, no sockets.
+    assert!(!err.contains("NICs primed"), "{err}");
+    assert!(std::fs::read_dir(other.path()).unwrap().next().is_none(), "files left in the second folder");
+
+    // The same folder with the lock file deleted: the claim still refuses.
+    std::fs::remove_file(first.sock(".rxdm.lock")).unwrap();
+    let (code, err) = run_second(first.dir.path());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("NIC eth1") && err.contains("already managed"), "{err}");
+    // The first daemon was not disturbed.
+    let mut c = first.client("rx_rule_manager");
+    let r = c.request(&client::rule_request(1, ("10.0.0.9", 1), ("192.168.1.2", 2), None, None)).unwrap();
+    assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]));
+    assert_eq!(first.flows()["nics"][0]["rules"].as_array().unwrap().len(), 1);
+
+    // Once the first is gone, the NICs are free.
+    drop(first);
+    let second = Daemon::start(&["--claim_sim_nics", &format!("--uds_path={}", other.path().display())]);
+    drop(second);
+}
+
+/// Without --claim_sim_nics, simulated daemons run side by side (they share no hardware).
+#[test]
+fn simulated_nics_are_not_claimed_by_default() {
+    let a = Daemon::start(&[]);
+    let b = Daemon::start(&[]);
+    for d in [&a, &b] {
+        assert_eq!(
+            status_code(&d.client("queue_ids_by_gpu").request(&client::queue_query(GPU0)).unwrap()),
+            0
+        );
+    }
+}
+
+/// Real NICs are claimed with the ethtool backend: in a fresh network
+/// namespace holding `eth1`, a claim held by this test process makes the
+/// daemon exit 1 naming eth1 and this pid before priming.
+#[test]
+#[ignore = "needs root (network namespaces)"]
+fn ethtool_daemon_refuses_a_claimed_nic_in_its_netns() {
+    use std::process::Command;
+    let ns = format!("rxdm-claim-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().expect("iproute2");
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+    ip(&["netns", "add", &ns]);
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let _del = Del(ns.clone());
+    ip(&["-n", &ns, "link", "add", "eth1", "type", "veth", "peer", "name", "eth1p"]);
+    // The claim socket belongs to the namespace it was created in.
+    let claim = std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            tcpx_rxdm::nic::claim::NicClaim::acquire("nic", "eth1").unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    let uds = tempfile::tempdir().unwrap();
+    let topo = r#"gpu_rxq_configs { gpu_infos { gpu_pci_addr: "0000:04:00.0" queue_ids: 2 queue_ids: 3 } nic_pci_addr: "0000:06:00.0" ifname: "eth1" } rss_set_size: 2 tcpd_queue_size: 2 max_rx_rules: 100"#;
+    let daemon = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, BIN, "--gpu_nic_preset=manual", "--nic_backend=ethtool"])
+            .arg(format!("--gpu_nic_topology_proto={topo}"))
+            .args(["--gpu_backend=host", "--bind_backend=none", "--metrics_address=", "--setup_param="])
+            .arg(format!("--uds_path={}", uds.path().display()))
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = daemon();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("NIC eth1") && err.contains(&format!("pid {}", std::process::id())), "{err}");
+    assert!(!err.contains("rule_capacity"), "primed before claiming: {err}");
+    // Released: the daemon now gets past the claim (and fails on the veth's
+    // missing ntuple support, as veths do).
+    drop(claim);
+    let (code, err) = daemon();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(!err.contains("already managed"), "{err}");
+}

@@ -14,8 +14,8 @@ use crate::nic::sim::{Fault, SimDelay};
 pub const PRESET_NAMES: [&str; 6] = ["auto", "a3vm", "a3vm4gpu4nic", "a6", "sim", "manual"];
 
 /// Boolean flags, for `--noflag` and `--flag` / `--flag=bool` forms.
-const BOOL_FLAGS: [&str; 4] =
-    ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited"];
+const BOOL_FLAGS: [&str; 5] =
+    ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited", "claim_sim_nics"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NicBackendKind {
@@ -158,6 +158,11 @@ pub struct Flags {
     /// Simulated NIC delay OP:MILLIS for every call of OP (repeatable), e.g. del_rule:50.
     #[arg(long = "sim_delay", action = ArgAction::Append)]
     pub sim_delay: Vec<SimDelay>,
+    /// Claim simulated NICs too (real ones always are), so that a second
+    /// simulated daemon in this network namespace is refused.
+    #[arg(long = "claim_sim_nics", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub claim_sim_nics: bool,
 }
 
 impl Flags {

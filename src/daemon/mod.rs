@@ -156,6 +156,13 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let dir = SocketDir::lock(&flags.uds_path, flags.socket_mode, gid)
         .map_err(|e| DaemonError::Runtime(e.to_string()))?;
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
+    // Held until the process exits; claimed before anything touches a NIC.
+    let _claims = crate::nic::claim::claim_managed(
+        backends.nic.backend(),
+        flags.claim_sim_nics,
+        topo.nics.iter().map(|n| n.ifname.as_str()),
+    )
+    .map_err(|e| DaemonError::Runtime(e.to_string()))?;
 
     let metrics = Arc::new(Metrics::new());
     let routes = Arc::new(Routes::new(metrics.clone()));
