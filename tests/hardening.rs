@@ -285,3 +285,264 @@ fn ethtool_daemon_refuses_a_claimed_nic_in_its_netns() {
     assert_eq!(code, Some(1), "{err}");
     assert!(!err.contains("already managed"), "{err}");
 }
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Raises this test process's soft fd limit to its hard limit.
+fn raise_own_nofile() -> u64 {
+    tcpx_rxdm::server::accept_backoff::raise_nofile_limit().unwrap().1
+}
+
+/// 3000 idle TCP connections cost the daemon at most the HTTP cap in fds;
+/// Unix-socket clients are still served; idle and half-sent requests are
+/// dropped after the header timeout, and /healthz answers again.
+#[test]
+fn idle_http_flood_is_capped_and_does_not_starve_unix_clients() {
+    use std::io::Write;
+    assert!(raise_own_nofile() >= 3200, "this test needs an fd limit of 3200");
+    let d = Daemon::start(&["--max_http_connections=64"]);
+    let pid = d.child.id();
+    let addr = d.http();
+    let baseline = fd_count(pid);
+    let mut flood = Vec::new();
+    for i in 0..3000 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        if i % 2 == 0 {
+            s.write_all(b"GET /metr").unwrap(); // half-sent
+        }
+        flood.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = fd_count(pid);
+    assert!(during <= baseline + 64 + 8, "fds: baseline {baseline}, with 3000 idle connections {during}");
+    // A Unix-socket client is served meanwhile.
+    let mut c = d.client("queue_ids_by_gpu");
+    assert_eq!(status_code(&c.request(&client::queue_query(GPU0)).unwrap()), 0);
+    let ok = client::rule_request(1, ("10.1.0.2", 1), ("192.168.1.2", 2), Some(GPU0), None);
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&ok)), OK_FRAME);
+    // Connections beyond the cap were told 503 and closed, without waiting.
+    // (A half-sent request racing the close may see a reset instead.)
+    let (mut told, mut reset) = (0, 0);
+    for s in flood.iter_mut().skip(100).take(50) {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut resp = String::new();
+        match s.read_to_string(&mut resp) {
+            Ok(_) if resp.starts_with("HTTP/1.1 503") => told += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => reset += 1,
+            other => panic!("over the cap and neither refused nor closed: {other:?} {resp:?}"),
+        }
+    }
+    assert!(told >= 25 && told + reset == 50, "503: {told}, reset: {reset}");
+    // After the header timeout (5 s) the idle ones are dropped; /healthz answers.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(d.http_get("/healthz"), (200, "ok\n".to_string()));
+    let mut first = flood.swap_remove(0);
+    first.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(first.read_to_end(&mut rest).unwrap_or(0), 0, "half-sent request not closed: {rest:?}");
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(fd_count(pid) <= baseline + 2, "fds not given back: {} vs {baseline}", fd_count(pid));
+}
+
+/// /debug/* is for loopback peers by default and can be turned off;
+/// /metrics, /healthz and /readyz stay open.
+#[test]
+fn debug_endpoints_flag() {
+    let d = Daemon::start(&[]);
+    assert_eq!(d.http_get("/debug/config").0, 200);
+    assert_eq!(d.http_get("/debug/flows").0, 200);
+    let d = Daemon::start(&["--debug_endpoints=off"]);
+    assert_eq!(d.http_get("/debug/flows").0, 404);
+    assert_eq!(d.http_get("/debug/config").0, 404);
+    for p in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(d.http_get(p).0, 200, "{p}");
+    }
+    let (code, err) = run_to_exit(&["--gpu_nic_preset=sim", "--metrics_address=", "--debug_endpoints=some"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--debug_endpoints"), "{err}");
+}
+
+/// A network namespace of this test's own; deleted on drop.
+struct TestNetns(String);
+
+impl TestNetns {
+    fn new(tag: &str) -> TestNetns {
+        let name = format!("rxdm-{tag}-{}", std::process::id());
+        let _ = std::process::Command::new("ip").args(["netns", "del", &name]).output();
+        let ns = TestNetns(name);
+        ns.ip(&["netns", "add", &ns.0]);
+        ns
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = std::process::Command::new("ip").args(args).output().expect("iproute2");
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Runs `f` on a thread inside the namespace (children it spawns live there too).
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let fd = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
+                nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// GET from a given local source address; returns the status.
+fn get_from(src: std::net::IpAddr, to: std::net::SocketAddr, path: &str) -> u16 {
+    use std::io::Write;
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Stream,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let std::net::IpAddr::V4(v4) = src else { panic!("v4 only") };
+    nix::sys::socket::bind(
+        std::os::fd::AsRawFd::as_raw_fd(&sock),
+        &nix::sys::socket::SockaddrIn::from(std::net::SocketAddrV4::new(v4, 0)),
+    )
+    .unwrap();
+    let std::net::SocketAddr::V4(to4) = to else { panic!("v4 only") };
+    nix::sys::socket::connect(
+        std::os::fd::AsRawFd::as_raw_fd(&sock),
+        &nix::sys::socket::SockaddrIn::from(to4),
+    )
+    .unwrap();
+    let mut s = std::net::TcpStream::from(sock);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp[9..12].parse().unwrap()
+}
+
+/// /debug/* refuses a non-loopback peer (403) unless --debug_endpoints=all;
+/// /metrics, /healthz, /readyz stay open to it.
+#[test]
+#[ignore = "needs root (network namespaces)"]
+fn debug_endpoints_refuse_non_loopback_peers() {
+    let ns = TestNetns::new("debug");
+    ns.ip(&["-n", &ns.0, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"]);
+    ns.ip(&["-n", &ns.0, "addr", "add", "10.213.0.1/24", "dev", "veth0"]);
+    ns.ip(&["-n", &ns.0, "addr", "add", "10.213.0.2/24", "dev", "veth1"]);
+    for dev in ["lo", "veth0", "veth1"] {
+        ns.ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+    }
+    let remote: std::net::IpAddr = "10.213.0.2".parse().unwrap();
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    for (flag, remote_debug) in [("--debug_endpoints=local", 403), ("--debug_endpoints=all", 200)] {
+        let (statuses, d) = ns.run(|| {
+            let d = Daemon::start(&["--metrics_address=0.0.0.0:0", flag]);
+            let port = d.http().port();
+            let at = std::net::SocketAddr::new("10.213.0.1".parse().unwrap(), port);
+            let lo = std::net::SocketAddr::new(local, port);
+            let statuses = [
+                get_from(remote, at, "/debug/flows"),
+                get_from(remote, at, "/debug/config"),
+                get_from(remote, at, "/metrics"),
+                get_from(remote, at, "/healthz"),
+                get_from(remote, at, "/readyz"),
+                get_from(local, lo, "/debug/flows"),
+            ];
+            (statuses, d)
+        });
+        assert_eq!(statuses, [remote_debug, remote_debug, 200, 200, 200, 200], "{flag}");
+        drop(d);
+    }
+}
+
+/// Installs `n` rules toward `dst` (one connection, sequential); source ports from `base`.
+fn install_many(d: &Daemon, dst: &str, base: u32, n: u32) {
+    let mut c = d.client("rx_rule_manager");
+    for i in 0..n {
+        let sport = 1024 + (base + i) % 60000;
+        let src = format!("10.{}.{}.9", (base + i) / 60000 % 250, 1 + (base + i) / 15_000_000);
+        let r = c
+            .request(&client::rule_request(1, (src.as_str(), sport as i32), (dst, 5000), None, None))
+            .unwrap();
+        assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]), "rule {i}: {r:?}");
+    }
+}
+
+/// `/debug/flows?nic=` filters; 30 requests that never read their responses
+/// neither grow the daemon's memory past 256 MiB nor stop installs.
+#[test]
+fn debug_flows_filters_by_nic_and_non_readers_cost_bounded_memory() {
+    let d = Daemon::start(&[]);
+    install_many(&d, "192.168.1.2", 0, 20_000);
+    install_many(&d, "192.168.2.2", 0, 300);
+    let all = d.flows();
+    let nics = all["nics"].as_array().unwrap();
+    assert_eq!(nics.len(), 4);
+    assert_eq!(nics[0]["rules"].as_array().unwrap().len(), 20_000);
+    assert_eq!(nics[0]["nic_rules"].as_array().unwrap().len(), 20_000);
+    assert_eq!(nics[1]["rules"].as_array().unwrap().len(), 300);
+    let (status, body) = d.http_get("/debug/flows?nic=eth2");
+    assert_eq!(status, 200);
+    let one: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(one["nics"].as_array().unwrap().len(), 1);
+    assert_eq!(one["nics"][0]["ifname"], "eth2");
+    assert_eq!(one["nics"][0], nics[1]);
+    assert_eq!(d.http_get("/debug/flows?nic=eth9").0, 404);
+
+    let pid = d.child.id();
+    let before = rss_kib(pid);
+    let mut stuck = Vec::new();
+    for _ in 0..30 {
+        use std::io::Write;
+        let s = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &4096).unwrap();
+        let std::net::SocketAddr::V4(a) = d.http() else { panic!() };
+        nix::sys::socket::connect(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            &nix::sys::socket::SockaddrIn::from(a),
+        )
+        .unwrap();
+        let mut s = std::net::TcpStream::from(s);
+        s.write_all(b"GET /debug/flows HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        stuck.push(s);
+    }
+    // Installs go on while the 30 responses are stuck.
+    install_many(&d, "192.168.1.2", 20_000, 500);
+    std::thread::sleep(Duration::from_secs(1));
+    let peak = rss_kib(pid);
+    // Each full body is about 5 MiB here: 30 of them held in memory would add 150 MiB.
+    assert!(
+        peak < 256 * 1024 && peak < before + 64 * 1024,
+        "RSS {before} KiB before, {peak} KiB with 30 unread /debug/flows"
+    );
+    // Queued ones gave up with 503 or wait; a fresh reader after they are gone is served in full.
+    drop(stuck);
+    std::thread::sleep(Duration::from_millis(200));
+    let after = d.flows();
+    assert_eq!(after["nics"][0]["rules"].as_array().unwrap().len(), 20_500);
+    eprintln!("RSS {before} KiB before, {peak} KiB with 30 unread /debug/flows");
+}

@@ -163,6 +163,12 @@ pub struct Flags {
     #[arg(long = "claim_sim_nics", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub claim_sim_nics: bool,
+    /// HTTP connections served at once; more get 503 and are closed at once.
+    #[arg(long = "max_http_connections", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_http_connections: u32,
+    /// Who may read /debug/*: local (loopback peers), all, off.
+    #[arg(long = "debug_endpoints", value_enum, default_value = "local")]
+    pub debug_endpoints: crate::metrics::http::DebugAccess,
 }
 
 impl Flags {

@@ -165,7 +165,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     .map_err(|e| DaemonError::Runtime(e.to_string()))?;
 
     let metrics = Arc::new(Metrics::new());
-    let routes = Arc::new(Routes::new(metrics.clone()));
+    let routes = Arc::new(Routes::new(metrics.clone()).with_debug_access(flags.debug_endpoints));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     if let Some(addr) = flags.metrics_address.0 {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -174,7 +174,8 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         // The bound address (port 0 picks a free one).
         let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
         tracing::info!(address = %bound, "HTTP endpoints listening");
-        tokio::spawn(http::serve(listener, routes.clone(), shutdown_rx.clone()));
+        let limits = http::Limits::new(flags.max_http_connections as usize);
+        tokio::spawn(http::serve(listener, routes.clone(), limits, shutdown_rx.clone()));
     }
 
     let mut node = Node {

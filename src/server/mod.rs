@@ -1,7 +1,9 @@
 //! The client-facing endpoints (SPEC §4.3): one `UnixListener` per socket file,
 //! one task per connection, a shared semaphore bounding connections.
 
+pub mod accept_backoff;
 pub mod conn;
+pub mod flows_stream;
 pub mod handlers;
 pub mod rule_workers;
 pub mod socket_dir;

@@ -144,6 +144,37 @@ impl RuleWorker {
         })
     }
 
+    /// The booked rules, sorted by slot, and the slot capacity. The engine
+    /// lock is held only to copy the table (no NIC call, no formatting), so
+    /// `/debug/flows` never stalls installs for longer than that copy.
+    pub async fn booked_copy(&self) -> (u32, Vec<(FlowSpec, RuleEntry)>) {
+        let engine = self.engine.lock().await;
+        let capacity = engine.rules().capacity();
+        let mut rules: Vec<_> = engine.rules().iter().map(|(f, e)| (f, *e)).collect();
+        drop(engine);
+        rules.sort_unstable_by_key(|(_, e)| e.loc);
+        (capacity, rules)
+    }
+
+    /// The NIC's own rule table, read without the engine lock (installs go on
+    /// meanwhile, so it may differ from `booked_copy` by the rules in flight).
+    pub fn nic_rules(&self) -> Result<Vec<NicRule>, NicError> {
+        self.nic.list_rules(&self.ifname)
+    }
+
+    /// The `/debug/flows` form of one booked rule.
+    pub fn booked_rule(&self, flow: &FlowSpec, e: &RuleEntry) -> BookedRule {
+        BookedRule {
+            loc: e.loc,
+            queue: e.queue,
+            gpu: self.gpu_names[e.gpu].clone(),
+            flow_type: if flow.is_v6() { "tcp6" } else { "tcp4" },
+            src: fmt_addr(flow.src),
+            dst: fmt_addr(flow.dst),
+            pid: e.pid,
+        }
+    }
+
     /// Removes every rule (idempotent).
     pub async fn remove_all(&self) -> Vec<NicError> {
         let errors = self.engine.lock().await.remove_all(self.nic.as_ref());
