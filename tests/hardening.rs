@@ -546,3 +546,80 @@ fn debug_flows_filters_by_nic_and_non_readers_cost_bounded_memory() {
     assert_eq!(after["nics"][0]["rules"].as_array().unwrap().len(), 20_500);
     eprintln!("RSS {before} KiB before, {peak} KiB with 30 unread /debug/flows");
 }
+
+/// Out of file descriptors (soft = hard = 128): accepting backs off with a
+/// few log lines, /healthz still answers, and service resumes by itself
+/// once clients leave.
+#[test]
+fn fd_exhaustion_backs_off_keeps_healthz_and_recovers() {
+    let d = Daemon::start_with_nofile(&[], 128);
+    let pid = d.child.id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(limits.lines().any(|l| l.starts_with("Max open files") && l.contains(" 128 ")), "{limits}");
+    let base = fd_count(pid);
+    assert!(base < 100, "baseline {base} fds leaves no room for the test");
+    let mut clients = Vec::new();
+    for _ in 0..150 {
+        clients.push(std::os::unix::net::UnixStream::connect(d.sock("queue_ids_by_gpu")).unwrap());
+    }
+    d.wait_for_log("out of file descriptors", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no EMFILE log; fds {}; log:\n{}", fd_count(pid), d.log().join("\n")));
+    // Every fd is taken: /healthz is answered from the reserved one.
+    assert!(fd_count(pid) >= 127, "fds {} of 128", fd_count(pid));
+    for _ in 0..3 {
+        assert_eq!(d.http_get("/healthz"), (200, "ok\n".to_string()));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    // Backing off, not spinning: a handful of lines, not thousands.
+    let lines = d.log().iter().filter(|l| l.contains("out of file descriptors")).count();
+    assert!(lines <= 20, "{lines} EMFILE lines");
+    drop(clients);
+    let mut c = d.client("queue_ids_by_gpu");
+    c.stream().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(status_code(&c.request(&client::queue_query(GPU0)).unwrap()), 0);
+    d.wait_for_log("accepting connections again", Duration::from_secs(5)).expect("recovery logged");
+    assert_eq!(d.http_get("/healthz"), (200, "ok\n".to_string()));
+}
+
+/// At startup the daemon raises its soft fd limit to the hard one and logs both.
+#[test]
+fn soft_fd_limit_is_raised_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["--gpu_nic_preset=sim", "--metrics_address=", &format!("--uds_path={}", dir.path().display())])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped());
+    let lim = libc::rlimit { rlim_cur: 256, rlim_max: 2048 };
+    // SAFETY: setrlimit is async-signal-safe and reads a struct copied into the closure.
+    unsafe {
+        cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let mut logged = None;
+    while std::io::BufRead::read_line(&mut reader, &mut line).unwrap() > 0 {
+        if line.contains("RLIMIT_NOFILE") {
+            logged = Some(line.clone());
+        }
+        if line.contains(READY) {
+            break;
+        }
+        line.clear();
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = logged.expect("limit logged");
+    assert!(
+        logged.contains("soft_before=256") && logged.contains("soft=2048") && logged.contains("hard=2048"),
+        "{logged}"
+    );
+    let row = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    assert_eq!(row.split_whitespace().collect::<Vec<_>>()[3..5], ["2048", "2048"], "{row}");
+}

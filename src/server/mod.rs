@@ -11,7 +11,6 @@ pub mod socket_dir;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
@@ -149,6 +148,7 @@ pub fn spawn_endpoint(
     done: mpsc::Sender<()>,
 ) {
     tokio::spawn(async move {
+        let mut backoff = accept_backoff::AcceptBackoff::new(endpoint.kind());
         loop {
             // At the limit, stop accepting so new clients wait in the kernel backlog.
             // The permit is only probed here: an idle listener must not hold one.
@@ -159,11 +159,18 @@ pub fn spawn_endpoint(
             let stream = tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
                 r = listener.accept() => match r {
-                    Ok((s, _)) => s,
+                    Ok((s, _)) => {
+                        backoff.succeeded();
+                        s
+                    }
                     Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(endpoint = endpoint.kind(), error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        // EMFILE and friends: back off (growing pause, one log line
+                        // per few seconds); clients wait in the backlog meanwhile.
+                        let pause = backoff.failed(&e);
+                        tokio::select! {
+                            _ = crate::server::stopped(&mut shutdown) => return,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
                         continue;
                     }
                 },
