@@ -623,3 +623,68 @@ fn soft_fd_limit_is_raised_to_the_hard_limit() {
     let row = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
     assert_eq!(row.split_whitespace().collect::<Vec<_>>()[3..5], ["2048", "2048"], "{row}");
 }
+
+/// Rule and queue connections without a complete request for
+/// --client_idle_timeout are closed: silently when nothing is pending, with
+/// INVALID_ARGUMENT when part of a frame is. Active ones and the registry
+/// connection stay.
+#[test]
+fn idle_rule_connections_are_closed_registry_is_not() {
+    let d = Daemon::start(&["--client_idle_timeout=1"]);
+    let mut idle = d.client("rx_rule_manager");
+    let mut partial = d.client("queue_ids_by_gpu");
+    let full = encoded(&client::queue_query(GPU0));
+    partial.send_bytes(&full[..3]).unwrap();
+    let mut registry = d.client("rxdm_application_registry");
+    assert_eq!(client::raw_bytes(&registry.request(&client::register(true)).unwrap()), Some(&b"Ok."[..]));
+    let mut active = d.client("queue_ids_by_gpu");
+    for _ in 0..5 {
+        assert_eq!(status_code(&active.request(&client::queue_query(GPU0)).unwrap()), 0);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    // 2 s later: the idle one is closed without a reply.
+    idle.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(idle.stream().try_clone().unwrap().read_to_end(&mut rest).unwrap(), 0);
+    assert!(rest.is_empty(), "{rest:?}");
+    // The half-sent one got INVALID_ARGUMENT naming the bytes, then the close.
+    partial.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let r = partial.recv().unwrap();
+    assert_eq!(status_code(&r), 3);
+    let text = r.status.unwrap().message;
+    assert!(text.contains(&format!("3 of {} bytes", full.len())), "{text}");
+    assert_eq!(partial.stream().try_clone().unwrap().read_to_end(&mut rest).unwrap(), 0);
+    // The registry connection, silent all along, is still registered and served.
+    assert!(d.http_get("/metrics").1.lines().any(|l| l.contains("registered") && l.ends_with(" 1")));
+    assert_eq!(client::raw_bytes(&registry.request(&client::register(true)).unwrap()), Some(&b"Ok."[..]));
+}
+
+/// Idle rule/queue connections filling their share of --max_connections do
+/// not keep registry and pool clients out.
+#[test]
+fn idle_rule_connections_do_not_starve_registry_and_pools() {
+    // 8 connections: 6 shared, 2 kept for registry and pool endpoints.
+    let d = Daemon::start(&["--max_connections=8"]);
+    let mut hogs = Vec::new();
+    for _ in 0..6 {
+        let mut c = d.client("queue_ids_by_gpu");
+        assert_eq!(status_code(&c.request(&client::queue_query(GPU0)).unwrap()), 0);
+        hogs.push(c);
+    }
+    let mut seventh = d.client("rx_rule_manager");
+    seventh.stream().set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let ok = client::rule_request(1, ("10.1.0.2", 1), ("192.168.1.2", 2), Some(GPU0), None);
+    seventh.send(&ok).unwrap();
+    assert!(seventh.recv().is_err(), "a rule connection got into the reserved share");
+    let mut registry = d.client("rxdm_application_registry");
+    registry.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(client::raw_bytes(&registry.request(&client::register(true)).unwrap()), Some(&b"Ok."[..]));
+    let mut pool = d.client(&format!("get_gpu_fd_{GPU0}"));
+    pool.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    pool.send(&client::raw_request(GPU0)).unwrap();
+    assert!(matches!(pool.recv_fd_reply().unwrap(), client::FdReply::Fd(_)));
+    // A rule slot frees: the waiting one is served.
+    drop(hogs.pop());
+    seventh.stream().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(client::raw_bytes(&seventh.recv().unwrap()), Some(&b"Ok."[..]));
+}

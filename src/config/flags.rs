@@ -169,6 +169,10 @@ pub struct Flags {
     /// Who may read /debug/*: local (loopback peers), all, off.
     #[arg(long = "debug_endpoints", value_enum, default_value = "local")]
     pub debug_endpoints: crate::metrics::http::DebugAccess,
+    /// Seconds a rule or queue connection may go without a complete request
+    /// before it is closed; 0 never. Registry and pool connections never are.
+    #[arg(long = "client_idle_timeout", default_value_t = 60)]
+    pub client_idle_timeout: u64,
 }
 
 impl Flags {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 
 use crate::config::flags::Flags;
 use crate::config::flags::SetupParam;
@@ -438,7 +438,10 @@ async fn start(
         addresses: Default::default(),
         registry: AppRegistry::default(),
         metrics: metrics.clone(),
-        conn_limit: Arc::new(Semaphore::new(flags.max_connections as usize)),
+        conn_limit: Arc::new(server::budget::ConnBudget::new(
+            flags.max_connections as usize,
+            (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout)),
+        )),
     });
     state.set_addresses(address_map(b.nic.as_ref(), topo));
     node.state = Some(state.clone());

@@ -52,10 +52,13 @@ async fn run(
     shutdown: &mut watch::Receiver<bool>,
 ) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::with_capacity(512);
+    let idle_limit = state.conn_limit.idle_limit(endpoint);
+    let mut last_request = tokio::time::Instant::now();
     loop {
         match frame::parse(&buf) {
             Ok(Some((msg, used))) => {
                 buf.drain(..used);
+                last_request = tokio::time::Instant::now();
                 let reply = handlers::handle(endpoint, msg, state, ctx).await;
                 let close = matches!(reply, Reply::Close(_));
                 write_reply(stream, reply).await?;
@@ -72,6 +75,13 @@ async fn run(
         }
         let n = tokio::select! {
             _ = crate::server::stopped(shutdown) => return Ok(()),
+            _ = super::budget::idle_expired(idle_limit, last_request) => {
+                // No request pending: nothing owed. Part of a frame: an error reply.
+                if let (false, Some(limit)) = (buf.is_empty(), idle_limit) {
+                    write_reply(stream, Reply::Close(super::budget::incomplete_reply(&buf, limit))).await?;
+                }
+                return Ok(());
+            }
             r = stream.read_buf(&mut buf) => r?,
         };
         if n == 0 {

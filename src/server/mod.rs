@@ -2,6 +2,7 @@
 //! one task per connection, a shared semaphore bounding connections.
 
 pub mod accept_backoff;
+pub mod budget;
 pub mod conn;
 pub mod flows_stream;
 pub mod handlers;
@@ -13,7 +14,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::net::UnixListener;
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify};
 
 use crate::config::pci::PciAddr;
 use crate::config::topology::Topology;
@@ -109,7 +110,8 @@ pub struct ServerState {
     pub addresses: RwLock<HashMap<IpAddr, usize>>,
     pub registry: AppRegistry,
     pub metrics: Arc<Metrics>,
-    pub conn_limit: Arc<Semaphore>,
+    /// `--max_connections`, with a share kept for registry and pool endpoints.
+    pub conn_limit: Arc<budget::ConnBudget>,
 }
 
 impl ServerState {
@@ -154,7 +156,7 @@ pub fn spawn_endpoint(
             // The permit is only probed here: an idle listener must not hold one.
             tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
-                p = state.conn_limit.clone().acquire_owned() => drop(p),
+                p = state.conn_limit.acquire(endpoint) => drop(p),
             }
             let stream = tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
@@ -177,10 +179,7 @@ pub fn spawn_endpoint(
             };
             let permit = tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
-                p = state.conn_limit.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
+                p = state.conn_limit.acquire(endpoint) => p,
             };
             let state = state.clone();
             let shutdown = shutdown.clone();
