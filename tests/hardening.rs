@@ -631,7 +631,7 @@ fn soft_fd_limit_is_raised_to_the_hard_limit() {
 #[test]
 fn idle_rule_connections_are_closed_registry_is_not() {
     let d = Daemon::start(&["--client_idle_timeout=1"]);
-    let mut idle = d.client("rx_rule_manager");
+    let idle = d.client("rx_rule_manager");
     let mut partial = d.client("queue_ids_by_gpu");
     let full = encoded(&client::queue_query(GPU0));
     partial.send_bytes(&full[..3]).unwrap();
