@@ -58,6 +58,9 @@ impl Drop for Daemon {
     }
 }
 
+/// Lines of the daemon's log that contain "held_us" (the /debug/flows copy).
+static HELD: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
 fn start(bin: &str, extra: &[&str]) -> Daemon {
     let dir = std::env::temp_dir().join(format!("rxdm-hbench-{}-{}", std::process::id(), rand_tag()));
     let mut child = Command::new(bin)
@@ -65,7 +68,7 @@ fn start(bin: &str, extra: &[&str]) -> Daemon {
             "--gpu_nic_preset=sim",
             "--metrics_address=127.0.0.1:0",
             "--nomonitor_shutdown",
-            "--log_level=warn,tcpx_rxdm::daemon=info",
+            "--log_level=warn,tcpx_rxdm::daemon=info,tcpx_rxdm::server::rule_workers=debug",
         ])
         .arg(format!("--uds_path={}", dir.display()))
         .args(extra)
@@ -84,7 +87,15 @@ fn start(bin: &str, extra: &[&str]) -> Daemon {
             break;
         }
     }
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if let Some(v) = line.split("held_us=").nth(1) {
+                if let Some(us) = v.split_whitespace().next().and_then(|n| n.parse().ok()) {
+                    HELD.lock().unwrap().push(us);
+                }
+            }
+        }
+    });
     Daemon { child, http: http.expect("HTTP address logged"), dir }
 }
 
@@ -195,6 +206,16 @@ fn flows(a: &Args) {
     stop.store(true, Ordering::Relaxed);
     reader.join().unwrap();
     report("install latency, /debug/flows read in a loop", &busy);
+    let mut held = HELD.lock().unwrap().clone();
+    held.sort();
+    if !held.is_empty() {
+        println!(
+            "  rule lock held for the /debug/flows copy: n={} median={} us max={} us",
+            held.len(),
+            held[held.len() / 2],
+            held[held.len() - 1]
+        );
+    }
     let reads = reads.lock().unwrap();
     let (bytes, took) = reads.first().copied().unwrap_or_default();
     println!(

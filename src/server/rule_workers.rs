@@ -149,9 +149,13 @@ impl RuleWorker {
     /// `/debug/flows` never stalls installs for longer than that copy.
     pub async fn booked_copy(&self) -> (u32, Vec<(FlowSpec, RuleEntry)>) {
         let engine = self.engine.lock().await;
+        let t = Instant::now();
         let capacity = engine.rules().capacity();
-        let mut rules: Vec<_> = engine.rules().iter().map(|(f, e)| (f, *e)).collect();
+        let mut rules = Vec::with_capacity(engine.rules().len());
+        rules.extend(engine.rules().iter().map(|(f, e)| (f, *e)));
         drop(engine);
+        let held_us = t.elapsed().as_micros() as u64;
+        tracing::debug!(nic = %self.ifname, rules = rules.len(), held_us, "rule table copied");
         rules.sort_unstable_by_key(|(_, e)| e.loc);
         (capacity, rules)
     }
