@@ -9,9 +9,12 @@
 //! - [`server`]: Unix-socket endpoints, connection loop, dispatch.
 //! - [`metrics`]: Prometheus registry and the HTTP endpoints.
 //! - [`daemon`]: lifecycle: prime → allocate → bind → serve → restore.
+//! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
 
 pub mod config;
 pub mod daemon;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod gpu;
 pub mod metrics;
 pub mod nic;
