@@ -206,6 +206,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     };
     drop(events_tx); // monitors hold their own senders
     let state = node.state.clone().expect("set by start");
+    server::memory::spawn_trimmer(state.clone(), shutdown_rx.clone());
 
     if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
         if let Err(e) = write_health_line(&path) {

@@ -15,6 +15,7 @@
 //!   then the close, as for any malformed input. Registry and pool
 //!   connections are never timed out.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +31,9 @@ pub const RESERVE_DIVISOR: usize = 4;
 pub struct ConnBudget {
     shared: Arc<Semaphore>,
     reserved: Arc<Semaphore>,
+    total: usize,
+    /// Most connections open at once since [`ConnBudget::take_peak`].
+    peak: AtomicUsize,
     idle_timeout: Option<Duration>,
 }
 
@@ -46,12 +50,20 @@ impl ConnBudget {
         ConnBudget {
             shared: Arc::new(Semaphore::new(max - reserved)),
             reserved: Arc::new(Semaphore::new(reserved)),
+            total: max,
+            peak: AtomicUsize::new(0),
             idle_timeout,
         }
     }
 
     /// A permit for one connection to `endpoint`, waiting until one is free.
     pub async fn acquire(&self, endpoint: Endpoint) -> OwnedSemaphorePermit {
+        let p = self.acquire_inner(endpoint).await;
+        self.peak.fetch_max(self.open(), Ordering::Relaxed);
+        p
+    }
+
+    async fn acquire_inner(&self, endpoint: Endpoint) -> OwnedSemaphorePermit {
         if !long_lived(endpoint) {
             return self.shared.clone().acquire_owned().await.expect("never closed");
         }
@@ -65,6 +77,11 @@ impl ConnBudget {
         }
     }
 
+    /// The most connections open at once since the last call; starts over from now.
+    pub fn take_peak(&self) -> usize {
+        self.peak.swap(self.open(), Ordering::Relaxed).max(self.open())
+    }
+
     /// How long a connection to `endpoint` may go without a complete request.
     pub fn idle_limit(&self, endpoint: Endpoint) -> Option<Duration> {
         if long_lived(endpoint) {
@@ -72,6 +89,11 @@ impl ConnBudget {
         } else {
             self.idle_timeout
         }
+    }
+
+    /// Connections being served now.
+    pub fn open(&self) -> usize {
+        self.total - self.shared.available_permits() - self.reserved.available_permits()
     }
 
     /// Free permits (shared, reserved); for tests and `/debug`.

@@ -59,6 +59,8 @@ async fn run(
             Ok(Some((msg, used))) => {
                 buf.drain(..used);
                 last_request = tokio::time::Instant::now();
+                // A large frame grew the buffer: give the memory back.
+                super::memory::shrink_buffer(&mut buf);
                 let reply = handlers::handle(endpoint, msg, state, ctx).await;
                 let close = matches!(reply, Reply::Close(_));
                 write_reply(stream, reply).await?;

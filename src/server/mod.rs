@@ -6,6 +6,7 @@ pub mod budget;
 pub mod conn;
 pub mod flows_stream;
 pub mod handlers;
+pub mod memory;
 pub mod rule_workers;
 pub mod socket_dir;
 
