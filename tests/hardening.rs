@@ -366,9 +366,16 @@ fn debug_endpoints_flag() {
     for p in ["/metrics", "/healthz", "/readyz"] {
         assert_eq!(d.http_get(p).0, 200, "{p}");
     }
-    let (code, err) = run_to_exit(&["--gpu_nic_preset=sim", "--metrics_address=", "--debug_endpoints=some"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--debug_endpoints"), "{err}");
+    for (bad, flag) in [
+        ("--debug_endpoints=some", "--debug_endpoints"),
+        ("--max_http_connections=0", "--max_http_connections"),
+        ("--client_idle_timeout=-1", "--client_idle_timeout"),
+        ("--claim_sim_nics=maybe", "--claim_sim_nics"),
+    ] {
+        let (code, err) = run_to_exit(&["--gpu_nic_preset=sim", "--metrics_address=", bad]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains(flag), "{bad}: {err}");
+    }
 }
 
 /// A network namespace of this test's own; deleted on drop.
