@@ -48,3 +48,21 @@ fn seeds_include_inputs_the_decoders_accept() {
     let link = read("netlink", "link");
     assert_eq!(tcpx_rxdm::nic::rtnl::parse_link(&link[1..]).unwrap().name.as_deref(), Some("eth1"));
 }
+
+/// Found by the netlink target: a string set announcing ~1.9 billion strings
+/// made the parser allocate 45 GB before reading any. Now it is an error.
+#[test]
+fn strset_with_a_huge_count_is_malformed_not_an_allocation() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/netlink");
+    let data = std::fs::read(root.join("regression-strset-huge-count")).unwrap();
+    assert_eq!(data[0] % 12, 5, "selects parse_strset");
+    let mut replies = Vec::new();
+    let mut b = &data[1..];
+    while b.len() >= 2 {
+        let n = (u16::from_le_bytes([b[0], b[1]]) as usize).min(b.len() - 2);
+        replies.push(b[2..2 + n].to_vec());
+        b = &b[2 + n..];
+    }
+    let err = tcpx_rxdm::nic::ethtool::genl::parse_strset(&replies).unwrap_err();
+    assert!(err.to_string().contains("exceeds"), "{err}");
+}
