@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&flags);
+    tcpx_rxdm::server::memory::fix_mmap_threshold();
     // Services start with a soft fd limit of 1024; every client connection is one fd.
     match tcpx_rxdm::server::accept_backoff::raise_nofile_limit() {
         Ok((before, soft, hard)) => tracing::info!(soft_before = before, soft, hard, "RLIMIT_NOFILE"),

@@ -40,6 +40,19 @@ pub fn trim() -> bool {
     }
 }
 
+/// Fixes glibc's mmap threshold at 128 KiB (its initial value). glibc
+/// otherwise raises the threshold each time a large mmapped block is freed
+/// (up to 32 MiB), after which large tables and buffers come from the heap,
+/// where freed memory stays; fixed, every block of 128 KiB or more is mapped
+/// on its own and unmapped when freed.
+pub fn fix_mmap_threshold() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; called before threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
 /// Read buffers above this capacity are shrunk once their frame is consumed.
 pub const BUFFER_KEEP: usize = 4096;
 
