@@ -1,5 +1,5 @@
 //! The client-facing endpoints (SPEC §4.3): one `UnixListener` per socket file,
-//! one task per connection, a shared semaphore bounding connections.
+//! one task per connection, a connection budget ([`budget::ConnBudget`]) bounding them.
 
 pub mod accept_backoff;
 pub mod budget;
