@@ -10,10 +10,13 @@
 //! - [`metrics`]: Prometheus registry and the HTTP endpoints.
 //! - [`daemon`]: lifecycle: prime → allocate → bind → serve → restore.
 //! - [`doctor`]: `tcpx-rxdm doctor`, read-only checks of a node.
+//! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
 
 pub mod config;
 pub mod daemon;
 pub mod doctor;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod gpu;
 pub mod metrics;
 pub mod nic;

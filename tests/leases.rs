@@ -29,20 +29,29 @@ fn install_v6(sport: i32, gpu: &str) -> Vec<u8> {
     encoded(&client::rule_request(5, ("fd00::2", sport), ("fd00:0:0:2::2", 5000), Some(gpu), None))
 }
 
-/// Every booked rule, flattened over the NICs.
+/// Every booked rule, flattened over the NICs. The booked rules and the NIC's own
+/// table are read one after the other, so a reclaim may land in between: read
+/// again until they agree (they must, once nothing is in flight).
 fn rules(d: &Daemon) -> Vec<serde_json::Value> {
-    let flows = d.flows();
-    let mut out = Vec::new();
-    for nic in flows["nics"].as_array().unwrap() {
-        // Bookkeeping always equals the NIC's own table.
-        assert_eq!(
-            nic["rules"].as_array().unwrap().len(),
-            nic["nic_rules"].as_array().unwrap().len(),
-            "{nic}"
-        );
-        out.extend(nic["rules"].as_array().unwrap().iter().cloned());
+    let t = Instant::now();
+    loop {
+        let flows = d.flows();
+        let nics = flows["nics"].as_array().unwrap();
+        let agree = nics.iter().all(|n| {
+            let locs = |key: &str| {
+                let mut v: Vec<u64> =
+                    n[key].as_array().unwrap().iter().map(|r| r["loc"].as_u64().unwrap()).collect();
+                v.sort();
+                v
+            };
+            locs("rules") == locs("nic_rules")
+        });
+        if agree {
+            return nics.iter().flat_map(|n| n["rules"].as_array().unwrap().iter().cloned()).collect();
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "bookkeeping and NIC table disagree: {flows}");
+        std::thread::sleep(Duration::from_millis(5));
     }
-    out
 }
 
 /// Polls until `cond` holds; returns how long it took (panics after `limit`).

@@ -14,8 +14,8 @@ use crate::nic::sim::{Fault, SimDelay};
 pub const PRESET_NAMES: [&str; 6] = ["auto", "a3vm", "a3vm4gpu4nic", "a6", "sim", "manual"];
 
 /// Boolean flags, for `--noflag` and `--flag` / `--flag=bool` forms.
-const BOOL_FLAGS: [&str; 4] =
-    ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited"];
+const BOOL_FLAGS: [&str; 5] =
+    ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited", "claim_sim_nics"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NicBackendKind {
@@ -160,6 +160,21 @@ pub struct Flags {
     /// del_rule:50, del_rule:50ms, add_rule:200us, add_rule:1000:eth1.
     #[arg(long = "sim_delay", action = ArgAction::Append)]
     pub sim_delay: Vec<SimDelay>,
+    /// Claim simulated NICs too (real ones always are), so that a second
+    /// simulated daemon in this network namespace is refused.
+    #[arg(long = "claim_sim_nics", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub claim_sim_nics: bool,
+    /// HTTP connections served at once; more get 503 and are closed at once.
+    #[arg(long = "max_http_connections", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_http_connections: u32,
+    /// Who may read /debug/*: local (loopback peers), all, off.
+    #[arg(long = "debug_endpoints", value_enum, default_value = "local")]
+    pub debug_endpoints: crate::metrics::http::DebugAccess,
+    /// Seconds a rule or queue connection may go without a complete request
+    /// before it is closed; 0 never. Registry and pool connections never are.
+    #[arg(long = "client_idle_timeout", default_value_t = 60)]
+    pub client_idle_timeout: u64,
 }
 
 impl Flags {

@@ -1,18 +1,33 @@
-//! The daemon's HTTP routes: `/metrics`, `/healthz`, `/readyz`, `/debug/flows`,
-//! `/debug/config`.
+//! The daemon's HTTP routes: `/metrics`, `/healthz`, `/readyz`, `/debug/flows`
+//! (`?nic=<ifname>` for one NIC), `/debug/config`.
+//!
+//! `/debug/*` lists every peer address, so by default only loopback peers may
+//! read it (`--debug_endpoints`). `/debug/flows` is streamed and at most
+//! [`DEBUG_FLOWS_AT_ONCE`] are produced at once: each holds a copy of one
+//! NIC's rule table while it is written out.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use crate::metrics::http::{Handler, Response};
+use tokio::sync::Semaphore;
+
+use crate::metrics::http::{DebugAccess, Handler, Request, Response};
 use crate::metrics::Metrics;
-use crate::server::ServerState;
+use crate::server::{flows_stream, ServerState};
+
+/// `/debug/flows` responses produced at the same time.
+pub const DEBUG_FLOWS_AT_ONCE: usize = 2;
+/// How long a `/debug/flows` request waits for its turn before a 503.
+const DEBUG_FLOWS_WAIT: Duration = Duration::from_secs(5);
 
 pub struct Routes {
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
     pub state: OnceLock<Arc<ServerState>>,
     pub config_json: OnceLock<String>,
+    debug: DebugAccess,
+    flows_turns: Arc<Semaphore>,
 }
 
 impl Routes {
@@ -22,32 +37,69 @@ impl Routes {
             ready: AtomicBool::new(false),
             state: OnceLock::new(),
             config_json: OnceLock::new(),
+            debug: DebugAccess::Local,
+            flows_turns: Arc::new(Semaphore::new(DEBUG_FLOWS_AT_ONCE)),
         }
+    }
+
+    /// Who may read `/debug/*` (default: loopback peers).
+    pub fn with_debug_access(mut self, debug: DebugAccess) -> Self {
+        self.debug = debug;
+        self
     }
 
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
         self.metrics.ready.set(ready as i64);
     }
+
+    async fn flows(&self, req: &Request) -> Response {
+        let Some(state) = self.state.get() else {
+            return Response::text(503, "rule endpoints not started\n");
+        };
+        let only = req.param("nic").map(str::to_string);
+        if let Some(n) = &only {
+            if !state.workers.iter().any(|w| w.ifname == *n) {
+                return Response::text(404, format!("no managed NIC {n:?}\n"));
+            }
+        }
+        let turn =
+            match tokio::time::timeout(DEBUG_FLOWS_WAIT, self.flows_turns.clone().acquire_owned()).await {
+                Ok(Ok(t)) => t,
+                _ => return Response::text(503, "too many /debug/flows requests at once; retry\n"),
+            };
+        // The turn is held by the producer until the body is written or the reader is gone.
+        let rx = flows_stream::spawn(state.clone(), only, turn);
+        Response::json_stream(rx)
+    }
 }
 
 impl Handler for Routes {
-    async fn get(&self, path: &str) -> Response {
+    async fn get(&self, req: &Request) -> Response {
+        let path = req.path.as_str();
+        if path.starts_with("/debug/") {
+            if self.debug == DebugAccess::Off {
+                return Response::text(404, "not found\n");
+            }
+            if !self.debug.allows(req.peer) {
+                return Response::text(
+                    403,
+                    "/debug/* is served to loopback peers only (--debug_endpoints=all opens it)\n",
+                );
+            }
+        }
         match path {
             "/metrics" => Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4; charset=utf-8",
-                body: self.metrics.render(),
+                body: crate::metrics::http::Body::Full(self.metrics.render()),
             },
             "/healthz" => Response::text(200, "ok\n"),
             "/readyz" => match self.ready.load(Ordering::SeqCst) {
                 true => Response::text(200, "ready\n"),
                 false => Response::text(503, "not ready\n"),
             },
-            "/debug/flows" => match self.state.get() {
-                Some(s) => Response::json(s.flows_json().await),
-                None => Response::text(503, "rule endpoints not started\n"),
-            },
+            "/debug/flows" => self.flows(req).await,
             "/debug/config" => match self.config_json.get() {
                 Some(c) => Response::json(c.clone()),
                 None => Response::text(503, "starting\n"),

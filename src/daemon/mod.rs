@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 
 use crate::config::flags::Flags;
 use crate::config::flags::SetupParam;
@@ -161,6 +161,8 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let started = Instant::now();
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Runtime(e.to_string()))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Runtime(e.to_string()))?;
+    // SIGHUP (a closed terminal, some supervisors): the same orderly shutdown.
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| DaemonError::Runtime(e.to_string()))?;
 
     let t = Instant::now();
     let (mut topo, source) =
@@ -179,6 +181,13 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let dir = SocketDir::lock(&flags.uds_path, flags.socket_mode, gid)
         .map_err(|e| DaemonError::Runtime(e.to_string()))?;
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
+    // Held until the process exits; claimed before anything touches a NIC.
+    let _claims = crate::nic::claim::claim_managed(
+        backends.nic.backend(),
+        flags.claim_sim_nics,
+        topo.nics.iter().map(|n| n.ifname.as_str()),
+    )
+    .map_err(|e| DaemonError::Runtime(e.to_string()))?;
     let shutdown_file = match flags.shutdown_file() {
         Some(path) => Some(ShutdownFile::watch(&path).map_err(|e| match e {
             JobEndError::NoFolder { .. } => DaemonError::Config(e.to_string()),
@@ -189,7 +198,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
 
     let metrics = Arc::new(Metrics::new());
     metrics.init_topology(&topo);
-    let routes = Arc::new(Routes::new(metrics.clone()));
+    let routes = Arc::new(Routes::new(metrics.clone()).with_debug_access(flags.debug_endpoints));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     if let Some(addr) = flags.metrics_address.0 {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -198,7 +207,8 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
         // The bound address (port 0 picks a free one).
         let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
         tracing::info!(address = %bound, "HTTP endpoints listening");
-        tokio::spawn(http::serve(listener, routes.clone(), shutdown_rx.clone()));
+        let limits = http::Limits::new(flags.max_http_connections as usize);
+        tokio::spawn(http::serve(listener, routes.clone(), limits, shutdown_rx.clone()));
     }
 
     let mut node = Node {
@@ -231,6 +241,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     };
     drop(events_tx); // monitors hold their own senders
     let state = node.state.clone().expect("set by start");
+    server::memory::spawn_trimmer(state.clone(), shutdown_rx.clone());
 
     if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
         if let Err(e) = write_health_line(&path) {
@@ -248,6 +259,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     let reason = tokio::select! {
         _ = sigterm.recv() => StopReason::Signal("SIGTERM"),
         _ = sigint.recv() => StopReason::Signal("SIGINT"),
+        _ = sighup.recv() => StopReason::Signal("SIGHUP"),
         _ = state.registry.last_gone.notified(), if flags.monitor_shutdown => StopReason::LastApplicationGone,
         _ = async { shutdown_file.as_ref().expect("guarded").appeared().await }, if shutdown_file.is_some() => {
             StopReason::ShutdownFile(shutdown_file.as_ref().expect("guarded").path().to_path_buf())
@@ -270,6 +282,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
             tokio::select! {
                 _ = sigterm.recv() => {},
                 _ = sigint.recv() => {},
+                _ = sighup.recv() => {},
             }
             if shutdown_started.elapsed() >= FORCE_GRACE {
                 break;
@@ -497,7 +510,10 @@ async fn start(
         addresses: Default::default(),
         registry: AppRegistry::default(),
         metrics: metrics.clone(),
-        conn_limit: Arc::new(Semaphore::new(flags.max_connections as usize)),
+        conn_limit: Arc::new(server::budget::ConnBudget::new(
+            flags.max_connections as usize,
+            (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout)),
+        )),
         clients,
         stopping,
     });

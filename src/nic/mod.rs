@@ -6,6 +6,7 @@
 //! FIFO lock (`server::rule_workers`): other requests for that NIC wait without
 //! holding a thread, but a slow driver call holds the worker that makes it.
 
+pub mod claim;
 pub mod ethtool;
 pub mod family;
 pub mod genl;

@@ -290,7 +290,28 @@ impl NicRules {
         self.pending.remove(&key);
         self.slots.free(e.loc);
         self.gpus[e.gpu].add(e.queue, -1);
+        self.shrink_if_sparse();
         Some(e)
+    }
+
+    /// Gives the flow index's memory back once it is at most a quarter full
+    /// (after a peak of rules went away), keeping room to double. Each shrink
+    /// needs the table to fall by another 4x, so the rehash cost stays
+    /// proportional to the removals.
+    fn shrink_if_sparse(&mut self) {
+        const MIN_CAPACITY: usize = 1024;
+        let cap = self.flows.capacity();
+        if cap > MIN_CAPACITY && self.flows.len() < cap / 4 {
+            self.flows.shrink_to((self.flows.len() * 2).max(MIN_CAPACITY / 2));
+            if cap > 64 * 1024 {
+                crate::server::memory::note_large_free();
+            }
+        }
+    }
+
+    /// Heap slots of the flow index (for memory tests).
+    pub fn flow_capacity(&self) -> usize {
+        self.flows.capacity()
     }
 
     /// Checks every invariant; used by tests.
@@ -341,6 +362,39 @@ mod tests {
 
     fn flow(p: u16) -> FlowSpec {
         FlowSpec { src: format!("10.0.0.2:{p}").parse().unwrap(), dst: "10.0.0.1:5000".parse().unwrap() }
+    }
+
+    #[test]
+    fn flow_index_gives_memory_back_after_a_peak() {
+        let mut t = NicRules::new(100_000, &[vec![8, 9]]);
+        let flows: Vec<FlowSpec> = (0..60_000u32)
+            .map(|i| FlowSpec {
+                src: SocketAddr::new(
+                    IpAddr::from([10, 1, (i >> 8) as u8, i as u8]),
+                    1000 + (i % 50_000) as u16,
+                ),
+                dst: "10.0.0.1:5000".parse().unwrap(),
+            })
+            .collect();
+        for f in &flows {
+            assert!(matches!(t.reserve(*f, 0, None, Owner::default()), Reserve::New(_)));
+        }
+        let peak = t.flow_capacity();
+        assert!(peak >= 60_000);
+        for f in &flows[10..] {
+            assert!(t.release(f).is_some());
+        }
+        assert_eq!(t.len(), 10);
+        assert!(t.flow_capacity() <= 1024, "capacity {} after the peak of {peak}", t.flow_capacity());
+        t.check_consistency().unwrap();
+        // What is left is still found, and the table grows again as needed.
+        for f in &flows[..10] {
+            assert!(t.get(f).is_some());
+        }
+        for f in &flows[10..5000] {
+            assert!(matches!(t.reserve(*f, 0, None, Owner::default()), Reserve::New(_)));
+        }
+        t.check_consistency().unwrap();
     }
 
     #[test]

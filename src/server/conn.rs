@@ -78,10 +78,15 @@ async fn run(
     let mut stopping = false;
     // The registry serves on through shutdown; everything else stops reading.
     let serves_through_shutdown = endpoint == Endpoint::Registry;
+    let idle_limit = state.conn_limit.idle_limit(endpoint);
+    let mut last_request = tokio::time::Instant::now();
     loop {
         match frame::parse(&buf) {
             Ok(Some((msg, used))) => {
                 buf.drain(..used);
+                last_request = tokio::time::Instant::now();
+                // A large frame grew the buffer: give the memory back.
+                super::memory::shrink_buffer(&mut buf);
                 let reply = if stopping && !serves_through_shutdown {
                     shutting_down()
                 } else {
@@ -121,6 +126,13 @@ async fn run(
                     read_available(stream, &mut buf)?;
                 }
                 continue;
+            }
+            _ = super::budget::idle_expired(idle_limit, last_request) => {
+                // No request pending: nothing owed. Part of a frame: an error reply.
+                if let (false, Some(limit)) = (buf.is_empty(), idle_limit) {
+                    write_reply(stream, Reply::Close(super::budget::incomplete_reply(&buf, limit))).await?;
+                }
+                return Ok(());
             }
             r = stream.read_buf(&mut buf) => r?,
         };

@@ -1,9 +1,13 @@
 //! The client-facing endpoints (SPEC §4.3): one `UnixListener` per socket file,
-//! one task per connection, a shared semaphore bounding connections.
+//! one task per connection, a connection budget ([`budget::ConnBudget`]) bounding them.
 
+pub mod accept_backoff;
+pub mod budget;
 pub mod conn;
+pub mod flows_stream;
 pub mod handlers;
 pub mod leases;
+pub mod memory;
 pub mod rule_workers;
 pub mod socket_dir;
 pub mod status;
@@ -12,10 +16,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify};
 
 use crate::config::pci::PciAddr;
 use crate::config::topology::Topology;
@@ -112,7 +115,8 @@ pub struct ServerState {
     pub addresses: RwLock<HashMap<IpAddr, usize>>,
     pub registry: AppRegistry,
     pub metrics: Arc<Metrics>,
-    pub conn_limit: Arc<Semaphore>,
+    /// `--max_connections`, with a share kept for registry and pool endpoints.
+    pub conn_limit: Arc<budget::ConnBudget>,
     /// Client processes and their leases.
     pub clients: Arc<ClientTracker>,
     /// Set when shutdown starts: the NIC workers answer requests not yet
@@ -156,31 +160,36 @@ pub fn spawn_endpoint(
     done: mpsc::Sender<()>,
 ) {
     tokio::spawn(async move {
+        let mut backoff = accept_backoff::AcceptBackoff::new(endpoint.kind());
         loop {
             // At the limit, stop accepting so new clients wait in the kernel backlog.
             // The permit is only probed here: an idle listener must not hold one.
             tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
-                p = state.conn_limit.clone().acquire_owned() => drop(p),
+                p = state.conn_limit.acquire(endpoint) => drop(p),
             }
             let stream = tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
                 r = listener.accept() => match r {
-                    Ok((s, _)) => s,
+                    Ok((s, _)) => {
+                        backoff.succeeded();
+                        s
+                    }
                     Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(endpoint = endpoint.kind(), error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        // EMFILE and friends: back off (growing pause, one log line
+                        // per few seconds); clients wait in the backlog meanwhile.
+                        let pause = backoff.failed(&e);
+                        tokio::select! {
+                            _ = crate::server::stopped(&mut shutdown) => return,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
                         continue;
                     }
                 },
             };
             let permit = tokio::select! {
                 _ = crate::server::stopped(&mut shutdown) => return,
-                p = state.conn_limit.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
+                p = state.conn_limit.acquire(endpoint) => p,
             };
             let state = state.clone();
             let shutdown = shutdown.clone();

@@ -53,10 +53,94 @@ pub fn resolve_group(group: &str) -> Result<Gid, SocketDirError> {
     }
 }
 
+/// The mode a folder for sockets of mode `socket_mode` gets: every class that
+/// may use the sockets (read or write bit) gets search and list (`r-x`); the
+/// owner gets `rwx`. Write is never handed on: it would let a client delete
+/// or replace the daemon's sockets. `0660` → `0750`, `0666` → `0755`, `0600` → `0700`.
+pub fn dir_mode_for(socket_mode: u32) -> u32 {
+    let mut mode = 0o700;
+    if socket_mode & 0o060 != 0 {
+        mode |= 0o050;
+    }
+    if socket_mode & 0o006 != 0 {
+        mode |= 0o005;
+    }
+    mode
+}
+
+/// Creates `dir` and any missing parents with [`dir_mode_for`] and group
+/// `gid`, regardless of the umask (the daemon runs with 077). Folders that
+/// already exist are left as they are.
+fn create_dir(dir: &Path, socket_mode: u32, gid: Option<Gid>) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut p = dir;
+    while fs::symlink_metadata(p).is_err() {
+        missing.push(p.to_path_buf());
+        match p.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => p = parent,
+            _ => break,
+        }
+    }
+    for d in missing.iter().rev() {
+        match fs::create_dir(d) {
+            Ok(()) => {}
+            // Someone else made it meanwhile: theirs, left alone.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+        if let Some(gid) = gid {
+            chown(d.as_path(), None, Some(gid)).map_err(std::io::Error::from)?;
+        }
+        fs::set_permissions(d, fs::Permissions::from_mode(dir_mode_for(socket_mode)))?;
+    }
+    if !fs::metadata(dir)?.is_dir() {
+        return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "exists and is not a folder"));
+    }
+    Ok(())
+}
+
+/// Which clients the socket mode admits but the folder's own mode keeps out
+/// (they need search permission on it); `None` when all can reach the sockets.
+pub fn unreachable_by(
+    dir_mode: u32,
+    dir_gid: u32,
+    socket_mode: u32,
+    socket_gid: u32,
+) -> Option<&'static str> {
+    let others_in = dir_mode & 0o001 != 0;
+    if socket_mode & 0o060 != 0 && !(others_in || (dir_gid == socket_gid && dir_mode & 0o010 != 0)) {
+        return Some("the socket group");
+    }
+    if socket_mode & 0o006 != 0 && !others_in {
+        return Some("other users");
+    }
+    None
+}
+
+/// Warns when an existing folder's mode stops clients the sockets are meant for.
+fn warn_if_unreachable(dir: &Path, socket_mode: u32, gid: Option<Gid>) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = fs::metadata(dir) else { return };
+    let socket_gid = gid.map(|g| g.as_raw()).unwrap_or_else(|| nix::unistd::getegid().as_raw());
+    if let Some(who) = unreachable_by(m.mode() & 0o7777, m.gid(), socket_mode, socket_gid) {
+        tracing::warn!(
+            path = %dir.display(),
+            mode = format!("{:04o}", m.mode() & 0o7777),
+            gid = m.gid(),
+            socket_mode = format!("{socket_mode:04o}"),
+            socket_gid,
+            "{who} cannot reach the sockets: the folder lacks search (x) permission for them; \
+             change its mode or group, or let the daemon create it"
+        );
+    }
+}
+
 impl SocketDir {
     /// Creates the folder if needed and takes the exclusive lock.
     pub fn lock(dir: &Path, mode: u32, gid: Option<Gid>) -> Result<SocketDir, SocketDirError> {
-        fs::create_dir_all(dir).map_err(|err| SocketDirError::CreateDir { path: dir.to_path_buf(), err })?;
+        create_dir(dir, mode, gid)
+            .map_err(|err| SocketDirError::CreateDir { path: dir.to_path_buf(), err })?;
+        warn_if_unreachable(dir, mode, gid);
         let path = dir.join(LOCK_FILE);
         let file = OpenOptions::new()
             .read(true)
@@ -127,5 +211,54 @@ impl SocketDir {
 impl Drop for SocketDir {
     fn drop(&mut self) {
         self.cleanup();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn folder_mode_follows_the_socket_mode_without_write() {
+        assert_eq!(dir_mode_for(0o660), 0o750);
+        assert_eq!(dir_mode_for(0o600), 0o700);
+        assert_eq!(dir_mode_for(0o666), 0o755);
+        assert_eq!(dir_mode_for(0o640), 0o750);
+        assert_eq!(dir_mode_for(0o602), 0o705);
+    }
+
+    #[test]
+    fn reachability() {
+        // Group-only sockets in a 0700 folder: the group is kept out.
+        assert_eq!(unreachable_by(0o700, 5, 0o660, 5), Some("the socket group"));
+        // 0750 of the right group: fine; of another group: kept out.
+        assert_eq!(unreachable_by(0o750, 5, 0o660, 5), None);
+        assert_eq!(unreachable_by(0o750, 6, 0o660, 5), Some("the socket group"));
+        // o+x lets everyone search.
+        assert_eq!(unreachable_by(0o711, 6, 0o660, 5), None);
+        assert_eq!(unreachable_by(0o750, 5, 0o666, 5), Some("other users"));
+        assert_eq!(unreachable_by(0o700, 0, 0o600, 0), None);
+    }
+
+    #[test]
+    fn created_folders_get_the_mode_whatever_the_umask() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+        let dir = tmp.path().join("a/b");
+        let r = create_dir(&dir, 0o660, None);
+        nix::sys::stat::umask(old);
+        r.unwrap();
+        for d in [tmp.path().join("a"), dir.clone()] {
+            assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o750, "{}", d.display());
+        }
+        // An existing folder is left as it is.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        create_dir(&dir, 0o666, None).unwrap();
+        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
+        // A file in the way is an error.
+        let file = tmp.path().join("f");
+        fs::write(&file, b"").unwrap();
+        assert!(create_dir(&file, 0o660, None).is_err());
     }
 }

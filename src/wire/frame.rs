@@ -70,10 +70,33 @@ pub fn ok() -> UnixSocketProto {
     raw(OK_REPLY)
 }
 
+/// Longest error text a reply carries. Messages echo client input (an address,
+/// a PCI string); the text is sent twice (status and `raw_bytes`), so without a
+/// bound a long field would make the reply exceed the frame and go unsent.
+pub const MAX_ERROR_MESSAGE: usize = 1024;
+
+/// `message` cut to at most [`MAX_ERROR_MESSAGE`] bytes on a character
+/// boundary, saying how much was cut.
+pub fn truncate_message(mut message: String) -> String {
+    if message.len() <= MAX_ERROR_MESSAGE {
+        return message;
+    }
+    let total = message.len();
+    // Room for the marker; it is at most 40 bytes.
+    let mut keep = MAX_ERROR_MESSAGE - 40;
+    while !message.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    message.truncate(keep);
+    message.push_str(&format!("... ({} bytes cut)", total - keep));
+    message
+}
+
 /// An error reply: `status{code, message}` plus the message as `raw_bytes`, so
-/// clients that only look at `raw_bytes` see text that is not `"Ok."`.
+/// clients that only look at `raw_bytes` see text that is not `"Ok."`. The
+/// message is bounded by [`truncate_message`], so every error reply fits a frame.
 pub fn error(code: Code, message: impl Into<String>) -> UnixSocketProto {
-    let message = message.into();
+    let message = truncate_message(message.into());
     UnixSocketProto {
         payload: Some(Payload::RawBytes(message.clone().into_bytes())),
         status: Some(Status { code: code as i32, message }),
@@ -160,6 +183,25 @@ mod tests {
         assert!(matches!(parse(&[0, 3, 0x0a, 100, 0]), Err(FrameError::Malformed(_))));
         // Wire type 7 does not exist.
         assert!(matches!(parse(&[0, 1, 0x0f]), Err(FrameError::Malformed(_))));
+    }
+
+    #[test]
+    fn long_error_messages_are_cut_to_fit_a_frame() {
+        // Multi-byte characters straddling the cut point must not split.
+        for filler in ["x", "é", "\u{1F600}"] {
+            let long = format!("dst.ip_address {:?} is not an IP address", filler.repeat(40_000));
+            let bytes = encode(&error(Code::InvalidArgument, long.clone())).expect("fits a frame");
+            let (msg, _) = parse(&bytes).unwrap().unwrap();
+            let status = msg.status.unwrap();
+            assert!(status.message.len() <= MAX_ERROR_MESSAGE, "{}", status.message.len());
+            assert!(status.message.starts_with("dst.ip_address"));
+            assert!(status.message.ends_with("bytes cut)"), "{}", &status.message[900..]);
+            assert_eq!(msg.payload, Some(Payload::RawBytes(status.message.into_bytes())));
+        }
+        // Short messages are untouched.
+        assert_eq!(truncate_message("full".into()), "full");
+        let exact = "y".repeat(MAX_ERROR_MESSAGE);
+        assert_eq!(truncate_message(exact.clone()), exact);
     }
 
     #[test]

@@ -30,13 +30,26 @@ impl Daemon {
         d
     }
 
+    /// Starts with soft and hard RLIMIT_NOFILE set to `nofile`, and waits until ready.
+    pub fn start_with_nofile(extra: &[&str], nofile: u64) -> Daemon {
+        let d = Daemon::spawn_inner(&[], extra, &[], Some(nofile));
+        d.wait_for_log(READY, Duration::from_secs(20)).unwrap_or_else(|| {
+            panic!("daemon not ready; log:\n{}", d.log().join("\n"));
+        });
+        d
+    }
+
     /// Starts without waiting; `env` adds environment variables.
     pub fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-        Daemon::spawn_under(&[], extra, env)
+        Daemon::spawn_inner(&[], extra, env, None)
     }
 
     /// Starts the daemon through `prefix` (e.g. `unshare --pid --fork`).
     pub fn spawn_under(prefix: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn_inner(prefix, extra, env, None)
+    }
+
+    fn spawn_inner(prefix: &[&str], extra: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = match prefix.split_first() {
             Some((program, args)) => {
@@ -46,16 +59,32 @@ impl Daemon {
             }
             None => Command::new(BIN),
         };
-        cmd.arg("--gpu_nic_preset=sim")
-            .arg(format!("--uds_path={}", dir.path().display()))
-            .arg("--metrics_address=127.0.0.1:0")
-            .args(extra)
+        cmd.arg("--gpu_nic_preset=sim");
+        // A test may name its own socket folder (or HTTP address) in `extra`.
+        if !extra.iter().any(|a| a.starts_with("--uds_path")) {
+            cmd.arg(format!("--uds_path={}", dir.path().display()));
+        }
+        if !extra.iter().any(|a| a.starts_with("--metrics_address")) {
+            cmd.arg("--metrics_address=127.0.0.1:0");
+        }
+        cmd.args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+            // SAFETY: setrlimit is async-signal-safe and reads a struct copied into the closure.
+            unsafe {
+                cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
         }
         let mut child = cmd.spawn().unwrap();
         let log = Arc::new((Mutex::new(Vec::new()), Condvar::new()));

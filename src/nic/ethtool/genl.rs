@@ -135,12 +135,20 @@ pub fn channels_set(family: u16, ifname: &str, rx: Option<u32>, combined: Option
 
 // ---- replies -----------------------------------------------------------------
 
+/// Largest string set accepted (the kernel's sets hold at most a few thousand).
+pub const MAX_STRINGSET: usize = 1 << 16;
+
 /// The strings of the one string set in a STRSET_GET reply, in index order.
 pub fn parse_strset(replies: &[Vec<u8>]) -> Result<Vec<String>, NlError> {
     let attrs = single_reply(replies)?;
     let sets = attrs.nested(A_STRSET_STRINGSETS)?.ok_or_else(|| NlError::malformed("no string sets"))?;
     let set = sets.nested(A_STRINGSETS_STRINGSET)?.ok_or_else(|| NlError::malformed("no string set"))?;
     let count = set.u32(A_STRINGSET_COUNT).unwrap_or(0) as usize;
+    // The count sizes the table before any string is read: bound it, so a
+    // corrupt reply is an error rather than a multi-gigabyte allocation.
+    if count > MAX_STRINGSET {
+        return Err(NlError::malformed(format!("string set count {count} exceeds {MAX_STRINGSET}")));
+    }
     let mut out = vec![String::new(); count];
     if let Some(strings) = set.nested(A_STRINGSET_STRINGS)? {
         for (_, s) in strings.iter().filter(|(t, _)| *t == A_STRINGS_STRING) {

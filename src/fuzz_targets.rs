@@ -1,0 +1,145 @@
+//! Fuzz targets: every decoder that reads bytes from outside the daemon.
+//! Each takes arbitrary bytes, must never panic, and checks what its
+//! decoder promises. `fuzz/` drives them with libFuzzer (`cargo +nightly
+//! fuzz run <name>`); `tests/fuzz_corpus.rs` replays the committed corpora
+//! in `fuzz/corpus/<name>/` on stable in every `cargo test`.
+
+use crate::config::pci::PciAddr;
+use crate::config::presets;
+use crate::nic::ethtool::{bitset, genl as ethtool_genl};
+use crate::nic::{genl, nl::AttrSet, rtnl};
+use crate::rules::flow;
+use crate::wire::frame::{self, Code, FrameError};
+use crate::wire::proto::{unix_socket_proto::Payload, UnixSocketProto};
+
+/// Target names, as `fuzz/` and the corpus folders call them.
+pub const TARGETS: [&str; 4] = ["frame", "request", "topology", "netlink"];
+
+/// Runs target `name` on `data`.
+pub fn run(name: &str, data: &[u8]) {
+    match name {
+        "frame" => frame(data),
+        "request" => request(data),
+        "topology" => topology(data),
+        "netlink" => netlink(data),
+        other => panic!("no fuzz target {other}"),
+    }
+}
+
+/// The frame decoder: consumes exactly header + announced body, never more
+/// than it was given; incomplete input is never an error.
+pub fn frame(data: &[u8]) {
+    match frame::parse(data) {
+        Ok(Some((_, used))) => {
+            assert_eq!(Some(used), frame::body_len(data).map(|n| n + frame::HEADER_LEN));
+            assert!(used <= data.len());
+        }
+        Ok(None) => {
+            let complete = frame::body_len(data).is_some_and(|n| data.len() >= n + frame::HEADER_LEN);
+            assert!(!complete, "a complete frame reported as incomplete");
+        }
+        Err(FrameError::Malformed(_)) => {}
+        Err(e) => panic!("parse returned {e:?}"),
+    }
+}
+
+/// Request decoding as the endpoints do it, on a body: a `UnixSocketProto`,
+/// then the rule request or PCI address in it. Whatever the outcome, the
+/// error reply it would get must fit in one frame.
+pub fn request(data: &[u8]) {
+    let Ok(msg) = <UnixSocketProto as prost::Message>::decode(data) else {
+        return;
+    };
+    let mut errors = Vec::new();
+    match &msg.payload {
+        Some(Payload::FlowSteerRuleRequest(r)) => match flow::parse(r) {
+            Ok(req) => {
+                assert_eq!(req.flow.src.is_ipv6(), req.flow.dst.is_ipv6(), "families differ: {req:?}");
+                // Unknown GPU / no route replies name the GPU or address.
+                errors.push(format!("GPU {:?} is not managed by this daemon", req.gpu));
+                errors.push(format!("{} is not an address of a managed NIC", req.flow.dst.ip()));
+            }
+            Err(f) => errors.push(f.message),
+        },
+        Some(Payload::QueueIdQuery(q)) => {
+            if let Err(e) = q.gpu_pci_addr.parse::<PciAddr>() {
+                errors.push(e.to_string());
+            }
+        }
+        Some(Payload::RawBytes(b)) => {
+            let text = String::from_utf8_lossy(b);
+            let _ = text.trim_matches(|c: char| c == '\0' || c.is_whitespace()).parse::<PciAddr>();
+        }
+        _ => {}
+    }
+    for e in errors {
+        let reply = frame::error(Code::InvalidArgument, e);
+        let bytes = frame::encode(&reply).expect("every error reply fits a frame");
+        assert!(matches!(frame::parse(&bytes), Ok(Some(_))));
+    }
+}
+
+/// The textproto topology loader (presets, `--gpu_nic_topology`): a topology
+/// it accepts has passed validation.
+pub fn topology(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(t) = presets::topology_from_text(text, "fuzz") {
+        assert!(t.validate().is_ok());
+        for (_, g) in t.gpus() {
+            assert!(t.find_gpu(&g.pci).is_some());
+        }
+    }
+}
+
+/// The netlink reply decoders. Byte 0 picks the decoder; the rest is one
+/// payload, or (for the multi-reply decoders) replies each prefixed by a
+/// 2-byte little-endian length.
+pub fn netlink(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    let replies = split_replies(rest);
+    match which % 12 {
+        0 => drop(rtnl::parse_addr(rest)),
+        1 => drop(rtnl::parse_link(rest)),
+        2 => {
+            if let Ok(r) = rtnl::parse_route(rest) {
+                let _ = (r.family(), r.table(), r.route_type(), r.is_tunable(), r.metrics(), r.describe());
+                let _ = r.metric(2);
+                let _ = r.with_metrics(&[(2, 10)]).replace_request().to_bytes(1);
+            }
+        }
+        3 => drop(genl::reply_attrs(rest)),
+        4 => drop(genl::parse_family_id(&replies)),
+        5 => drop(ethtool_genl::parse_strset(&replies)),
+        6 => drop(ethtool_genl::parse_features(&replies)),
+        7 => drop(ethtool_genl::parse_privflags(&replies)),
+        8 => drop(ethtool_genl::parse_rings(&replies)),
+        9 => drop(ethtool_genl::parse_channels(&replies)),
+        10 => {
+            if let Ok(set) = AttrSet::parse(rest) {
+                let _ = bitset::decode_compact(&set);
+                let _ = bitset::decode_verbose(&set);
+            }
+        }
+        _ => {
+            if let Ok(set) = AttrSet::parse(rest) {
+                for (t, _) in set.iter() {
+                    let _ = (set.u8(t), set.u32(t), set.string(t), set.nested(t));
+                }
+            }
+        }
+    }
+}
+
+fn split_replies(mut b: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while b.len() >= 2 {
+        let n = (u16::from_le_bytes([b[0], b[1]]) as usize).min(b.len() - 2);
+        out.push(b[2..2 + n].to_vec());
+        b = &b[2 + n..];
+    }
+    out
+}

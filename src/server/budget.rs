@@ -1,0 +1,172 @@
+//! The connection budget: `--max_connections` split so that idle clients of
+//! one kind cannot starve the others, and the idle limit of short-lived
+//! connections.
+//!
+//! - A quarter of the connections (rounded down) is kept for the registry and
+//!   pool endpoints. The NCCL plugin holds its registry connection for the
+//!   whole job, silently, and needs the pool endpoints once per GPU; neither
+//!   must wait behind rule or queue connections. They use the shared part too
+//!   once their own share is taken.
+//! - Rule and queue connections (`rx_rule_manager`, `rx_rule_uninstall`,
+//!   `queue_ids_by_gpu`) that have sent no complete request for
+//!   `--client_idle_timeout` seconds are closed. With nothing pending the
+//!   close is silent (no request, so no reply is owed); with part of a frame
+//!   pending the client gets `INVALID_ARGUMENT` naming the bytes received,
+//!   then the close, as for any malformed input. Registry and pool
+//!   connections are never timed out.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::Endpoint;
+use crate::wire::frame::{self, Code};
+use crate::wire::proto::UnixSocketProto;
+
+/// Share of `--max_connections` kept for registry and pool endpoints: 1/RESERVE_DIVISOR.
+pub const RESERVE_DIVISOR: usize = 4;
+
+pub struct ConnBudget {
+    shared: Arc<Semaphore>,
+    reserved: Arc<Semaphore>,
+    total: usize,
+    /// Most connections open at once since [`ConnBudget::take_peak`].
+    peak: AtomicUsize,
+    idle_timeout: Option<Duration>,
+}
+
+/// Whether connections to `endpoint` may use the reserved share (and are
+/// never timed out).
+pub fn long_lived(endpoint: Endpoint) -> bool {
+    !matches!(endpoint, Endpoint::RuleManager | Endpoint::RuleUninstall | Endpoint::QueueIdsByGpu)
+}
+
+impl ConnBudget {
+    /// `max` connections in all; `idle_timeout` `None` never closes idle ones.
+    pub fn new(max: usize, idle_timeout: Option<Duration>) -> Self {
+        let reserved = max / RESERVE_DIVISOR;
+        ConnBudget {
+            shared: Arc::new(Semaphore::new(max - reserved)),
+            reserved: Arc::new(Semaphore::new(reserved)),
+            total: max,
+            peak: AtomicUsize::new(0),
+            idle_timeout,
+        }
+    }
+
+    /// A permit for one connection to `endpoint`, waiting until one is free.
+    pub async fn acquire(&self, endpoint: Endpoint) -> OwnedSemaphorePermit {
+        let p = self.acquire_inner(endpoint).await;
+        self.peak.fetch_max(self.open(), Ordering::Relaxed);
+        p
+    }
+
+    async fn acquire_inner(&self, endpoint: Endpoint) -> OwnedSemaphorePermit {
+        if !long_lived(endpoint) {
+            return self.shared.clone().acquire_owned().await.expect("never closed");
+        }
+        if let Ok(p) = self.reserved.clone().try_acquire_owned() {
+            return p;
+        }
+        tokio::select! {
+            biased;
+            p = self.reserved.clone().acquire_owned() => p.expect("never closed"),
+            p = self.shared.clone().acquire_owned() => p.expect("never closed"),
+        }
+    }
+
+    /// The most connections open at once since the last call; starts over from now.
+    pub fn take_peak(&self) -> usize {
+        self.peak.swap(self.open(), Ordering::Relaxed).max(self.open())
+    }
+
+    /// How long a connection to `endpoint` may go without a complete request.
+    pub fn idle_limit(&self, endpoint: Endpoint) -> Option<Duration> {
+        if long_lived(endpoint) {
+            None
+        } else {
+            self.idle_timeout
+        }
+    }
+
+    /// Connections being served now.
+    pub fn open(&self) -> usize {
+        self.total - self.shared.available_permits() - self.reserved.available_permits()
+    }
+
+    /// Free permits (shared, reserved); for tests and `/debug`.
+    pub fn available(&self) -> (usize, usize) {
+        (self.shared.available_permits(), self.reserved.available_permits())
+    }
+}
+
+/// Resolves when a connection idle since `since` has used up `limit`; never without a limit.
+pub async fn idle_expired(limit: Option<Duration>, since: tokio::time::Instant) {
+    match limit {
+        Some(d) => tokio::time::sleep_until(since + d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The reply to a connection whose frame stayed incomplete past the idle limit.
+pub fn incomplete_reply(pending: &[u8], limit: Duration) -> UnixSocketProto {
+    let announced = frame::body_len(pending).map(|n| n + frame::HEADER_LEN);
+    let want = announced.map(|n| format!(" of {n}")).unwrap_or_default();
+    frame::error(
+        Code::InvalidArgument,
+        format!(
+            "incomplete request: {}{want} bytes received, nothing more for {} s; closing",
+            pending.len(),
+            limit.as_secs()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::pci::PciAddr;
+
+    #[tokio::test]
+    async fn rule_connections_cannot_take_the_reserved_share() {
+        let b = ConnBudget::new(8, None);
+        assert_eq!(b.available(), (6, 2));
+        let mut held = Vec::new();
+        for _ in 0..6 {
+            held.push(b.acquire(Endpoint::RuleManager).await);
+        }
+        // The shared part is gone: a seventh rule connection waits...
+        let wait = tokio::time::timeout(Duration::from_millis(50), b.acquire(Endpoint::QueueIdsByGpu)).await;
+        assert!(wait.is_err());
+        // ...while registry and pool connections still get in.
+        let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
+        held.push(b.acquire(Endpoint::Registry).await);
+        held.push(b.acquire(Endpoint::GpuFd(gpu)).await);
+        assert_eq!(b.available(), (0, 0));
+        // Long-lived ones fall back to the shared part when theirs is taken.
+        drop(held.remove(0));
+        let p = tokio::time::timeout(Duration::from_millis(50), b.acquire(Endpoint::GpuMetadata(gpu))).await;
+        assert!(p.is_ok());
+    }
+
+    #[test]
+    fn small_budgets_and_limits() {
+        assert_eq!(ConnBudget::new(2, None).available(), (2, 0));
+        assert_eq!(ConnBudget::new(4096, None).available(), (3072, 1024));
+        let b = ConnBudget::new(8, Some(Duration::from_secs(60)));
+        assert_eq!(b.idle_limit(Endpoint::RuleUninstall), Some(Duration::from_secs(60)));
+        assert_eq!(b.idle_limit(Endpoint::Registry), None);
+        assert_eq!(b.idle_limit(Endpoint::GpuIpcHandle), None);
+    }
+
+    #[test]
+    fn incomplete_reply_names_the_bytes() {
+        let r = incomplete_reply(&[0, 10, 1, 2, 3], Duration::from_secs(60));
+        let text = r.status.unwrap().message;
+        assert_eq!(text, "incomplete request: 5 of 12 bytes received, nothing more for 60 s; closing");
+        let r = incomplete_reply(&[0], Duration::from_secs(60));
+        assert!(r.status.unwrap().message.starts_with("incomplete request: 1 bytes"));
+    }
+}

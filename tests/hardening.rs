@@ -1,0 +1,697 @@
+//! Black-box tests against hostile clients, scarce resources and careless
+//! settings: the real binary on simulated NICs.
+
+mod common;
+
+use std::io::Read;
+use std::time::Duration;
+
+use common::*;
+use tcpx_rxdm::wire::client::{self, status_code};
+use tcpx_rxdm::wire::frame;
+
+const GPU0: &str = "0000:04:00.0";
+const OK_FRAME: [u8; 7] = [0, 5, 0x0a, 3, b'O', b'k', b'.'];
+
+fn encoded(m: &tcpx_rxdm::wire::proto::UnixSocketProto) -> Vec<u8> {
+    frame::encode(m).unwrap()
+}
+
+/// Over-long fields still get INVALID_ARGUMENT (the echoed text is cut so
+/// the reply fits a frame), then the connection closes.
+#[test]
+fn over_long_fields_get_invalid_argument() {
+    let d = Daemon::start(&[]);
+    let long = "9".repeat(40_000);
+    let requests = [
+        client::rule_request(1, (long.as_str(), 1), ("192.168.1.2", 2), Some(GPU0), None),
+        client::rule_request(1, ("10.1.0.2", 1), ("192.168.1.2", 2), Some(long.as_str()), None),
+    ];
+    for req in &requests {
+        for sock in ["rx_rule_manager", "rx_rule_uninstall"] {
+            let mut c = d.client(sock);
+            c.stream().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.send(req).unwrap();
+            let r = c.recv().unwrap_or_else(|e| panic!("{sock}: no reply: {e}"));
+            assert_eq!(status_code(&r), 3, "{sock}");
+            let text = r.status.as_ref().unwrap().message.clone();
+            assert!(text.len() <= frame::MAX_ERROR_MESSAGE, "{}", text.len());
+            assert!(text.contains("bytes cut"), "{text}");
+            let mut rest = Vec::new();
+            assert_eq!(c.stream().try_clone().unwrap().read_to_end(&mut rest).unwrap(), 0, "closed");
+        }
+    }
+    let q = client::queue_query(&long);
+    let mut c = d.client("queue_ids_by_gpu");
+    assert_eq!(status_code(&c.request(&q).unwrap()), 3);
+    // The daemon still serves.
+    let ok = client::rule_request(1, ("10.1.0.2", 1), ("192.168.1.2", 2), Some(GPU0), None);
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&ok)), OK_FRAME);
+}
+
+/// SIGHUP is an orderly shutdown: rules removed, files removed, exit 0; a
+/// second SIGHUP well into a slow shutdown forces the exit (code 1).
+#[test]
+fn sighup_is_an_orderly_shutdown_and_a_second_one_forces() {
+    use nix::sys::signal::Signal;
+    let mut d = Daemon::start(&[]);
+    let mut c = d.client("rx_rule_manager");
+    let r = c.request(&client::rule_request(1, ("10.0.0.9", 1), ("192.168.2.2", 2), None, None)).unwrap();
+    assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]));
+    d.signal(Signal::SIGHUP);
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0), "{}", d.log().join("\n"));
+    assert_eq!(d.files(), Vec::<String>::new(), "files left behind");
+    let log = d.log();
+    assert!(log.iter().any(|l| l.contains("received SIGHUP")), "{}", log.join("\n"));
+    assert!(log.iter().any(|l| l.contains("rules removed")));
+    assert!(log.iter().any(|l| l.contains("shutdown complete")));
+
+    // 30 rules at 100 ms per removal: a 3 s shutdown, interrupted by a second SIGHUP.
+    let mut d = Daemon::start(&["--sim_delay=del_rule:100"]);
+    for p in 0..30 {
+        let mut c = d.client("rx_rule_manager");
+        let r = c.request(&client::rule_request(1, ("10.0.0.9", p), ("192.168.1.2", 2), None, None)).unwrap();
+        assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]));
+    }
+    d.signal(Signal::SIGHUP);
+    d.wait_for_log("shutting down", Duration::from_secs(10)).expect("shutdown started");
+    std::thread::sleep(Duration::from_millis(1500));
+    d.signal(Signal::SIGHUP);
+    let st = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(1), "{}", d.log().join("\n"));
+    assert!(d.log().iter().any(|l| l.contains("exiting now without finishing restore")));
+}
+
+/// Connects to `path` as `uid`/`gid` (no supplementary groups) in a forked
+/// child, sends `request` and reads a reply. Returns the child's result:
+/// 0 served, 1 connect refused with EACCES, 2 other failure. The child does
+/// only raw system calls (no allocation after fork).
+fn exchange_as(uid: u32, gid: u32, path: &std::path::Path, request: &[u8]) -> i32 {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    assert!(bytes.len() < addr.sun_path.len());
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: the child only makes raw system calls on memory prepared
+    // before the fork, then _exits; the parent waits for it.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        // SAFETY: raw system calls on buffers that outlive the child; no allocation.
+        nix::unistd::ForkResult::Child => unsafe {
+            let code = (|| {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return 2;
+                }
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                if fd < 0 {
+                    return 2;
+                }
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                if libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) != 0 {
+                    return if *libc::__errno_location() == libc::EACCES { 1 } else { 2 };
+                }
+                if libc::write(fd, request.as_ptr().cast(), request.len()) != request.len() as isize {
+                    return 2;
+                }
+                let mut reply = [0u8; 64];
+                if libc::read(fd, reply.as_mut_ptr().cast(), reply.len()) <= 2 {
+                    return 2;
+                }
+                0
+            })();
+            libc::_exit(code)
+        },
+        nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None).unwrap() {
+            nix::sys::wait::WaitStatus::Exited(_, code) => code,
+            other => panic!("client child: {other:?}"),
+        },
+    }
+}
+
+/// With the daemon's umask 077, a socket folder it creates still lets the
+/// `--socket_group` in (mode 0750, that group), and nobody else.
+#[test]
+#[ignore = "needs root (setuid to a test user, chown to a test group)"]
+fn socket_group_member_reaches_sockets_in_a_folder_the_daemon_created() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const GID: u32 = 64_123;
+    const UID: u32 = 64_123;
+    let tmp = tempfile::tempdir().unwrap();
+    // Let anyone traverse the temporary parent; the daemon creates the rest.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let dir = tmp.path().join("job-42/tcpx");
+    let d = Daemon::start(&[&format!("--uds_path={}", dir.display()), &format!("--socket_group={GID}")]);
+    for folder in [tmp.path().join("job-42"), dir.clone()] {
+        let m = std::fs::metadata(&folder).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o750, "{}", folder.display());
+        assert_eq!(m.gid(), GID, "{}", folder.display());
+    }
+    let sock = dir.join("queue_ids_by_gpu");
+    let query = encoded(&client::queue_query(GPU0));
+    assert_eq!(exchange_as(UID, GID, &sock, &query), 0, "member of the socket group not served");
+    assert_eq!(exchange_as(UID, GID + 1, &sock, &query), 1, "non-member not refused with EACCES");
+    drop(d);
+}
+
+/// An existing folder that keeps the socket group out is left alone, with a warning.
+#[test]
+fn existing_folder_that_keeps_the_group_out_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let d = Daemon::start(&[&format!("--uds_path={}", tmp.path().display())]);
+    d.wait_for_log("cannot reach the sockets", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no warning; log:\n{}", d.log().join("\n")));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(tmp.path()).unwrap().mode() & 0o7777, 0o700, "left as it was");
+    // A reachable folder gets no warning.
+    let ok = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(ok.path(), std::fs::Permissions::from_mode(0o750)).unwrap();
+    let d = Daemon::start(&[&format!("--uds_path={}", ok.path().display())]);
+    assert!(!d.log().iter().any(|l| l.contains("cannot reach the sockets")), "{}", d.log().join("\n"));
+}
+
+/// Two daemons in one network namespace never manage the same NIC, whatever
+/// their socket folders, and deleting the lock file does not let a second in.
+#[test]
+fn second_daemon_on_claimed_nics_exits_one_naming_nic_and_holder() {
+    let first = Daemon::start(&["--claim_sim_nics"]);
+    let other = tempfile::tempdir().unwrap();
+    let run_second = |uds: &std::path::Path| {
+        run_to_exit(&[
+            "--gpu_nic_preset=sim",
+            "--claim_sim_nics",
+            &format!("--uds_path={}", uds.display()),
+            "--metrics_address=",
+        ])
+    };
+    let (code, err) = run_second(other.path());
+    assert_eq!(code, 1, "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.contains("NIC eth1") && last.contains(&format!("pid {}", first.child.id())), "{err}");
+    // Refused before it touched anything: nothing primed, no sockets.
+    assert!(!err.contains("NICs primed"), "{err}");
+    assert!(std::fs::read_dir(other.path()).unwrap().next().is_none(), "files left in the second folder");
+
+    // The same folder with the lock file deleted: the claim still refuses.
+    std::fs::remove_file(first.sock(".rxdm.lock")).unwrap();
+    let (code, err) = run_second(first.dir.path());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("NIC eth1") && err.contains("already managed"), "{err}");
+    // The first daemon was not disturbed.
+    let mut c = first.client("rx_rule_manager");
+    let r = c.request(&client::rule_request(1, ("10.0.0.9", 1), ("192.168.1.2", 2), None, None)).unwrap();
+    assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]));
+    assert_eq!(first.flows()["nics"][0]["rules"].as_array().unwrap().len(), 1);
+
+    // Once the first is gone, the NICs are free.
+    drop(first);
+    let second = Daemon::start(&["--claim_sim_nics", &format!("--uds_path={}", other.path().display())]);
+    drop(second);
+}
+
+/// Without --claim_sim_nics, simulated daemons run side by side (they share no hardware).
+#[test]
+fn simulated_nics_are_not_claimed_by_default() {
+    let a = Daemon::start(&[]);
+    let b = Daemon::start(&[]);
+    for d in [&a, &b] {
+        assert_eq!(
+            status_code(&d.client("queue_ids_by_gpu").request(&client::queue_query(GPU0)).unwrap()),
+            0
+        );
+    }
+}
+
+/// Real NICs are claimed with the ethtool backend: in a fresh network
+/// namespace holding `eth1`, a claim held by this test process makes the
+/// daemon exit 1 naming eth1 and this pid before priming.
+#[test]
+#[ignore = "needs root (network namespaces)"]
+fn ethtool_daemon_refuses_a_claimed_nic_in_its_netns() {
+    use std::process::Command;
+    let ns = format!("rxdm-claim-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().expect("iproute2");
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+    ip(&["netns", "add", &ns]);
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let _del = Del(ns.clone());
+    ip(&["-n", &ns, "link", "add", "eth1", "type", "veth", "peer", "name", "eth1p"]);
+    // The claim socket belongs to the namespace it was created in.
+    let claim = std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            tcpx_rxdm::nic::claim::NicClaim::acquire("nic", "eth1").unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    let uds = tempfile::tempdir().unwrap();
+    let topo = r#"gpu_rxq_configs { gpu_infos { gpu_pci_addr: "0000:04:00.0" queue_ids: 2 queue_ids: 3 } nic_pci_addr: "0000:06:00.0" ifname: "eth1" } rss_set_size: 2 tcpd_queue_size: 2 max_rx_rules: 100"#;
+    let daemon = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, BIN, "--gpu_nic_preset=manual", "--nic_backend=ethtool"])
+            .arg(format!("--gpu_nic_topology_proto={topo}"))
+            .args(["--gpu_backend=host", "--bind_backend=none", "--metrics_address=", "--setup_param="])
+            .arg(format!("--uds_path={}", uds.path().display()))
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = daemon();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("NIC eth1") && err.contains(&format!("pid {}", std::process::id())), "{err}");
+    assert!(!err.contains("rule_capacity"), "primed before claiming: {err}");
+    // Released: the daemon now gets past the claim (and fails on the veth's
+    // missing ntuple support, as veths do).
+    drop(claim);
+    let (code, err) = daemon();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(!err.contains("already managed"), "{err}");
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Raises this test process's soft fd limit to its hard limit.
+fn raise_own_nofile() -> u64 {
+    tcpx_rxdm::server::accept_backoff::raise_nofile_limit().unwrap().1
+}
+
+/// 3000 idle TCP connections cost the daemon at most the HTTP cap in fds;
+/// Unix-socket clients are still served; idle and half-sent requests are
+/// dropped after the header timeout, and /healthz answers again.
+#[test]
+fn idle_http_flood_is_capped_and_does_not_starve_unix_clients() {
+    use std::io::Write;
+    assert!(raise_own_nofile() >= 3200, "this test needs an fd limit of 3200");
+    let d = Daemon::start(&["--max_http_connections=64"]);
+    let pid = d.child.id();
+    let addr = d.http();
+    let baseline = fd_count(pid);
+    let mut flood = Vec::new();
+    for i in 0..3000 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        if i % 2 == 0 {
+            s.write_all(b"GET /metr").unwrap(); // half-sent
+        }
+        flood.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = fd_count(pid);
+    assert!(during <= baseline + 64 + 8, "fds: baseline {baseline}, with 3000 idle connections {during}");
+    // A Unix-socket client is served meanwhile.
+    let mut c = d.client("queue_ids_by_gpu");
+    assert_eq!(status_code(&c.request(&client::queue_query(GPU0)).unwrap()), 0);
+    let ok = client::rule_request(1, ("10.1.0.2", 1), ("192.168.1.2", 2), Some(GPU0), None);
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&ok)), OK_FRAME);
+    // Connections beyond the cap were told 503 and closed, without waiting.
+    // (A half-sent request racing the close may see a reset instead.)
+    let (mut told, mut reset) = (0, 0);
+    for s in flood.iter_mut().skip(100).take(50) {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut resp = String::new();
+        match s.read_to_string(&mut resp) {
+            Ok(_) if resp.starts_with("HTTP/1.1 503") => told += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => reset += 1,
+            other => panic!("over the cap and neither refused nor closed: {other:?} {resp:?}"),
+        }
+    }
+    assert!(told >= 25 && told + reset == 50, "503: {told}, reset: {reset}");
+    // After the header timeout (5 s) the idle ones are dropped; /healthz answers.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(d.http_get("/healthz"), (200, "ok\n".to_string()));
+    let mut first = flood.swap_remove(0);
+    first.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(first.read_to_end(&mut rest).unwrap_or(0), 0, "half-sent request not closed: {rest:?}");
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(fd_count(pid) <= baseline + 2, "fds not given back: {} vs {baseline}", fd_count(pid));
+}
+
+/// /debug/* is for loopback peers by default and can be turned off;
+/// /metrics, /healthz and /readyz stay open.
+#[test]
+fn debug_endpoints_flag() {
+    let d = Daemon::start(&[]);
+    assert_eq!(d.http_get("/debug/config").0, 200);
+    assert_eq!(d.http_get("/debug/flows").0, 200);
+    let d = Daemon::start(&["--debug_endpoints=off"]);
+    assert_eq!(d.http_get("/debug/flows").0, 404);
+    assert_eq!(d.http_get("/debug/config").0, 404);
+    for p in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(d.http_get(p).0, 200, "{p}");
+    }
+    for (bad, flag) in [
+        ("--debug_endpoints=some", "--debug_endpoints"),
+        ("--max_http_connections=0", "--max_http_connections"),
+        ("--client_idle_timeout=-1", "--client_idle_timeout"),
+        ("--claim_sim_nics=maybe", "--claim_sim_nics"),
+    ] {
+        let (code, err) = run_to_exit(&["--gpu_nic_preset=sim", "--metrics_address=", bad]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains(flag), "{bad}: {err}");
+    }
+}
+
+/// A network namespace of this test's own; deleted on drop.
+struct TestNetns(String);
+
+impl TestNetns {
+    fn new(tag: &str) -> TestNetns {
+        let name = format!("rxdm-{tag}-{}", std::process::id());
+        let _ = std::process::Command::new("ip").args(["netns", "del", &name]).output();
+        let ns = TestNetns(name);
+        ns.ip(&["netns", "add", &ns.0]);
+        ns
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = std::process::Command::new("ip").args(args).output().expect("iproute2");
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Runs `f` on a thread inside the namespace (children it spawns live there too).
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let fd = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
+                nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// GET from a given local source address; returns the status.
+fn get_from(src: std::net::IpAddr, to: std::net::SocketAddr, path: &str) -> u16 {
+    use std::io::Write;
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Stream,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let std::net::IpAddr::V4(v4) = src else { panic!("v4 only") };
+    nix::sys::socket::bind(
+        std::os::fd::AsRawFd::as_raw_fd(&sock),
+        &nix::sys::socket::SockaddrIn::from(std::net::SocketAddrV4::new(v4, 0)),
+    )
+    .unwrap();
+    let std::net::SocketAddr::V4(to4) = to else { panic!("v4 only") };
+    nix::sys::socket::connect(
+        std::os::fd::AsRawFd::as_raw_fd(&sock),
+        &nix::sys::socket::SockaddrIn::from(to4),
+    )
+    .unwrap();
+    let mut s = std::net::TcpStream::from(sock);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp[9..12].parse().unwrap()
+}
+
+/// /debug/* refuses a non-loopback peer (403) unless --debug_endpoints=all;
+/// /metrics, /healthz, /readyz stay open to it.
+#[test]
+#[ignore = "needs root (network namespaces)"]
+fn debug_endpoints_refuse_non_loopback_peers() {
+    let ns = TestNetns::new("debug");
+    ns.ip(&["-n", &ns.0, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"]);
+    ns.ip(&["-n", &ns.0, "addr", "add", "10.213.0.1/24", "dev", "veth0"]);
+    ns.ip(&["-n", &ns.0, "addr", "add", "10.213.0.2/24", "dev", "veth1"]);
+    for dev in ["lo", "veth0", "veth1"] {
+        ns.ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+    }
+    let remote: std::net::IpAddr = "10.213.0.2".parse().unwrap();
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    for (flag, remote_debug) in [("--debug_endpoints=local", 403), ("--debug_endpoints=all", 200)] {
+        let (statuses, d) = ns.run(|| {
+            let d = Daemon::start(&["--metrics_address=0.0.0.0:0", flag]);
+            let port = d.http().port();
+            let at = std::net::SocketAddr::new("10.213.0.1".parse().unwrap(), port);
+            let lo = std::net::SocketAddr::new(local, port);
+            let statuses = [
+                get_from(remote, at, "/debug/flows"),
+                get_from(remote, at, "/debug/config"),
+                get_from(remote, at, "/metrics"),
+                get_from(remote, at, "/healthz"),
+                get_from(remote, at, "/readyz"),
+                get_from(local, lo, "/debug/flows"),
+            ];
+            (statuses, d)
+        });
+        assert_eq!(statuses, [remote_debug, remote_debug, 200, 200, 200, 200], "{flag}");
+        drop(d);
+    }
+}
+
+/// Installs `n` rules toward `dst` (one connection, sequential); source ports from `base`.
+fn install_many(d: &Daemon, dst: &str, base: u32, n: u32) {
+    let mut c = d.client("rx_rule_manager");
+    for i in 0..n {
+        let sport = 1024 + (base + i) % 60000;
+        let src = format!("10.{}.{}.9", (base + i) / 60000 % 250, 1 + (base + i) / 15_000_000);
+        let r = c
+            .request(&client::rule_request(1, (src.as_str(), sport as i32), (dst, 5000), None, None))
+            .unwrap();
+        assert_eq!(client::raw_bytes(&r), Some(&b"Ok."[..]), "rule {i}: {r:?}");
+    }
+}
+
+/// `/debug/flows?nic=` filters; 30 requests that never read their responses
+/// neither grow the daemon's memory past 256 MiB nor stop installs.
+#[test]
+fn debug_flows_filters_by_nic_and_non_readers_cost_bounded_memory() {
+    let d = Daemon::start(&[]);
+    install_many(&d, "192.168.1.2", 0, 20_000);
+    install_many(&d, "192.168.2.2", 0, 300);
+    let all = d.flows();
+    let nics = all["nics"].as_array().unwrap();
+    assert_eq!(nics.len(), 4);
+    assert_eq!(nics[0]["rules"].as_array().unwrap().len(), 20_000);
+    assert_eq!(nics[0]["nic_rules"].as_array().unwrap().len(), 20_000);
+    assert_eq!(nics[1]["rules"].as_array().unwrap().len(), 300);
+    let (status, body) = d.http_get("/debug/flows?nic=eth2");
+    assert_eq!(status, 200);
+    let one: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(one["nics"].as_array().unwrap().len(), 1);
+    assert_eq!(one["nics"][0]["ifname"], "eth2");
+    assert_eq!(one["nics"][0], nics[1]);
+    assert_eq!(d.http_get("/debug/flows?nic=eth9").0, 404);
+
+    let pid = d.child.id();
+    let before = rss_kib(pid);
+    let mut stuck = Vec::new();
+    for _ in 0..30 {
+        use std::io::Write;
+        let s = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &4096).unwrap();
+        let std::net::SocketAddr::V4(a) = d.http() else { panic!() };
+        nix::sys::socket::connect(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            &nix::sys::socket::SockaddrIn::from(a),
+        )
+        .unwrap();
+        let mut s = std::net::TcpStream::from(s);
+        s.write_all(b"GET /debug/flows HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        stuck.push(s);
+    }
+    // Installs go on while the 30 responses are stuck.
+    install_many(&d, "192.168.1.2", 20_000, 500);
+    std::thread::sleep(Duration::from_secs(1));
+    let peak = rss_kib(pid);
+    // Each full body is about 5 MiB here: 30 of them held in memory would add 150 MiB.
+    assert!(
+        peak < 256 * 1024 && peak < before + 64 * 1024,
+        "RSS {before} KiB before, {peak} KiB with 30 unread /debug/flows"
+    );
+    // Queued ones gave up with 503 or wait; a fresh reader after they are gone is served in full.
+    drop(stuck);
+    std::thread::sleep(Duration::from_millis(200));
+    let after = d.flows();
+    assert_eq!(after["nics"][0]["rules"].as_array().unwrap().len(), 20_500);
+    eprintln!("RSS {before} KiB before, {peak} KiB with 30 unread /debug/flows");
+}
+
+/// Out of file descriptors (soft = hard = 128): accepting backs off with a
+/// few log lines, /healthz still answers, and service resumes by itself
+/// once clients leave.
+#[test]
+fn fd_exhaustion_backs_off_keeps_healthz_and_recovers() {
+    let d = Daemon::start_with_nofile(&[], 128);
+    let pid = d.child.id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(limits.lines().any(|l| l.starts_with("Max open files") && l.contains(" 128 ")), "{limits}");
+    let base = fd_count(pid);
+    assert!(base < 100, "baseline {base} fds leaves no room for the test");
+    let mut clients = Vec::new();
+    for _ in 0..150 {
+        clients.push(std::os::unix::net::UnixStream::connect(d.sock("queue_ids_by_gpu")).unwrap());
+    }
+    d.wait_for_log("out of file descriptors", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no EMFILE log; fds {}; log:\n{}", fd_count(pid), d.log().join("\n")));
+    // Every fd is taken: /healthz is answered from the reserved one.
+    assert!(fd_count(pid) >= 127, "fds {} of 128", fd_count(pid));
+    for _ in 0..3 {
+        assert_eq!(d.http_get("/healthz"), (200, "ok\n".to_string()));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    // Backing off, not spinning: a handful of lines, not thousands.
+    let lines = d.log().iter().filter(|l| l.contains("out of file descriptors")).count();
+    assert!(lines <= 20, "{lines} EMFILE lines");
+    drop(clients);
+    let mut c = d.client("queue_ids_by_gpu");
+    c.stream().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(status_code(&c.request(&client::queue_query(GPU0)).unwrap()), 0);
+    d.wait_for_log("accepting connections again", Duration::from_secs(5)).expect("recovery logged");
+    assert_eq!(d.http_get("/healthz"), (200, "ok\n".to_string()));
+}
+
+/// At startup the daemon raises its soft fd limit to the hard one and logs both.
+#[test]
+fn soft_fd_limit_is_raised_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["--gpu_nic_preset=sim", "--metrics_address=", &format!("--uds_path={}", dir.path().display())])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped());
+    let lim = libc::rlimit { rlim_cur: 256, rlim_max: 2048 };
+    // SAFETY: setrlimit is async-signal-safe and reads a struct copied into the closure.
+    unsafe {
+        cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let mut logged = None;
+    while std::io::BufRead::read_line(&mut reader, &mut line).unwrap() > 0 {
+        if line.contains("RLIMIT_NOFILE") {
+            logged = Some(line.clone());
+        }
+        if line.contains(READY) {
+            break;
+        }
+        line.clear();
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = logged.expect("limit logged");
+    assert!(
+        logged.contains("soft_before=256") && logged.contains("soft=2048") && logged.contains("hard=2048"),
+        "{logged}"
+    );
+    let row = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    assert_eq!(row.split_whitespace().collect::<Vec<_>>()[3..5], ["2048", "2048"], "{row}");
+}
+
+/// Rule and queue connections without a complete request for
+/// --client_idle_timeout are closed: silently when nothing is pending, with
+/// INVALID_ARGUMENT when part of a frame is. Active ones and the registry
+/// connection stay.
+#[test]
+fn idle_rule_connections_are_closed_registry_is_not() {
+    let d = Daemon::start(&["--client_idle_timeout=1"]);
+    let idle = d.client("rx_rule_manager");
+    let mut partial = d.client("queue_ids_by_gpu");
+    let full = encoded(&client::queue_query(GPU0));
+    partial.send_bytes(&full[..3]).unwrap();
+    let mut registry = d.client("rxdm_application_registry");
+    assert_eq!(client::raw_bytes(&registry.request(&client::register(true)).unwrap()), Some(&b"Ok."[..]));
+    let mut active = d.client("queue_ids_by_gpu");
+    for _ in 0..5 {
+        assert_eq!(status_code(&active.request(&client::queue_query(GPU0)).unwrap()), 0);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    // 2 s later: the idle one is closed without a reply.
+    idle.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(idle.stream().try_clone().unwrap().read_to_end(&mut rest).unwrap(), 0);
+    assert!(rest.is_empty(), "{rest:?}");
+    // The half-sent one got INVALID_ARGUMENT naming the bytes, then the close.
+    partial.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let r = partial.recv().unwrap();
+    assert_eq!(status_code(&r), 3);
+    let text = r.status.unwrap().message;
+    assert!(text.contains(&format!("3 of {} bytes", full.len())), "{text}");
+    assert_eq!(partial.stream().try_clone().unwrap().read_to_end(&mut rest).unwrap(), 0);
+    // The registry connection, silent all along, is still registered and served.
+    assert!(d.http_get("/metrics").1.lines().any(|l| l.contains("registered") && l.ends_with(" 1")));
+    assert_eq!(client::raw_bytes(&registry.request(&client::register(true)).unwrap()), Some(&b"Ok."[..]));
+}
+
+/// Idle rule/queue connections filling their share of --max_connections do
+/// not keep registry and pool clients out.
+#[test]
+fn idle_rule_connections_do_not_starve_registry_and_pools() {
+    // 8 connections: 6 shared, 2 kept for registry and pool endpoints.
+    let d = Daemon::start(&["--max_connections=8"]);
+    let mut hogs = Vec::new();
+    for _ in 0..6 {
+        let mut c = d.client("queue_ids_by_gpu");
+        assert_eq!(status_code(&c.request(&client::queue_query(GPU0)).unwrap()), 0);
+        hogs.push(c);
+    }
+    let mut seventh = d.client("rx_rule_manager");
+    seventh.stream().set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let ok = client::rule_request(1, ("10.1.0.2", 1), ("192.168.1.2", 2), Some(GPU0), None);
+    seventh.send(&ok).unwrap();
+    assert!(seventh.recv().is_err(), "a rule connection got into the reserved share");
+    let mut registry = d.client("rxdm_application_registry");
+    registry.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(client::raw_bytes(&registry.request(&client::register(true)).unwrap()), Some(&b"Ok."[..]));
+    let mut pool = d.client(&format!("get_gpu_fd_{GPU0}"));
+    pool.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    pool.send(&client::raw_request(GPU0)).unwrap();
+    assert!(matches!(pool.recv_fd_reply().unwrap(), client::FdReply::Fd(_)));
+    // A rule slot frees: the waiting one is served.
+    drop(hogs.pop());
+    seventh.stream().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(client::raw_bytes(&seventh.recv().unwrap()), Some(&b"Ok."[..]));
+}
