@@ -433,7 +433,15 @@ impl NicControl for SimNic {
 
     fn del_rule(&self, ifname: &str, loc: u32) -> NicResult<()> {
         self.with(ifname, NicOp::DelRule, |s| {
-            s.rules.get_mut(loc as usize).and_then(Option::take).map(|_| ()).ok_or(Errno::ENOENT)
+            s.rules.get_mut(loc as usize).and_then(Option::take).ok_or(Errno::ENOENT)?;
+            // Like a driver's table, ours does not keep the memory of a peak.
+            while s.rules.last().is_some_and(Option::is_none) {
+                s.rules.pop();
+            }
+            if s.rules.capacity() > 1024 && s.rules.len() < s.rules.capacity() / 4 {
+                s.rules.shrink_to(s.rules.len() * 2);
+            }
+            Ok(())
         })
     }
 
@@ -662,6 +670,21 @@ mod tests {
         let t = std::time::Instant::now();
         nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn rule_table_memory_follows_the_rules() {
+        let nic = SimNic::new(&["eth1"]);
+        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        for loc in 0..50_000 {
+            nic.add_rule("eth1", &flow((loc % 60_000) as u16), 8, loc).unwrap();
+        }
+        for loc in (10..50_000).rev() {
+            nic.del_rule("eth1", loc).unwrap();
+        }
+        let st = nic.nics["eth1"].lock().unwrap();
+        assert_eq!(st.rules.len(), 10);
+        assert!(st.rules.capacity() <= 2048, "capacity {} kept after the peak", st.rules.capacity());
     }
 
     #[test]
