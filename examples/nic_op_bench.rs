@@ -1,4 +1,4 @@
-//! NIC programming cost per rule (SPEC §9): our one `SIOCETHTOOL` ioctl
+//! NIC programming cost per rule: our one `SIOCETHTOOL` ioctl
 //! against the reference's `system("ethtool -N …")`, side by side in one run,
 //! on a veth in a private network namespace. veth has no ntuple support, so
 //! both paths reach the driver and get EOPNOTSUPP back: the numbers compare

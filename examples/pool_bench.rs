@@ -1,5 +1,6 @@
-//! Pool setup time through [`CudaAllocator`] (SPEC §9: within 2× of the bare
-//! driver calls; `tests/gpu/pool_bench.py` makes the same calls from Python).
+//! Pool setup time through [`CudaAllocator`], to hold against the bare driver
+//! calls (the target: within 2×); `tests/gpu/pool_bench.py` makes the same
+//! calls from Python.
 //!
 //! ```text
 //! pool_bench [--gpu dddd:bb:dd.f] [--sizes 64M,1G,4G] [--iters 5] [--file]

@@ -1,5 +1,5 @@
 //! `--gpu_backend=cuda` on a host without the NVIDIA driver: exit 1 with a
-//! message naming CUDA/libcuda, never a panic (issue 4, "done when").
+//! message naming CUDA/libcuda, never a panic.
 
 use std::process::Command;
 

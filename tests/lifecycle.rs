@@ -1,5 +1,5 @@
 //! Black-box lifecycle tests: exit codes, the single-instance lock, files
-//! removed on exit, the application registry, the ready signal (SPEC §2).
+//! removed on exit, the application registry, the ready signal.
 
 mod common;
 

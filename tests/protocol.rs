@@ -1,5 +1,5 @@
 //! Black-box protocol tests: the real binary on simulated NICs and host pools,
-//! real Unix sockets, byte-level assertions (SPEC §4).
+//! real Unix sockets, byte-level assertions.
 
 mod common;
 

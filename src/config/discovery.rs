@@ -1,4 +1,4 @@
-//! Sysfs discovery of the GPU ↔ NIC topology (SPEC §3.3, `--gpu_nic_preset=auto`).
+//! Sysfs discovery of the GPU ↔ NIC topology.
 //!
 //! A NIC's GPUs are the NVIDIA display/3D functions found below the PCIe switch that
 //! sits `num_hops` levels above the NIC. Everything is read through `sysfs_root`, so

@@ -1,4 +1,4 @@
-//! Command-line flags (SPEC §3.1): the reference's absl-style names and forms,
+//! Command-line flags: the reference's absl-style names and forms,
 //! plus ours. `normalize_args` turns absl forms into what clap parses.
 
 use std::net::SocketAddr;

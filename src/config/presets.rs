@@ -1,5 +1,5 @@
 //! Topology sources: presets embedded from `presets/`, manual textproto (file or
-//! inline), and the flag overrides applied on top (SPEC §3.2).
+//! inline), and the flag overrides applied on top.
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,5 @@
 //! The node's GPU ↔ NIC ↔ queue topology, its conversion from the
-//! `GpuRxqConfigurationList` message, and validation (SPEC §2 step 1).
+//! `GpuRxqConfigurationList` message, and validation.
 
 use std::collections::{BTreeMap, HashMap};
 

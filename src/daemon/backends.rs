@@ -1,4 +1,4 @@
-//! Choosing the NIC, pool and binder backends from the flags (SPEC §3.1).
+//! Choosing the NIC, pool and binder backends from the flags.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Lifecycle (SPEC §2): config → lock → prime → allocate → bind → serve →
+//! Lifecycle: config → lock → prime → allocate → bind → serve →
 //! ready; then wait for a reason to stop, and restore everything.
 
 pub mod backends;
@@ -343,7 +343,7 @@ fn start_link_monitor(
         .map_err(|e| DaemonError::Runtime(format!("link monitor: {e}")))
 }
 
-/// Host tuning (SPEC §6.4), best effort: failures are logged, what was
+/// Host tuning, best effort: failures are logged, what was
 /// applied is undone at shutdown.
 fn apply_host_tuning(flags: &Flags) -> Option<HostTuning> {
     let SetupParam::Tune { initcwnd, rto_min_ms, quickack } = flags.setup_param else {

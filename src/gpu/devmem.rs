@@ -1,6 +1,6 @@
 //! `--bind_backend devmem`: upstream devmem TCP (Linux ≥ 6.12). The pool's
 //! dma-buf is bound to RX queues with generic netlink family `netdev`, command
-//! `BIND_RX` (SPEC §7); numbers from `include/uapi/linux/netdev.h`.
+//! `BIND_RX`; numbers from `include/uapi/linux/netdev.h`.
 //!
 //! The kernel keeps the binding for as long as the netlink socket that created
 //! it stays open, so [`DevmemBinding`] owns that socket; dropping it unbinds.

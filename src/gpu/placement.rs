@@ -1,6 +1,6 @@
 //! `--gpu_nic_preset sim --gpu_backend cuda`: put the GPUs CUDA can see onto
 //! the simulated NICs, so the whole daemon runs on a GPU machine without
-//! TCPX NICs (SPEC §3.2).
+//! TCPX NICs.
 
 use crate::config::pci::PciAddr;
 use crate::config::topology::{GpuSpec, Topology};

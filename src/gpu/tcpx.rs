@@ -1,5 +1,5 @@
 //! `--bind_backend tcpx`: GPUDirect-TCPX queue binding through the dma-buf
-//! ioctls of Google's COS kernels (SPEC §7).
+//! ioctls of Google's COS kernels.
 //!
 //! 1. `ioctl(dmabuf_fd, DMA_BUF_CREATE_PAGES, {pci_bdf[3], dma_buf_fd,
 //!    create_page_pool})` with the NIC's bus/device/function returns a "pages"

@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §8) and the HTTP endpoints that expose them.
+//! Prometheus metrics and the HTTP endpoints that expose them.
 //!
 //! Every family is named `tcpx_rxdm_…` with its unit in the name, and every
 //! family has series from startup: zero-valued ones for the label values known

@@ -1,4 +1,4 @@
-//! Driver family probe (SPEC §6.3): how a NIC does header split, decided from
+//! Driver family probe: how a NIC does header split, decided from
 //! what the driver reports, over any [`NicControl`] backend.
 //!
 //! Prime uses the result so:

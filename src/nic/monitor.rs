@@ -1,4 +1,4 @@
-//! Link monitor (SPEC §6.2): an rtnetlink multicast listener on its own
+//! Link monitor: an rtnetlink multicast listener on its own
 //! thread that turns kernel link and address notifications into
 //! [`NicEvent`]s for the daemon. It blocks in `poll` on the netlink socket and
 //! a stop eventfd; nothing is polled on a timer.

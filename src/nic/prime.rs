@@ -1,4 +1,4 @@
-//! Priming and restoring a NIC (SPEC §2 steps 3 and 5, and shutdown), generic
+//! Priming and restoring a NIC, generic
 //! over [`NicControl`]. Every change is recorded with the value it replaced;
 //! restore undoes them in reverse, so the NIC ends exactly as it was read, and
 //! a failed start rolls back what it had applied.
@@ -6,7 +6,7 @@
 use super::family::{probe_family, DriverFamily, FALLBACK_RING_LARGE, FALLBACK_RING_SMALL};
 use super::*;
 
-/// How this driver turns header split on (SPEC §6.3).
+/// How this driver turns header split on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum HeaderSplit {
     /// gve with private flags (`enable-header-split`, ...).

@@ -1,4 +1,4 @@
-//! The simulated NIC (SPEC §6.5): a real [`NicControl`] backend with its own
+//! The simulated NIC: a real [`NicControl`] backend with its own
 //! state, limits and failure modes, used by the embedded default run and by
 //! the behaviour tests. Not a mock: it enforces what a driver enforces.
 
@@ -300,7 +300,7 @@ impl SimNic {
         }
     }
 
-    /// Makes `ifname` behave like another driver family (SPEC §6.3): the
+    /// Makes `ifname` behave like another driver family: the
     /// default is gve with private flags.
     pub fn model_driver(&self, ifname: &str, family: SimDriver) {
         if let Some(n) = self.nics.get(ifname) {

@@ -1,4 +1,4 @@
-//! Host tuning (SPEC §6.4), natively: TCP route metrics on every main-table
+//! Host tuning, natively: TCP route metrics on every main-table
 //! unicast route (rtnetlink replace), a few TCP sysctls through the procfs
 //! root, and cubic's `hystart_detect` through the sysfs root. Every value
 //! changed is saved and put back by [`HostTuning::restore`], which is

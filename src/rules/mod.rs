@@ -1,4 +1,4 @@
-//! Rule bookkeeping (SPEC §4.4): which flows are steered where, in which slot.
+//! Rule bookkeeping: which flows are steered where, in which slot.
 //!
 //! [`flow`] validates requests into exact flow keys; [`table`] is the pure
 //! per-NIC bookkeeping (slots, queue loads, flows); [`engine`] applies it to a

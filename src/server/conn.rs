@@ -15,7 +15,7 @@ use super::{Endpoint, ServerState};
 use crate::gpu::RxPool;
 use crate::wire::frame::{self, Code};
 
-/// The byte that carries an fd (SPEC §4.1: one arbitrary byte).
+/// The byte that carries an fd (any single byte does).
 const FD_CARRIER: [u8; 1] = [0];
 
 /// Bytes read from a client after shutdown began, at most: enough for every

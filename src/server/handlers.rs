@@ -1,5 +1,5 @@
-//! Per-endpoint request handling: parse, act, and pick the exact reply bytes
-//! (SPEC §4.3). Malformed input gets INVALID_ARGUMENT and the connection closes.
+//! Per-endpoint request handling: parse, act, and pick the exact reply bytes.
+//! Malformed input gets INVALID_ARGUMENT and the connection closes.
 
 use std::sync::Arc;
 use std::time::Instant;

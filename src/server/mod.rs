@@ -1,4 +1,4 @@
-//! The client-facing endpoints (SPEC §4.3): one `UnixListener` per socket file,
+//! The client-facing endpoints: one `UnixListener` per socket file,
 //! one task per connection, a connection budget ([`budget::ConnBudget`]) bounding them.
 
 pub mod accept_backoff;
@@ -77,7 +77,7 @@ pub struct GpuEntry {
     pub pool: Option<Arc<dyn RxPool>>,
 }
 
-/// Registered applications (SPEC §4.4 last point).
+/// Registered applications.
 #[derive(Debug, Default)]
 pub struct AppRegistry {
     count: Mutex<usize>,

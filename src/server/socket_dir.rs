@@ -1,5 +1,5 @@
 //! The socket folder: the single-instance lock, endpoint files with the
-//! configured mode and group, and their removal on exit (SPEC §2 step 2, §5).
+//! configured mode and group, and their removal on exit.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};

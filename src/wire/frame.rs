@@ -1,5 +1,5 @@
 //! Framing: a 2-byte big-endian length `N`, then `N` bytes of a serialized
-//! `UnixSocketProto` (SPEC §4.1). Pure functions over byte buffers; an
+//! `UnixSocketProto`. Pure functions over byte buffers; an
 //! *incomplete* buffer (wait for more bytes) is kept apart from a *malformed* one.
 
 use prost::Message;
@@ -103,7 +103,7 @@ pub fn error(code: Code, message: impl Into<String>) -> UnixSocketProto {
     }
 }
 
-/// `google.rpc.Code` values the daemon replies with (SPEC §4.3).
+/// `google.rpc.Code` values the daemon replies with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(i32)]
 pub enum Code {

@@ -1,4 +1,4 @@
-//! The client protocol (SPEC §4): message types, framing, fd passing, and a
+//! The client protocol: message types, framing, fd passing, and a
 //! small blocking client used by tests and tools.
 
 pub mod client;

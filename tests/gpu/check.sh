@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU device check (issue 4, SPEC §10), for a machine with NVIDIA GPUs, CUDA's
+# GPU device check, for a machine with NVIDIA GPUs, CUDA's
 # driver, python3 + cuda-bindings + numpy, and no Rust toolchain:
 #   1. the daemon runs with sim NICs and CUDA pools (--gpu_backend cuda);
 #   2. per GPU, one client process fetches fd + metadata over the sockets,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Client side of the GPU device check (tests/gpu/check.sh) and the bare-driver
 half of the pool benchmark. Needs python3 and cuda-bindings (`cuda.bindings`),
-nothing else: the wire protocol (SPEC §4) is written out here by hand.
+nothing else: the wire protocol is written out here by hand.
 
 Subcommands:
   list UDS                       GPUs served under UDS (from the socket names)
@@ -36,7 +36,7 @@ def report(ok, name, detail=""):
     return ok
 
 
-# --- wire protocol (SPEC §4.1, §4.2) -------------------------------------
+# --- wire protocol -------------------------------------
 
 def varint(n):
     out = bytearray()

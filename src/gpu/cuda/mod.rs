@@ -1,5 +1,5 @@
 //! `cuda` pool backend: one CUDA VMM allocation per GPU, exported as a POSIX fd
-//! for clients and as a dma-buf for queue binding (SPEC §7).
+//! for clients and as a dma-buf for queue binding.
 //!
 //! The driver library is loaded at run time (cudarc `dynamic-loading`), so the
 //! binary builds and runs on machines without CUDA: [`CudaAllocator::new`]
