@@ -51,9 +51,10 @@ fn a_stale_shutdown_file_from_an_earlier_job_is_removed_at_startup() {
 
 #[test]
 fn shutdown_file_in_a_missing_folder_is_a_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
     let (code, err) = common::run_to_exit(&[
         "--gpu_nic_preset=sim",
-        "--uds_path=/tmp/tcpx-test-missing-folder",
+        &format!("--uds_path={}", dir.path().display()),
         "--metrics_address=",
         "--shutdown_file=/nonexistent-folder/terminated",
     ]);
