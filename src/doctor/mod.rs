@@ -12,7 +12,6 @@
 pub mod node;
 
 use std::fmt::Write as _;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -600,8 +599,6 @@ fn undo_header_split(ifname: &str, f: &DriverFamily) -> String {
 /// `CTRL_ATTR_OPS` and `CTRL_ATTR_OP_ID` of the generic netlink controller.
 const CTRL_ATTR_OPS: u16 = 6;
 const CTRL_ATTR_OP_ID: u16 = 1;
-/// `SO_PEERPIDFD` (Linux ≥ 6.5).
-const SO_PEERPIDFD: libc::c_int = 77;
 
 /// The op ids of generic netlink family `name`; `None` when the kernel lacks the family.
 fn genl_family_ops(name: &str) -> Result<Option<Vec<u32>>, String> {
@@ -688,7 +685,7 @@ fn check_kernel(r: &mut Report, ctx: &Ctx) {
         );
     }
 
-    let (status, found) = match peer_pidfd() {
+    let (status, found) = match crate::server::leases::probe_peer_pidfd() {
         Ok(()) => (Status::Pass, "SO_PEERPIDFD works (leases follow clients across pid namespaces)".to_string()),
         Err(Errno::ENOPROTOOPT) => (
             if ctx.flags.leases { Status::Warn } else { Status::Skip },
@@ -706,32 +703,6 @@ fn tcpx_symbols() -> Option<String> {
         .filter_map(|l| l.split_whitespace().nth(2))
         .find(|sym| sym.starts_with("dma_buf_create_pages") || sym.starts_with("dma_buf_pages_"))
         .map(str::to_string)
-}
-
-/// `getsockopt(SO_PEERPIDFD)` on a fresh socketpair; the pidfd is closed at once.
-fn peer_pidfd() -> Result<(), Errno> {
-    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-    let (a, _b) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)?;
-    let mut fd: libc::c_int = -1;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `fd` and `len` are valid out-pointers sized for an int; `a` is open.
-    let rc = unsafe {
-        libc::getsockopt(
-            a.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_PEERPIDFD,
-            (&mut fd as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(Errno::last());
-    }
-    if fd >= 0 {
-        // SAFETY: the kernel just gave us this descriptor; we close it once.
-        unsafe { libc::close(fd) };
-    }
-    Ok(())
 }
 
 /// Size of the test allocation per GPU (one VMM granule on current GPUs).

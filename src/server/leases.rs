@@ -351,13 +351,17 @@ fn pidfs_inode(pidfd: &OwnedFd) -> Option<u64> {
     nix::sys::stat::fstat(pidfd.as_fd()).ok().map(|st| st.st_ino)
 }
 
-/// Whether this kernel has `SO_PEERPIDFD` (asked on a throwaway socket pair).
-pub fn kernel_has_peer_pidfd() -> bool {
+/// Asks for `SO_PEERPIDFD` on a throwaway socket pair: `Ok` where this kernel
+/// has it (Linux 6.5+), else why not (`ENOPROTOOPT`: too old).
+pub fn probe_peer_pidfd() -> Result<(), Errno> {
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-    match socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC) {
-        Ok((a, _b)) => peer_pidfd(a.as_fd()).is_ok(),
-        Err(_) => false,
-    }
+    let (a, _b) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)?;
+    peer_pidfd(a.as_fd()).map(drop)
+}
+
+/// Whether this kernel has `SO_PEERPIDFD`.
+pub fn kernel_has_peer_pidfd() -> bool {
+    probe_peer_pidfd().is_ok()
 }
 
 #[cfg(test)]
