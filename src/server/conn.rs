@@ -8,9 +8,10 @@ use std::sync::Arc;
 use sendfd::SendWithFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use super::handlers::{self, ConnContext, Reply};
+use super::handlers::{self, ConnContext, Reply, RuleStart};
+use super::rule_workers::Requester;
 use super::{Endpoint, ServerState};
 use crate::gpu::RxPool;
 use crate::wire::frame::{self, Code};
@@ -80,6 +81,9 @@ async fn run(
     let serves_through_shutdown = endpoint == Endpoint::Registry;
     let idle_limit = state.conn_limit.idle_limit(endpoint);
     let mut last_request = tokio::time::Instant::now();
+    // A rule request whose reply its NIC's thread writes: settled before
+    // anything else is written or the connection closes.
+    let mut handed: Option<oneshot::Receiver<Option<Vec<u8>>>> = None;
     loop {
         match frame::parse(&buf) {
             Ok(Some((msg, used))) => {
@@ -87,13 +91,31 @@ async fn run(
                 last_request = tokio::time::Instant::now();
                 // A large frame grew the buffer: give the memory back.
                 super::memory::shrink_buffer(&mut buf);
+                settle(stream, &mut handed).await?;
                 let reply = if stopping && !serves_through_shutdown {
                     shutting_down()
                 } else {
                     if ctx.requester.is_none() && tracks_client(endpoint) {
                         ctx.requester = Some(state.clients.requester(stream.as_fd()));
                     }
-                    handlers::handle(endpoint, msg, state, ctx).await
+                    let install = endpoint == Endpoint::RuleManager;
+                    if install || endpoint == Endpoint::RuleUninstall {
+                        let who = if install {
+                            ctx.requester.clone().unwrap_or_default()
+                        } else {
+                            Requester::default()
+                        };
+                        match handlers::start_rule(state, msg, install, who, stream.as_fd()) {
+                            RuleStart::Handed(rx) => {
+                                handed = Some(rx);
+                                continue;
+                            }
+                            RuleStart::Answered(reply) => reply,
+                            RuleStart::General(msg) => handlers::handle(endpoint, msg, state, ctx).await,
+                        }
+                    } else {
+                        handlers::handle(endpoint, msg, state, ctx).await
+                    }
                 };
                 let close = matches!(reply, Reply::Close(_));
                 write_reply(stream, reply).await?;
@@ -104,11 +126,13 @@ async fn run(
             }
             Ok(None) => {}
             Err(e) => {
+                settle(stream, &mut handed).await?;
                 write_reply(stream, Reply::Close(frame::error(Code::InvalidArgument, e.to_string()))).await?;
                 return Ok(());
             }
         }
         if stopping && !serves_through_shutdown {
+            settle(stream, &mut handed).await?;
             if !buf.is_empty() {
                 // Part of a request arrived: answer it rather than leave the
                 // client waiting on a closed socket.
@@ -128,6 +152,7 @@ async fn run(
                 continue;
             }
             _ = super::budget::idle_expired(idle_limit, last_request) => {
+                settle(stream, &mut handed).await?;
                 // No request pending: nothing owed. Part of a frame: an error reply.
                 if let (false, Some(limit)) = (buf.is_empty(), idle_limit) {
                     write_reply(stream, Reply::Close(super::budget::incomplete_reply(&buf, limit))).await?;
@@ -137,11 +162,28 @@ async fn run(
             r = stream.read_buf(&mut buf) => r?,
         };
         if n == 0 {
+            // The client may have only shut its sending side: its reply still goes out.
+            settle(stream, &mut handed).await?;
             if !buf.is_empty() {
                 tracing::debug!(endpoint = endpoint.kind(), pending = buf.len(), "client closed mid-frame");
             }
             return Ok(());
         }
+    }
+}
+
+/// Waits for a handed-over rule request's reply to be written, and writes
+/// what its NIC thread could not.
+async fn settle(
+    stream: &mut UnixStream,
+    handed: &mut Option<oneshot::Receiver<Option<Vec<u8>>>>,
+) -> io::Result<()> {
+    let Some(rx) = handed.take() else { return Ok(()) };
+    match rx.await {
+        Ok(None) => Ok(()),
+        Ok(Some(rest)) => stream.write_all(&rest).await,
+        // The NIC thread is gone (never during normal operation): still a reply.
+        Err(_) => write_reply(stream, shutting_down()).await,
     }
 }
 

@@ -10,7 +10,7 @@ use crate::gpu::RxPool;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
-use crate::server::rule_workers::Requester;
+use crate::server::rule_workers::{Requester, SocketReply};
 use crate::wire::frame::{self, Code};
 use crate::wire::proto::{unix_socket_proto::Payload, QueueIdResponse, UnixSocketProto};
 
@@ -53,6 +53,58 @@ pub async fn handle(
         Endpoint::GpuMetadata(gpu) => pool_metadata(state, msg, gpu),
         Endpoint::GpuIpcHandle => ipc_handle(state, msg),
     }
+}
+
+/// How a rule request went on.
+pub enum RuleStart {
+    /// Answered here (bad input, no such GPU, ...).
+    Answered(Reply),
+    /// Handed to a NIC thread, which writes the reply itself; the receiver
+    /// yields what it could not write at once.
+    Handed(tokio::sync::oneshot::Receiver<Option<Vec<u8>>>),
+    /// Needs the general path (an uninstall that asks every NIC).
+    General(UnixSocketProto),
+}
+
+/// Starts a rule request on `sock`'s connection so that its NIC's thread
+/// writes the reply: the connection's task is not woken for it.
+pub fn start_rule(
+    state: &ServerState,
+    msg: UnixSocketProto,
+    install: bool,
+    who: Requester,
+    sock: std::os::fd::BorrowedFd<'_>,
+) -> RuleStart {
+    let started = Instant::now();
+    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
+    let answered = |code: Code, reply: Reply| {
+        state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
+        RuleStart::Answered(reply)
+    };
+    let req = match &msg.payload {
+        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(req) {
+            Ok(req) => req,
+            Err(f) => return answered(f.code, Reply::Close(frame::error(f.code, f.message))),
+        },
+        _ => return answered(Code::InvalidArgument, invalid("expected a flow_steer_rule_request")),
+    };
+    let (nic, gpu) = match resolve(state, &req) {
+        Ok(t) => t,
+        Err(_) if !install => return RuleStart::General(msg),
+        Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
+    };
+    let sock = match sock.try_clone_to_owned() {
+        Ok(s) => s,
+        Err(_) => return RuleStart::General(msg),
+    };
+    let (done, rx) = tokio::sync::oneshot::channel();
+    let to = SocketReply { sock, op, started, done };
+    if install {
+        state.workers[nic].install_to(req.flow, gpu, req.queue, who, to);
+    } else {
+        state.workers[nic].uninstall_to(req.flow, to);
+    }
+    RuleStart::Handed(rx)
 }
 
 async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Requester) -> Reply {

@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::config::pci::PciAddr;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine, Removal};
 use crate::rules::table::{Owner, RuleEntry};
@@ -73,7 +73,30 @@ pub struct Requester {
     pub lease: Option<Arc<dyn LeaseState>>,
 }
 
+/// Where a rule request's answer goes when the NIC thread writes it to the
+/// client's socket itself (no wake-up of the connection's task per request).
+pub struct SocketReply {
+    /// The client's socket (a duplicate: the connection may close meanwhile).
+    pub sock: std::os::fd::OwnedFd,
+    pub op: RuleOp,
+    pub started: Instant,
+    /// Bytes that could not be written at once (`None`: all were), for the
+    /// connection's task to send before anything else.
+    pub done: oneshot::Sender<Option<Vec<u8>>>,
+}
+
 enum Job {
+    InstallTo {
+        flow: FlowSpec,
+        gpu: usize,
+        hint: Option<u32>,
+        who: Requester,
+        to: SocketReply,
+    },
+    UninstallTo {
+        flow: FlowSpec,
+        to: SocketReply,
+    },
     Install {
         flow: FlowSpec,
         gpu: usize,
@@ -169,6 +192,24 @@ impl RuleWorker {
         self.ask(|reply| Job::Install { flow, gpu, hint, who, reply })
             .await
             .unwrap_or_else(|| Err(unavailable("the daemon is shutting down")))
+    }
+
+    /// Queues an install whose reply the NIC thread writes to the client itself.
+    pub fn install_to(&self, flow: FlowSpec, gpu: usize, hint: Option<u32>, who: Requester, to: SocketReply) {
+        if let Err(mpsc::SendError(Job::InstallTo { to, .. })) =
+            self.jobs.send(Job::InstallTo { flow, gpu, hint, who, to })
+        {
+            answer(to, Err(unavailable("the daemon is shutting down")), None);
+        }
+    }
+
+    /// Queues an uninstall whose reply the NIC thread writes to the client itself.
+    pub fn uninstall_to(&self, flow: FlowSpec, to: SocketReply) {
+        if let Err(mpsc::SendError(Job::UninstallTo { to, .. })) =
+            self.jobs.send(Job::UninstallTo { flow, to })
+        {
+            answer(to, Err(unavailable("the daemon is shutting down")), None);
+        }
     }
 
     pub async fn uninstall(&self, flow: FlowSpec) -> Result<Option<RuleEntry>, RuleFailure> {
@@ -284,6 +325,21 @@ impl NicThread {
     fn handle(&mut self, job: Job) {
         let stopping = self.stopping.load(Ordering::Acquire);
         match job {
+            Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } if stopping => {
+                answer(to, Err(unavailable("the daemon is shutting down")), Some(&self.metrics));
+            }
+            Job::InstallTo { flow, gpu, hint, who, to } => {
+                let r = if who.lease.as_ref().is_some_and(|l| !l.alive()) {
+                    Err(unavailable("the requesting process has exited"))
+                } else {
+                    self.install(flow, gpu, hint, who.owner).map(drop)
+                };
+                answer(to, r, Some(&self.metrics));
+            }
+            Job::UninstallTo { flow, to } => {
+                let r = self.uninstall(flow).map(drop);
+                answer(to, r, Some(&self.metrics));
+            }
             Job::Install { reply, .. } if stopping => {
                 let _ = reply.send(Err(unavailable("the daemon is shutting down")));
             }
@@ -487,6 +543,34 @@ impl NicThread {
             foreign_slots: self.engine.rules().foreign_slots().iter().copied().collect(),
         }
     }
+}
+
+/// Writes a rule request's reply to the client's socket and counts it.
+fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Option<&Metrics>) {
+    use crate::wire::frame;
+    let (code, msg) = match r {
+        Ok(()) => (Code::Ok, frame::ok()),
+        Err(f) => {
+            tracing::debug!(op = to.op.name(), code = f.code.name(), error = %f.message, "rule request failed");
+            (f.code, frame::error(f.code, f.message))
+        }
+    };
+    let bytes = frame::encode(&msg).unwrap_or_else(|e| {
+        frame::encode(&frame::error(Code::Internal, format!("reply not sent: {e}")))
+            .expect("a short reply fits")
+    });
+    if let Some(m) = metrics {
+        m.rule_done(to.op, code, to.started.elapsed().as_secs_f64());
+    }
+    // The socket is non-blocking: what does not fit now goes back to the
+    // connection's task; a client that left makes this fail harmlessly.
+    let flags = nix::sys::socket::MsgFlags::MSG_NOSIGNAL | nix::sys::socket::MsgFlags::MSG_DONTWAIT;
+    let rest = match nix::sys::socket::send(std::os::fd::AsRawFd::as_raw_fd(&to.sock), &bytes, flags) {
+        Ok(n) if n == bytes.len() => None,
+        Ok(n) => Some(bytes[n..].to_vec()),
+        Err(_) => Some(bytes),
+    };
+    let _ = to.done.send(rest);
 }
 
 fn booked_rule(gpu_names: &[String], f: &FlowSpec, e: &RuleEntry) -> BookedRule {
