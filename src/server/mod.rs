@@ -132,17 +132,6 @@ impl ServerState {
     pub fn set_addresses(&self, map: HashMap<IpAddr, usize>) {
         *self.addresses.write().expect("address map lock") = map;
     }
-
-    /// `/debug/flows` JSON.
-    pub async fn flows_json(&self) -> String {
-        let mut nics = Vec::new();
-        for w in &self.workers {
-            if let Some(s) = w.snapshot().await {
-                nics.push(s);
-            }
-        }
-        serde_json::json!({ "nics": nics }).to_string()
-    }
 }
 
 /// Resolves once `shutdown` turns true (or its sender is gone).
