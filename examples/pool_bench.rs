@@ -12,9 +12,9 @@
 
 use std::time::Instant;
 
-use tcpx_rxdm::config::pci::PciAddr;
 use tcpx_rxdm::gpu::cuda::CudaAllocator;
 use tcpx_rxdm::gpu::{PoolAllocator, ShmemType};
+use tcpx_rxdm::types::pci::PciAddr;
 
 fn parse_size(s: &str) -> u64 {
     let (num, mult) = match s.chars().last() {

@@ -4,12 +4,14 @@
 //! fuzz run <name>`); `tests/fuzz_corpus.rs` replays the committed corpora
 //! in `fuzz/corpus/<name>/` on stable in every `cargo test`.
 
-use crate::config::pci::PciAddr;
+use crate::types::pci::PciAddr;
+
 use crate::config::presets;
+use crate::netlink::{genl, rtnl, AttrSet};
 use crate::nic::ethtool::{bitset, genl as ethtool_genl};
-use crate::nic::{genl, nl::AttrSet, rtnl};
 use crate::rules::flow;
-use crate::wire::frame::{self, Code, FrameError};
+use crate::types::status::StatusCode;
+use crate::wire::frame::{self, FrameError};
 use crate::wire::proto::{unix_socket_proto::Payload, UnixSocketProto};
 
 /// Target names, as `fuzz/` and the corpus folders call them.
@@ -73,7 +75,7 @@ pub fn request(data: &[u8]) {
         _ => {}
     }
     for e in errors {
-        let reply = frame::error(Code::InvalidArgument, e);
+        let reply = frame::error(StatusCode::InvalidArgument, e);
         let bytes = frame::encode(&reply).expect("every error reply fits a frame");
         assert!(matches!(frame::parse(&bytes), Ok(Some(_))));
     }

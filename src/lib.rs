@@ -18,8 +18,11 @@ pub mod doctor;
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod gpu;
+pub mod host;
 pub mod metrics;
+pub mod netlink;
 pub mod nic;
 pub mod rules;
 pub mod server;
+pub mod types;
 pub mod wire;

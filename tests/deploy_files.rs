@@ -10,10 +10,11 @@ use std::process::Command;
 use serde::Deserialize;
 use serde_json::Value;
 use tcpx_rxdm::config::flags::{Flags, SetupParam};
+use tcpx_rxdm::host::tuning::TuningParams;
 
 const OUR_BIN: &str = "/usr/local/bin/tcpx-rxdm";
 const REFERENCE_BIN: &str = "/tcpgpudmarxd/build/app/tcpgpudmarxd";
-const TUNE: SetupParam = SetupParam::Tune { initcwnd: 128, rto_min_ms: 2, quickack: 0 };
+const TUNE: SetupParam = SetupParam::Tune(TuningParams { initcwnd: 128, rto_min_ms: 2, quickack: 0 });
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)

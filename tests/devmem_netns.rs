@@ -11,12 +11,12 @@ use std::process::Command;
 use neli::consts::socket::NlFamily;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use tcpx_rxdm::config::pci::PciAddr;
 use tcpx_rxdm::gpu::devmem::{
     bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES,
 };
 use tcpx_rxdm::gpu::{QueueBinder, RxPool};
-use tcpx_rxdm::nic::nl::{NlConn, NlError};
+use tcpx_rxdm::netlink::{NlConn, NlError};
+use tcpx_rxdm::types::pci::PciAddr;
 
 /// A namespace with `v0`/`v1` up; deleted on drop (which also removes the veth).
 struct Netns(String);

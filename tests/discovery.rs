@@ -5,7 +5,7 @@
 use std::fs;
 
 use tcpx_rxdm::config::discovery::{discover, DiscoveryError};
-use tcpx_rxdm::config::topology::NicSpec;
+use tcpx_rxdm::types::topology::NicSpec;
 use tempfile::TempDir;
 
 #[path = "common/sysfs.rs"]

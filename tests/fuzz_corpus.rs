@@ -44,9 +44,9 @@ fn seeds_include_inputs_the_decoders_accept() {
     let text = String::from_utf8(read("topology", "inline_manual")).unwrap();
     assert!(presets::topology_from_text(&text, "seed").is_ok());
     let addr = read("netlink", "addr_v4");
-    assert!(tcpx_rxdm::nic::rtnl::parse_addr(&addr[1..]).unwrap().is_some());
+    assert!(tcpx_rxdm::netlink::rtnl::parse_addr(&addr[1..]).unwrap().is_some());
     let link = read("netlink", "link");
-    assert_eq!(tcpx_rxdm::nic::rtnl::parse_link(&link[1..]).unwrap().name.as_deref(), Some("eth1"));
+    assert_eq!(tcpx_rxdm::netlink::rtnl::parse_link(&link[1..]).unwrap().name.as_deref(), Some("eth1"));
 }
 
 /// Found by the netlink target: a string set announcing ~1.9 billion strings

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sched::{setns, CloneFlags};
+use tcpx_rxdm::host::tuning::{HostTuning, TuningParams, TuningPlan};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
 use tcpx_rxdm::nic::family::{probe_family, DriverFamily};
 use tcpx_rxdm::nic::monitor::spawn_link_monitor;
-use tcpx_rxdm::nic::tuning::{HostTuning, TuningParams, TuningPlan};
 use tcpx_rxdm::nic::{FlowSpec, NicControl, NicEvent, NicOp, FEATURE_NTUPLE, STAT_RESET_CNT};
 
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -161,7 +161,9 @@ mod tests {
     use std::os::unix::net::UnixStream;
     use std::time::Duration;
 
-    use tcpx_rxdm::wire::frame::{self, Code};
+    use tcpx_rxdm::wire::frame;
+
+    use tcpx_rxdm::types::status::StatusCode;
 
     use super::*;
     use crate::load::{drive, rule_frames, Target};
@@ -187,7 +189,7 @@ mod tests {
     fn a_server_with_the_wrong_reply_cannot_look_fast() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("floor");
-        let wrong = frame::encode(&frame::error(Code::Unavailable, "busy")).unwrap();
+        let wrong = frame::encode(&frame::error(StatusCode::Unavailable, "busy")).unwrap();
         let floor = serve(&sock, 1, wrong).unwrap();
         let ok = Arc::new(frame::encode(&frame::ok()).unwrap());
         let run = drive(&sock, 4, &Arc::new(rule_frames(0, 50, &targets())), &ok);

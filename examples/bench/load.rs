@@ -143,7 +143,7 @@ pub fn check(reply: &[u8], expect: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tcpx_rxdm::wire::frame::Code;
+    use tcpx_rxdm::types::status::StatusCode;
 
     fn ok_frame() -> Vec<u8> {
         frame::encode(&frame::ok()).unwrap()
@@ -158,7 +158,7 @@ mod tests {
     fn check_accepts_only_the_exact_ok_frame() {
         let ok = ok_frame();
         assert_eq!(check(&ok, &ok), Ok(()));
-        let err = frame::encode(&frame::error(Code::ResourceExhausted, "no free slot")).unwrap();
+        let err = frame::encode(&frame::error(StatusCode::ResourceExhausted, "no free slot")).unwrap();
         let e = check(&err, &ok).unwrap_err();
         assert!(e.contains("status 8") && e.contains("no free slot"), "{e}");
         let mut extra = ok.clone();

@@ -10,8 +10,8 @@ use std::path::{Component, Path, PathBuf};
 
 use tracing::{debug, info};
 
-use super::pci::PciAddr;
-use super::topology::{GpuSpec, NicSpec};
+use crate::types::pci::PciAddr;
+use crate::types::topology::{GpuSpec, NicSpec};
 
 const NVIDIA_VENDOR: u32 = 0x10de;
 /// PCI base class of display controllers (VGA 0x0300xx, 3D 0x0302xx — H100 reports

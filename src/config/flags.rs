@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 
+use crate::gpu::binder::BinderKind;
 use crate::gpu::ShmemType;
+use crate::host::tuning::TuningParams;
 use crate::nic::sim::{Fault, SimDelay};
 
 /// Preset names accepted by `--gpu_nic_preset` besides a file path.
@@ -32,29 +34,50 @@ pub enum GpuBackendKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BindBackendKind {
-    Auto,
-    Tcpx,
-    Devmem,
-    None,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
 }
 
-/// Host tuning parameters from `--setup_param "--verbose A B C"`.
+/// Who may read `/debug/*` (`--debug_endpoints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DebugAccess {
+    /// Loopback peers only.
+    Local,
+    /// Any peer.
+    All,
+    /// Nobody (404).
+    Off,
+}
+
+impl DebugAccess {
+    /// Whether a request from `peer` may read `/debug/*`.
+    pub fn allows(self, peer: SocketAddr) -> bool {
+        match self {
+            DebugAccess::All => true,
+            DebugAccess::Off => false,
+            DebugAccess::Local => peer.ip().to_canonical().is_loopback(),
+        }
+    }
+}
+
+/// A parser for a value type named by a fixed list of words (so that the type
+/// itself needs no clap): `--help` and errors list the words.
+fn names_parser<T>(names: &'static [&'static str]) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Debug,
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(names).map(|s| s.parse::<T>().expect("a listed name parses"))
+}
+
+/// Host tuning from `--setup_param "--verbose INITCWND RTO_MIN_MS QUICKACK"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetupParam {
     /// Empty `--setup_param`: no host tuning at all.
     Off,
-    Tune {
-        initcwnd: u32,
-        rto_min_ms: u32,
-        quickack: u32,
-    },
+    Tune(TuningParams),
 }
 
 #[derive(Parser, Debug, Clone)]
@@ -74,7 +97,7 @@ pub struct Flags {
     #[arg(long = "gpu_nic_topology_proto", allow_hyphen_values = true)]
     pub gpu_nic_topology_proto: Option<String>,
     /// fd (VMM memory shared as a POSIX fd) or file (legacy CUDA IPC handle).
-    #[arg(long = "gpu_shmem_type", value_enum, default_value = "fd")]
+    #[arg(long = "gpu_shmem_type", default_value = "fd", value_parser = names_parser::<ShmemType>(ShmemType::NAMES))]
     pub gpu_shmem_type: ShmemType,
     /// Folder for the Unix sockets (created if missing).
     #[arg(long = "uds_path", default_value = "/run/tcpx")]
@@ -110,8 +133,8 @@ pub struct Flags {
     #[arg(long = "gpu_backend", value_enum, default_value = "auto")]
     pub gpu_backend: GpuBackendKind,
     /// How pools are bound to NIC queues.
-    #[arg(long = "bind_backend", value_enum, default_value = "auto")]
-    pub bind_backend: BindBackendKind,
+    #[arg(long = "bind_backend", default_value = "auto", value_parser = names_parser::<BinderKind>(BinderKind::NAMES))]
+    pub bind_backend: BinderKind,
     /// Address of the HTTP endpoints (/metrics, /healthz, /readyz, /debug/*); empty disables.
     #[arg(long = "metrics_address", default_value = "0.0.0.0:9467", value_parser = parse_listen_addr)]
     pub metrics_address: ListenAddr,
@@ -170,7 +193,7 @@ pub struct Flags {
     pub max_http_connections: u32,
     /// Who may read /debug/*: local (loopback peers), all, off.
     #[arg(long = "debug_endpoints", value_enum, default_value = "local")]
-    pub debug_endpoints: crate::metrics::http::DebugAccess,
+    pub debug_endpoints: DebugAccess,
     /// Seconds a rule or queue connection may go without a complete request
     /// before it is closed; 0 never. Registry and pool connections never are.
     #[arg(long = "client_idle_timeout", default_value_t = 60)]
@@ -264,7 +287,7 @@ pub fn parse_setup_param(s: &str) -> Result<SetupParam, String> {
         [] if !s.contains("--verbose") => Ok(SetupParam::Off),
         [a, b, c] => {
             let num = |w: &str| w.parse::<u32>().map_err(|_| format!("{w:?} is not a non-negative integer"));
-            Ok(SetupParam::Tune { initcwnd: num(a)?, rto_min_ms: num(b)?, quickack: num(c)? })
+            Ok(SetupParam::Tune(TuningParams { initcwnd: num(a)?, rto_min_ms: num(b)?, quickack: num(c)? }))
         }
         _ => Err("expected \"--verbose INITCWND RTO_MIN_MS QUICKACK\"".into()),
     }
@@ -335,7 +358,7 @@ mod tests {
 
     #[test]
     fn setup_param_accepts_manifest_literal() {
-        let want = SetupParam::Tune { initcwnd: 128, rto_min_ms: 2, quickack: 0 };
+        let want = SetupParam::Tune(TuningParams { initcwnd: 128, rto_min_ms: 2, quickack: 0 });
         assert_eq!(parse(&[r#"--setup_param=\"--verbose 128 2 0 \""#]).unwrap().setup_param, want);
         assert_eq!(parse(&["--setup_param", r#"\"--verbose 128 2 0 \""#]).unwrap().setup_param, want);
         assert_eq!(parse(&["--setup_param", "--verbose 128 2 0"]).unwrap().setup_param, want);

@@ -1,7 +1,6 @@
-//! Configuration: flags, the topology model, presets, and sysfs discovery.
+//! Configuration: flags, presets, the topology message, and sysfs discovery.
 
 pub mod discovery;
 pub mod flags;
-pub mod pci;
 pub mod presets;
 pub mod topology;

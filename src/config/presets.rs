@@ -7,7 +7,7 @@ use prost_reflect::{DescriptorPool, DynamicMessage};
 
 use super::discovery;
 use super::flags::Flags;
-use super::topology::{NicSpec, Topology, TopologyError};
+use crate::types::topology::{NicSpec, Topology, TopologyError};
 use crate::wire::{proto, DESCRIPTORS};
 
 pub const A3VM: &str = include_str!("../../presets/a3vm.textproto");
@@ -68,7 +68,7 @@ pub fn parse_textproto(text: &str, source_name: &str) -> Result<proto::GpuRxqCon
 pub fn topology_from_text(text: &str, source_name: &str) -> Result<Topology, ConfigError> {
     let msg = parse_textproto(text, source_name)?;
     let invalid = |err| ConfigError::Invalid { source_name: source_name.to_string(), err };
-    let topo = Topology::from_proto(&msg).map_err(invalid)?;
+    let topo = super::topology::from_proto(&msg).map_err(invalid)?;
     topo.validate().map_err(invalid)?;
     Ok(topo)
 }
@@ -112,7 +112,7 @@ pub fn resolve_topology(flags: &Flags) -> Result<(Topology, Source), ConfigError
     };
     let mut topo = match text {
         None => {
-            let mut topo = Topology::from_proto(&Default::default()).map_err(invalid)?;
+            let mut topo = super::topology::from_proto(&Default::default()).map_err(invalid)?;
             topo.nics = discover(topo.rss_set_size, topo.tcpd_queue_size)?;
             topo
         }
@@ -125,7 +125,7 @@ pub fn resolve_topology(flags: &Flags) -> Result<(Topology, Source), ConfigError
                 )?;
                 fill_from_discovery(&mut msg, &found)?;
             }
-            Topology::from_proto(&msg).map_err(invalid)?
+            super::topology::from_proto(&msg).map_err(invalid)?
         }
     };
     apply_overrides(&mut topo, &source, flags);

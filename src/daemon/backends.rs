@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
-use crate::config::topology::Topology;
 use crate::gpu::binder::select_binder;
 use crate::gpu::cuda::CudaAllocator;
 use crate::gpu::host::HostAllocator;
@@ -13,6 +12,7 @@ use crate::gpu::{PoolAllocator, QueueBinder, ShmemType};
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
+use crate::types::topology::Topology;
 
 use super::DaemonError;
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use crate::metrics::http::{DebugAccess, Handler, Request, Response};
 use crate::metrics::Metrics;
+use crate::server::http::{DebugAccess, Handler, Request, Response};
 use crate::server::{flows_stream, ServerState};
 
 /// `/debug/flows` responses produced at the same time.
@@ -92,7 +92,7 @@ impl Handler for Routes {
             "/metrics" => Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4; charset=utf-8",
-                body: crate::metrics::http::Body::Full(self.metrics.render()),
+                body: crate::server::http::Body::Full(self.metrics.render()),
             },
             "/healthz" => Response::text(200, "ok\n"),
             "/readyz" => match self.ready.load(Ordering::SeqCst) {

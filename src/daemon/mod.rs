@@ -19,19 +19,20 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::flags::Flags;
 use crate::config::flags::SetupParam;
-use crate::config::pci::PciAddr;
 use crate::config::presets::{self, Source};
-use crate::config::topology::Topology;
 use crate::gpu::{Binding, RxPool};
-use crate::metrics::{http, Metrics};
+use crate::host::tuning::{HostTuning, TuningPlan};
+use crate::metrics::Metrics;
 use crate::nic::monitor::{spawn_link_monitor, MonitorHandle};
 use crate::nic::prime::{self, PrimedNic};
-use crate::nic::tuning::{HostTuning, TuningParams, TuningPlan};
 use crate::nic::{NicControl, NicEvent};
+use crate::server::http;
 use crate::server::leases::{ClientTracker, LeasePolicy};
 use crate::server::rule_workers::RuleWorker;
 use crate::server::socket_dir::{resolve_group, SocketDir};
 use crate::server::{self, AppRegistry, Endpoint, GpuEntry, ServerState};
+use crate::types::pci::PciAddr;
+use crate::types::topology::Topology;
 use backends::Backends;
 use http_routes::Routes;
 use job_end::{JobEndError, ShutdownFile};
@@ -121,7 +122,7 @@ impl Node {
             let started: Vec<_> = state.workers.iter().map(|w| w.remove_all(give_up_at)).collect();
             for (w, removal) in state.workers.iter().zip(started) {
                 let errs = removal.await;
-                tracing::info!(nic = %w.ifname, elapsed_ms = ms(t), refused = errs.len(), "rules removed");
+                tracing::info!(ifname = %w.ifname, elapsed_ms = ms(t), refused = errs.len(), "rules removed");
                 errors.extend(errs.into_iter().map(|e| format!("removing rules: {e}")));
             }
         }
@@ -130,7 +131,7 @@ impl Node {
         for p in self.primed.iter_mut().rev() {
             let errs = p.restore(self.nic.as_ref());
             if errs.is_empty() {
-                tracing::info!(nic = %p.ifname, "NIC restored");
+                tracing::info!(ifname = %p.ifname, "NIC restored");
             }
             errors.extend(errs.into_iter().map(|e| format!("restoring {e}")));
         }
@@ -346,10 +347,9 @@ fn start_link_monitor(
 /// Host tuning, best effort: failures are logged, what was
 /// applied is undone at shutdown.
 fn apply_host_tuning(flags: &Flags) -> Option<HostTuning> {
-    let SetupParam::Tune { initcwnd, rto_min_ms, quickack } = flags.setup_param else {
+    let SetupParam::Tune(params) = flags.setup_param else {
         return None;
     };
-    let params = TuningParams { initcwnd, rto_min_ms, quickack };
     let plan = match &flags.tuning_script_path {
         Some(dir) => TuningPlan::Script { dir: dir.clone(), args: params.script_args() },
         None => TuningPlan::Native { procfs_root: flags.procfs_root(), sysfs_root: flags.sysfs_root() },
@@ -401,7 +401,7 @@ fn address_map(nic: &dyn NicControl, topo: &Topology) -> HashMap<IpAddr, usize> 
     for (i, n) in topo.nics.iter().enumerate() {
         match nic.addresses(&n.ifname) {
             Ok(addrs) => map.extend(addrs.into_iter().map(|a| (a.to_canonical(), i))),
-            Err(e) => tracing::warn!(nic = %n.ifname, error = %e, "could not read addresses"),
+            Err(e) => tracing::warn!(ifname = %n.ifname, error = %e, "could not read addresses"),
         }
     }
     map
@@ -493,7 +493,7 @@ async fn start(
         }
         let capacity = topo.max_rx_rules.min(p.rule_capacity);
         if capacity < topo.max_rx_rules {
-            tracing::warn!(nic = %n.ifname, capacity, max_rx_rules = topo.max_rx_rules, "NIC has fewer rule slots than max_rx_rules");
+            tracing::warn!(ifname = %n.ifname, capacity, max_rx_rules = topo.max_rx_rules, "NIC has fewer rule slots than max_rx_rules");
         }
         let gq = n.gpus.iter().map(|g| (g.pci, g.queues.clone())).collect();
         let w = RuleWorker::new(&n.ifname, capacity, gq, b.nic.clone(), metrics.clone(), stopping.clone())

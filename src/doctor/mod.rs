@@ -18,13 +18,14 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use serde::Serialize;
 
-use crate::config::flags::{BindBackendKind, Flags, GpuBackendKind, NicBackendKind, SetupParam};
+use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind, SetupParam};
 use crate::config::presets::{self, Source};
-use crate::config::topology::Topology;
+use crate::gpu::binder::BinderKind;
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::family::{probe_family, DriverFamily};
 use crate::nic::sim::SimNic;
 use crate::nic::{DataSplit, NicControl, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, STAT_RESET_CNT};
+use crate::types::topology::Topology;
 
 /// The mark of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -191,7 +192,7 @@ pub fn run(flags: &Flags) -> Report {
         _ => "cuda".into(),
     };
     let daemon = lock_holder(&flags.uds_path);
-    let binding_needed = !sim_nic && flags.bind_backend != BindBackendKind::None;
+    let binding_needed = !sim_nic && flags.bind_backend != BinderKind::None;
     let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, binding_needed };
 
     match resolved {
@@ -602,8 +603,8 @@ const CTRL_ATTR_OP_ID: u16 = 1;
 
 /// The op ids of generic netlink family `name`; `None` when the kernel lacks the family.
 fn genl_family_ops(name: &str) -> Result<Option<Vec<u32>>, String> {
-    use crate::nic::genl;
-    use crate::nic::nl::{AttrSet, NlConn, NlError};
+    use crate::netlink::genl;
+    use crate::netlink::{AttrSet, NlConn, NlError};
     let mut conn = NlConn::open(neli::consts::socket::NlFamily::Generic).map_err(|e| e.to_string())?;
     let replies = match conn.transact(&genl::get_family(name)) {
         Ok(r) => r,
@@ -648,23 +649,21 @@ fn check_kernel(r: &mut Report, ctx: &Ctx) {
         Ok(Some(_)) if devmem_ok => {
             (Status::Pass, "netdev family with BIND_RX (upstream devmem TCP)".to_string())
         }
-        Ok(Some(_)) => (
-            not_needed(bind == BindBackendKind::Devmem),
-            "netdev family without BIND_RX (kernel < 6.12)".into(),
-        ),
+        Ok(Some(_)) => {
+            (not_needed(bind == BinderKind::Devmem), "netdev family without BIND_RX (kernel < 6.12)".into())
+        }
         Ok(None) => (
-            not_needed(bind == BindBackendKind::Devmem),
+            not_needed(bind == BinderKind::Devmem),
             "no netdev generic netlink family (kernel < 6.12)".into(),
         ),
         Err(e) => (Status::Warn, format!("cannot ask generic netlink: {e}")),
     };
-    let devmem_status =
-        if bind == BindBackendKind::Devmem && !devmem_ok { Status::Fail } else { devmem_line.0 };
+    let devmem_status = if bind == BinderKind::Devmem && !devmem_ok { Status::Fail } else { devmem_line.0 };
     r.add(s, "devmem TCP", devmem_status, devmem_line.1, None);
     let tcpx_line = match &tcpx {
         Some(sym) => (Status::Pass, format!("likely present: kernel symbol {sym} (the ioctls themselves are only tried by the daemon: probing them creates a page pool on a GPU dma-buf)")),
         None => (
-            if bind == BindBackendKind::Tcpx { Status::Fail } else { not_needed(binding_needed && !devmem_ok) },
+            if bind == BinderKind::Tcpx { Status::Fail } else { not_needed(binding_needed && !devmem_ok) },
             "unknown: no dma-buf page-pool symbols in /proc/kallsyms (not a COS TCPX kernel?); the ioctls cannot be probed without creating a page pool on a GPU dma-buf".into(),
         ),
     };
@@ -905,7 +904,7 @@ fn check_host(r: &mut Report, ctx: &Ctx) {
         };
         r.add(s, "tuning", Status::Skip, why, None);
     } else {
-        let knobs = crate::nic::tuning::knob_states(&flags.procfs_root(), &flags.sysfs_root());
+        let knobs = crate::host::tuning::knob_states(&flags.procfs_root(), &flags.sysfs_root());
         let at = knobs.iter().filter(|k| k.ok).count();
         let differ: Vec<String> = knobs
             .iter()
@@ -932,8 +931,8 @@ fn check_host(r: &mut Report, ctx: &Ctx) {
             found.push_str(" (set at start, restored at exit)");
         }
         r.add(s, "tuning", status, found, None);
-        if let SetupParam::Tune { initcwnd, rto_min_ms, quickack } = flags.setup_param {
-            let params = crate::nic::tuning::TuningParams { initcwnd, rto_min_ms, quickack };
+        if let SetupParam::Tune(params) = flags.setup_param {
+            let crate::host::tuning::TuningParams { initcwnd, rto_min_ms, quickack } = params;
             match route_states(&params) {
                 Ok((total, tuned)) => r.add(
                     s,
@@ -979,11 +978,11 @@ fn check_host(r: &mut Report, ctx: &Ctx) {
 
 /// Main-table unicast routes (IPv4 and IPv6), and how many already carry
 /// every route metric native tuning sets. Reads only.
-fn route_states(params: &crate::nic::tuning::TuningParams) -> Result<(usize, usize), String> {
-    use crate::nic::rtnl;
+fn route_states(params: &crate::host::tuning::TuningParams) -> Result<(usize, usize), String> {
+    use crate::netlink::rtnl;
     let want = params.route_metrics();
     let mut conn =
-        crate::nic::nl::NlConn::open(neli::consts::socket::NlFamily::Route).map_err(|e| e.to_string())?;
+        crate::netlink::NlConn::open(neli::consts::socket::NlFamily::Route).map_err(|e| e.to_string())?;
     let (mut total, mut tuned) = (0, 0);
     for v6 in [false, true] {
         for payload in conn.transact(&rtnl::getroute_dump(v6)).map_err(|e| e.to_string())? {

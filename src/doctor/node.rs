@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::{Component, Path};
 
 use super::{plural, ranges, Ctx, Report, Status};
-use crate::config::pci::PciAddr;
 use crate::config::presets::{interface_has_address, Source};
+use crate::types::pci::PciAddr;
 
 const NVIDIA_VENDOR: u32 = 0x10de;
 const DISPLAY_BASE_CLASS: u32 = 0x03;

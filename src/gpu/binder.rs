@@ -10,8 +10,35 @@ use std::sync::Mutex;
 use super::devmem::DevmemBinder;
 use super::tcpx::{DmaBufPages, KernelDmaBufPages, TcpxBinder, TcpxError};
 use super::{BindError, Binding, NoBinder, QueueBinder, RxPool};
-use crate::config::flags::BindBackendKind as BinderKind;
-use crate::config::pci::PciAddr;
+use crate::types::pci::PciAddr;
+
+/// Which binder `--bind_backend` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinderKind {
+    /// `none` with a simulated NIC, else tcpx with devmem as the fallback.
+    Auto,
+    Tcpx,
+    Devmem,
+    None,
+}
+
+impl BinderKind {
+    /// The flag's words, in the order of the variants.
+    pub const NAMES: &'static [&'static str] = &["auto", "tcpx", "devmem", "none"];
+}
+
+impl std::str::FromStr for BinderKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(BinderKind::Auto),
+            "tcpx" => Ok(BinderKind::Tcpx),
+            "devmem" => Ok(BinderKind::Devmem),
+            "none" => Ok(BinderKind::None),
+            _ => Err(format!("unknown bind backend {s:?}")),
+        }
+    }
+}
 
 /// The binder for `kind`; `sim_nic` is true when the NICs are simulated.
 pub fn select_binder(kind: BinderKind, sim_nic: bool) -> Box<dyn QueueBinder> {

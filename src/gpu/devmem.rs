@@ -11,9 +11,9 @@ use neli::consts::socket::NlFamily;
 use nix::errno::Errno;
 
 use super::{BindError, Binding, QueueBinder, RxPool};
-use crate::config::pci::PciAddr;
-use crate::nic::genl;
-use crate::nic::nl::{attr_nest, attr_u32, NlConn, NlError, NlRequest};
+use crate::netlink::genl;
+use crate::netlink::{attr_nest, attr_u32, NlConn, NlError, NlRequest};
+use crate::types::pci::PciAddr;
 
 pub const NETDEV_FAMILY_NAME: &str = "netdev";
 pub const NETDEV_FAMILY_VERSION: u8 = 1;

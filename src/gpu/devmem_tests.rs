@@ -5,7 +5,7 @@ use neli::types::Buffer;
 use neli::FromBytes;
 
 use super::*;
-use crate::nic::nl::kernel_error;
+use crate::netlink::kernel_error;
 
 /// `BIND_RX` for ifindex 5, dma-buf fd 9, queues 8 and 9; family 0x1c, seq 7.
 /// Written out from `include/uapi/linux/netdev.h` and `linux/netlink.h`, not

@@ -7,7 +7,7 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::unistd::ftruncate;
 
 use super::{GpuError, PoolAllocator, RxPool, ShmemType};
-use crate::config::pci::PciAddr;
+use crate::types::pci::PciAddr;
 
 const PAGE: u64 = 4096;
 

@@ -11,7 +11,7 @@ pub mod tcpx;
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
 
-use crate::config::pci::PciAddr;
+use crate::types::pci::PciAddr;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -45,12 +45,28 @@ pub trait RxPool: Send + Sync + Debug {
 }
 
 /// How the pool is shared with clients (`--gpu_shmem_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShmemType {
     /// VMM memory exported as a POSIX fd.
     Fd,
     /// Legacy CUDA IPC memory handle.
     File,
+}
+
+impl ShmemType {
+    /// The flag's words, in the order of the variants.
+    pub const NAMES: &'static [&'static str] = &["fd", "file"];
+}
+
+impl std::str::FromStr for ShmemType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fd" => Ok(ShmemType::Fd),
+            "file" => Ok(ShmemType::File),
+            _ => Err(format!("unknown shared memory type {s:?} (fd or file)")),
+        }
+    }
 }
 
 /// Allocates pools.

@@ -2,8 +2,8 @@
 //! the simulated NICs, so the whole daemon runs on a GPU machine without
 //! TCPX NICs.
 
-use crate::config::pci::PciAddr;
-use crate::config::topology::{GpuSpec, Topology};
+use crate::types::pci::PciAddr;
+use crate::types::topology::{GpuSpec, Topology};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlacementError {
@@ -53,7 +53,7 @@ pub fn spread_gpus(topo: &Topology, gpus: &[PciAddr]) -> Result<Topology, Placem
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::topology::NicSpec;
+    use crate::types::topology::NicSpec;
 
     fn pci(s: &str) -> PciAddr {
         s.parse().unwrap()

@@ -15,10 +15,11 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use nix::errno::Errno;
 
 use super::{BindError, Binding, QueueBinder, RxPool};
-use crate::config::pci::PciAddr;
+use crate::types::pci::PciAddr;
 
+use crate::types::ifname::ifname_field;
 /// `IFNAMSIZ`.
-pub const IFNAMSIZ: usize = 16;
+pub use crate::types::ifname::IFNAMSIZ;
 
 /// `struct dma_buf_create_pages_info` (32 bytes).
 #[repr(C)]
@@ -56,13 +57,7 @@ impl CreatePagesInfo {
 impl BindRxQueue {
     /// `None` if the name does not fit `IFNAMSIZ` with its NUL, or holds a NUL.
     pub fn new(ifname: &str, rxq_idx: u32) -> Option<Self> {
-        let bytes = ifname.as_bytes();
-        if bytes.is_empty() || bytes.len() >= IFNAMSIZ || bytes.contains(&0) {
-            return None;
-        }
-        let mut name = [0u8; IFNAMSIZ];
-        name[..bytes.len()].copy_from_slice(bytes);
-        Some(BindRxQueue { ifname: name, rxq_idx })
+        Some(BindRxQueue { ifname: ifname_field(ifname)?, rxq_idx })
     }
 }
 

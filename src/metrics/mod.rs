@@ -6,8 +6,6 @@
 //! code, each endpoint kind), so that alerts never see "no data". Failures are
 //! also kept in a small ring of recent errors for `tcpx-rxdm status`.
 
-pub mod http;
-
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -18,7 +16,7 @@ use prometheus::{
 };
 
 use crate::nic::NicError;
-use crate::wire::frame::{Code, ALL_CODES};
+use crate::types::status::{StatusCode, ALL_CODES};
 
 /// How many recent errors [`Metrics::recent_errors`] keeps.
 pub const RECENT_ERRORS: usize = 20;
@@ -295,7 +293,7 @@ impl Metrics {
     }
 
     /// Counts one rule request and its latency.
-    pub fn rule_done(&self, op: RuleOp, code: Code, seconds: f64) {
+    pub fn rule_done(&self, op: RuleOp, code: StatusCode, seconds: f64) {
         let i = ALL_CODES.iter().position(|c| *c == code).expect("every code is listed");
         self.rule_series.requests[op as usize][i].inc();
         self.rule_series.latency[op as usize].observe(seconds);
@@ -303,7 +301,7 @@ impl Metrics {
 
     /// Creates the zero-valued series of every family labelled by NIC, GPU or
     /// queue, for the NICs, GPUs and queues of `topo`.
-    pub fn init_topology(&self, topo: &crate::config::topology::Topology) {
+    pub fn init_topology(&self, topo: &crate::types::topology::Topology) {
         self.init_nics(topo.nics.iter().map(|n| n.ifname.as_str()));
         for (nic, gpu) in topo.gpus() {
             self.pool_bytes.with_label_values(&[&gpu.pci.to_string()]);

@@ -9,13 +9,9 @@
 pub mod claim;
 pub mod ethtool;
 pub mod family;
-pub mod genl;
 pub mod monitor;
-pub mod nl;
 pub mod prime;
-pub mod rtnl;
 pub mod sim;
-pub mod tuning;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -23,19 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use nix::errno::Errno;
 use serde::Serialize;
 
-/// A TCP flow as the NIC matches it. `src` is the remote peer, `dst` the local
-/// receiving socket; both have the same address family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FlowSpec {
-    pub src: SocketAddr,
-    pub dst: SocketAddr,
-}
-
-impl FlowSpec {
-    pub fn is_v6(&self) -> bool {
-        self.dst.is_ipv6()
-    }
-}
+pub use crate::types::flow::FlowSpec;
 
 /// One steering rule as the NIC reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

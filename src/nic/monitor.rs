@@ -21,9 +21,9 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, error, info, warn};
 
-use super::nl::{NlConn, NlError};
-use super::rtnl::{self, LinkMsg, IF_OPER_UP};
 use super::{NicControl, NicError, NicEvent, STAT_RESET_CNT};
+use crate::netlink::rtnl::{self, LinkMsg, IF_OPER_UP};
+use crate::netlink::{NlConn, NlError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MonitorError {
@@ -245,7 +245,7 @@ fn run(conn: NlConn, stop: std::os::fd::OwnedFd, mut state: MonitorState, events
 
 /// A minimal RTM_NEWLINK payload for a link state read from a dump (resync).
 fn link_payload(l: &LinkMsg) -> Vec<u8> {
-    use super::nl::{attr_str, attr_u8, attrs_bytes};
+    use crate::netlink::{attr_str, attr_u8, attrs_bytes};
     let mut p = vec![0u8; 16];
     p[4..8].copy_from_slice(&l.index.to_ne_bytes());
     p[8..12].copy_from_slice(&l.flags.to_ne_bytes());

@@ -8,7 +8,7 @@ use nix::errno::Errno;
 use super::table::{NicRules, Owner, Reserve, RuleEntry};
 use super::{code_for_errno, RuleFailure};
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
-use crate::wire::frame::Code;
+use crate::types::status::StatusCode;
 
 /// The result of an install that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +74,7 @@ impl NicRuleEngine {
                 }
                 Reserve::Exhausted => {
                     return Err(RuleFailure::new(
-                        Code::ResourceExhausted,
+                        StatusCode::ResourceExhausted,
                         format!("all {} rule slots of {} are in use", self.rules.capacity(), self.ifname),
                     ))
                 }
@@ -217,11 +217,11 @@ mod tests {
     fn nic_failure_rolls_back_and_maps_errno() {
         let (nic, mut eng) = setup(16);
         for (errno, code) in [
-            (Errno::EINVAL, Code::InvalidArgument),
-            (Errno::ENOSPC, Code::ResourceExhausted),
-            (Errno::EBUSY, Code::Unavailable),
-            (Errno::EAGAIN, Code::Unavailable),
-            (Errno::EIO, Code::Internal),
+            (Errno::EINVAL, StatusCode::InvalidArgument),
+            (Errno::ENOSPC, StatusCode::ResourceExhausted),
+            (Errno::EBUSY, StatusCode::Unavailable),
+            (Errno::EAGAIN, StatusCode::Unavailable),
+            (Errno::EIO, StatusCode::Internal),
         ] {
             nic.fail_nth(NicOp::AddRule, 1, errno);
             let e = eng.install(&nic, flow(1), 0, None, Owner::default()).unwrap_err();
@@ -241,7 +241,7 @@ mod tests {
         let (nic, mut eng) = setup(16);
         eng.install(&nic, flow(1), 1, Some(13), Owner::default()).unwrap();
         nic.fail_nth(NicOp::DelRule, 1, Errno::EBUSY);
-        assert_eq!(eng.uninstall(&nic, &flow(1)).unwrap_err().code, Code::Unavailable);
+        assert_eq!(eng.uninstall(&nic, &flow(1)).unwrap_err().code, StatusCode::Unavailable);
         assert_eq!(eng.rules().len(), 1);
         assert_eq!(eng.uninstall(&nic, &flow(1)).unwrap().unwrap().queue, 13);
         assert_eq!(eng.uninstall(&nic, &flow(1)), Ok(None));
@@ -269,7 +269,7 @@ mod tests {
         nic.fail_nth(NicOp::AddRule, 1, Errno::EBUSY);
         assert_eq!(
             eng.install(&nic, flow(3), 0, None, Owner::default()).unwrap_err().code,
-            Code::Unavailable
+            StatusCode::Unavailable
         );
         assert_eq!(eng.rules().foreign_slots().len(), 2);
         eng.rules().check_consistency().unwrap();
@@ -364,9 +364,9 @@ mod tests {
                             Ok(Installed::Existing(_)) => prop_assert!(existed),
                             Err(e) => {
                                 if fail && !existed && free_before > 0 {
-                                    prop_assert_eq!(e.code, Code::Unavailable);
+                                    prop_assert_eq!(e.code, StatusCode::Unavailable);
                                 } else {
-                                    prop_assert_eq!(e.code, Code::ResourceExhausted);
+                                    prop_assert_eq!(e.code, StatusCode::ResourceExhausted);
                                     prop_assert_eq!(free_before, 0);
                                 }
                             }

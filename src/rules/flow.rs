@@ -4,14 +4,12 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::RuleFailure;
-use crate::config::pci::PciAddr;
 use crate::nic::FlowSpec;
-use crate::wire::frame::Code;
+use crate::types::pci::PciAddr;
+use crate::types::status::StatusCode;
 use crate::wire::proto::{FlowSteerRuleRequest, SocketAddress};
 
-/// ethtool flow types the protocol carries.
-pub const TCP_V4_FLOW: i32 = 1;
-pub const TCP_V6_FLOW: i32 = 5;
+use crate::types::flow::{TCP_V4_FLOW, TCP_V6_FLOW};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleRequest {
@@ -21,7 +19,7 @@ pub struct RuleRequest {
 }
 
 fn invalid(msg: impl Into<String>) -> RuleFailure {
-    RuleFailure::new(Code::InvalidArgument, msg)
+    RuleFailure::new(StatusCode::InvalidArgument, msg)
 }
 
 fn socket_addr(a: Option<&SocketAddress>, which: &str, v6: bool) -> Result<SocketAddr, RuleFailure> {
@@ -42,8 +40,8 @@ fn socket_addr(a: Option<&SocketAddress>, which: &str, v6: bool) -> Result<Socke
 pub fn parse(req: &FlowSteerRuleRequest) -> Result<RuleRequest, RuleFailure> {
     let nt = req.flow_steer_ntuple.as_ref().ok_or_else(|| invalid("flow_steer_ntuple is missing"))?;
     let v6 = match nt.flow_type {
-        Some(TCP_V4_FLOW) => false,
-        Some(TCP_V6_FLOW) => true,
+        Some(t) if t == TCP_V4_FLOW as i32 => false,
+        Some(t) if t == TCP_V6_FLOW as i32 => true,
         Some(t) => return Err(invalid(format!("flow_type {t} is not TCP_V4_FLOW (1) or TCP_V6_FLOW (5)"))),
         None => return Err(invalid("flow_type is missing")),
     };
@@ -99,7 +97,7 @@ mod tests {
         ];
         for (r, want) in cases {
             let e = parse(&r).unwrap_err();
-            assert_eq!(e.code, Code::InvalidArgument);
+            assert_eq!(e.code, StatusCode::InvalidArgument);
             assert!(e.message.contains(want), "{}", e.message);
         }
         let mut r = req(1, "10.1.0.2", 1, "10.0.0.1", 2);

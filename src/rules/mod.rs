@@ -10,31 +10,31 @@ pub mod table;
 
 use nix::errno::Errno;
 
-use crate::wire::frame::Code;
+use crate::types::status::StatusCode;
 
 /// A request that failed, with the status code the client gets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct RuleFailure {
-    pub code: Code,
+    pub code: StatusCode,
     pub message: String,
     /// The NIC's refusal behind it, if any (counted by the caller).
     pub nic: Option<crate::nic::NicError>,
 }
 
 impl RuleFailure {
-    pub fn new(code: Code, message: impl Into<String>) -> Self {
+    pub fn new(code: StatusCode, message: impl Into<String>) -> Self {
         RuleFailure { code, message: message.into(), nic: None }
     }
 }
 
 /// Maps a NIC errno to the status code the plugin acts on: it treats
 /// RESOURCE_EXHAUSTED as fatal and everything else as "retry later".
-pub fn code_for_errno(errno: Errno) -> Code {
+pub fn code_for_errno(errno: Errno) -> StatusCode {
     match errno {
-        Errno::EINVAL => Code::InvalidArgument,
-        Errno::ENOSPC => Code::ResourceExhausted,
-        Errno::EBUSY | Errno::EAGAIN => Code::Unavailable,
-        _ => Code::Internal,
+        Errno::EINVAL => StatusCode::InvalidArgument,
+        Errno::ENOSPC => StatusCode::ResourceExhausted,
+        Errno::EBUSY | Errno::EAGAIN => StatusCode::Unavailable,
+        _ => StatusCode::Internal,
     }
 }

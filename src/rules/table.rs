@@ -304,7 +304,7 @@ impl NicRules {
         if cap > MIN_CAPACITY && self.flows.len() < cap / 4 {
             self.flows.shrink_to((self.flows.len() * 2).max(MIN_CAPACITY / 2));
             if cap > 64 * 1024 {
-                crate::server::memory::note_large_free();
+                crate::host::memory::note_large_free();
             }
         }
     }

@@ -22,7 +22,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Endpoint;
-use crate::wire::frame::{self, Code};
+use crate::types::status::StatusCode;
+use crate::wire::frame;
 use crate::wire::proto::UnixSocketProto;
 
 /// Share of `--max_connections` kept for registry and pool endpoints: 1/RESERVE_DIVISOR.
@@ -115,7 +116,7 @@ pub fn incomplete_reply(pending: &[u8], limit: Duration) -> UnixSocketProto {
     let announced = frame::body_len(pending).map(|n| n + frame::HEADER_LEN);
     let want = announced.map(|n| format!(" of {n}")).unwrap_or_default();
     frame::error(
-        Code::InvalidArgument,
+        StatusCode::InvalidArgument,
         format!(
             "incomplete request: {}{want} bytes received, nothing more for {} s; closing",
             pending.len(),
@@ -127,7 +128,7 @@ pub fn incomplete_reply(pending: &[u8], limit: Duration) -> UnixSocketProto {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::pci::PciAddr;
+    use crate::types::pci::PciAddr;
 
     #[tokio::test]
     async fn rule_connections_cannot_take_the_reserved_share() {

@@ -14,7 +14,8 @@ use super::handlers::{self, ConnContext, Reply, RuleStart};
 use super::rule_workers::Requester;
 use super::{Endpoint, ServerState};
 use crate::gpu::RxPool;
-use crate::wire::frame::{self, Code};
+use crate::types::status::StatusCode;
+use crate::wire::frame;
 
 /// The byte that carries an fd (any single byte does).
 const FD_CARRIER: [u8; 1] = [0];
@@ -60,7 +61,7 @@ fn tracks_client(endpoint: Endpoint) -> bool {
 }
 
 fn shutting_down() -> Reply {
-    Reply::Message(frame::error(Code::Unavailable, "the daemon is shutting down"))
+    Reply::Message(frame::error(StatusCode::Unavailable, "the daemon is shutting down"))
 }
 
 /// Serves requests in order. Every request read gets exactly one reply before
@@ -127,7 +128,8 @@ async fn run(
             Ok(None) => {}
             Err(e) => {
                 settle(stream, &mut handed).await?;
-                write_reply(stream, Reply::Close(frame::error(Code::InvalidArgument, e.to_string()))).await?;
+                write_reply(stream, Reply::Close(frame::error(StatusCode::InvalidArgument, e.to_string())))
+                    .await?;
                 return Ok(());
             }
         }
@@ -206,7 +208,7 @@ async fn write_reply(stream: &mut UnixStream, reply: Reply) -> io::Result<()> {
             let bytes = match frame::encode(&m) {
                 Ok(b) => b,
                 // Still a reply: a client waits for one.
-                Err(e) => frame::encode(&frame::error(Code::Internal, format!("reply not sent: {e}")))
+                Err(e) => frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
             };
             stream.write_all(&bytes).await

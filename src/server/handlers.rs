@@ -5,13 +5,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Endpoint, ServerState};
-use crate::config::pci::PciAddr;
 use crate::gpu::RxPool;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
 use crate::server::rule_workers::{Requester, SocketReply};
-use crate::wire::frame::{self, Code};
+use crate::types::pci::PciAddr;
+use crate::types::status::StatusCode;
+use crate::wire::frame;
 use crate::wire::proto::{unix_socket_proto::Payload, QueueIdResponse, UnixSocketProto};
 
 /// What to send back.
@@ -32,7 +33,7 @@ pub struct ConnContext {
 }
 
 fn invalid(msg: impl Into<String>) -> Reply {
-    Reply::Close(frame::error(Code::InvalidArgument, msg))
+    Reply::Close(frame::error(StatusCode::InvalidArgument, msg))
 }
 
 pub async fn handle(
@@ -77,7 +78,7 @@ pub fn start_rule(
 ) -> RuleStart {
     let started = Instant::now();
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
-    let answered = |code: Code, reply: Reply| {
+    let answered = |code: StatusCode, reply: Reply| {
         state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
         RuleStart::Answered(reply)
     };
@@ -86,7 +87,7 @@ pub fn start_rule(
             Ok(req) => req,
             Err(f) => return answered(f.code, Reply::Close(frame::error(f.code, f.message))),
         },
-        _ => return answered(Code::InvalidArgument, invalid("expected a flow_steer_rule_request")),
+        _ => return answered(StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
     };
     let (nic, gpu) = match resolve(state, &req) {
         Ok(t) => t,
@@ -119,7 +120,7 @@ async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Req
                     uninstall_rule(state, &req).await
                 };
                 match r {
-                    Ok(()) => (Code::Ok, Reply::Message(frame::ok())),
+                    Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
                     Err(f) => {
                         tracing::debug!(op = op.name(), code = f.code.name(), error = %f.message, "rule request failed");
                         (f.code, Reply::Message(frame::error(f.code, f.message)))
@@ -128,7 +129,7 @@ async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Req
             }
             Err(f) => (f.code, Reply::Close(frame::error(f.code, f.message))),
         },
-        _ => (Code::InvalidArgument, invalid("expected a flow_steer_rule_request")),
+        _ => (StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
     };
     state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
     reply
@@ -138,13 +139,13 @@ async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Req
 fn resolve(state: &ServerState, req: &RuleRequest) -> Result<(usize, usize), RuleFailure> {
     if let Some(gpu) = req.gpu {
         return state.gpus.get(&gpu).map(|g| (g.nic, g.index)).ok_or_else(|| {
-            RuleFailure::new(Code::NotFound, format!("GPU {gpu} is not managed by this daemon"))
+            RuleFailure::new(StatusCode::NotFound, format!("GPU {gpu} is not managed by this daemon"))
         });
     }
     let ip = req.flow.dst.ip();
     state.nic_for_address(ip).map(|nic| (nic, 0)).ok_or_else(|| {
         RuleFailure::new(
-            Code::NotFound,
+            StatusCode::NotFound,
             format!("no gpu_pci_addr given and {ip} is not an address of a managed NIC"),
         )
     })
@@ -183,9 +184,10 @@ fn queue_ids(state: &ServerState, msg: UnixSocketProto) -> Reply {
             })),
             status: None,
         }),
-        None => {
-            Reply::Message(frame::error(Code::NotFound, format!("GPU {gpu} is not managed by this daemon")))
-        }
+        None => Reply::Message(frame::error(
+            StatusCode::NotFound,
+            format!("GPU {gpu} is not managed by this daemon"),
+        )),
     }
 }
 
@@ -226,7 +228,7 @@ fn pool_for(
     state.gpus.get(&gpu)?.pool.clone()
 }
 
-fn count(state: &ServerState, kind: &str, code: Code) {
+fn count(state: &ServerState, kind: &str, code: StatusCode) {
     state.metrics.pool_requests.with_label_values(&[kind, code.name()]).inc();
 }
 
@@ -238,12 +240,12 @@ fn pool_fd(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Reply {
     // Pools shared only by IPC handle (`--gpu_shmem_type file`) have no fd.
     match pool_for(state, want, Some(gpu)).filter(|p| p.share_fd().is_some()) {
         Some(pool) => {
-            count(state, "fd", Code::Ok);
+            count(state, "fd", StatusCode::Ok);
             Reply::Fd(pool)
         }
         None => {
-            count(state, "fd", Code::NotFound);
-            Reply::Message(frame::error(Code::NotFound, "Not found."))
+            count(state, "fd", StatusCode::NotFound);
+            Reply::Message(frame::error(StatusCode::NotFound, "Not found."))
         }
     }
 }
@@ -268,12 +270,12 @@ fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Rep
     match pool.as_ref().and_then(|p| Some(metadata_bytes(p.share_fd()?.as_raw_fd(), p.size(), p.alignment())))
     {
         Some(bytes) => {
-            count(state, "metadata", Code::Ok);
+            count(state, "metadata", StatusCode::Ok);
             Reply::Message(frame::raw(bytes))
         }
         None => {
-            count(state, "metadata", Code::InvalidArgument);
-            Reply::Message(frame::error(Code::InvalidArgument, "Not found."))
+            count(state, "metadata", StatusCode::InvalidArgument);
+            Reply::Message(frame::error(StatusCode::InvalidArgument, "Not found."))
         }
     }
 }
@@ -285,12 +287,12 @@ fn ipc_handle(state: &ServerState, msg: UnixSocketProto) -> Reply {
     };
     match pool_for(state, want, None).and_then(|p| p.ipc_handle()) {
         Some(h) => {
-            count(state, "ipc_handle", Code::Ok);
+            count(state, "ipc_handle", StatusCode::Ok);
             Reply::Message(frame::raw(h.to_vec()))
         }
         None => {
-            count(state, "ipc_handle", Code::NotFound);
-            Reply::Message(frame::error(Code::NotFound, "Not found."))
+            count(state, "ipc_handle", StatusCode::NotFound);
+            Reply::Message(frame::error(StatusCode::NotFound, "Not found."))
         }
     }
 }

@@ -7,51 +7,18 @@
 //! [`CHECK_EVERY`] and does nothing while load is steady, so installs never
 //! wait behind a trim in the busy case.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use super::ServerState;
+use crate::host::memory::take_trim_request;
+pub use crate::host::memory::{fix_mmap_threshold, note_large_free, trim};
 
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// Connections that must have gone (and at least half of the peak) to trim.
 pub const CONNECTIONS_GONE: usize = 64;
-
-static TRIM_WANTED: AtomicBool = AtomicBool::new(false);
-
-/// Notes that a large block was freed (a table shrank); the next check trims.
-pub fn note_large_free() {
-    TRIM_WANTED.store(true, Ordering::Relaxed);
-}
-
-/// Returns freed heap memory to the system (glibc only; elsewhere a no-op).
-/// Returns whether anything was released.
-pub fn trim() -> bool {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: malloc_trim only walks the allocator's own free lists.
-        unsafe { libc::malloc_trim(0) != 0 }
-    }
-    #[cfg(not(target_env = "gnu"))]
-    {
-        false
-    }
-}
-
-/// Fixes glibc's mmap threshold at 128 KiB (its initial value). glibc
-/// otherwise raises the threshold each time a large mmapped block is freed
-/// (up to 32 MiB), after which large tables and buffers come from the heap,
-/// where freed memory stays; fixed, every block of 128 KiB or more is mapped
-/// on its own and unmapped when freed.
-pub fn fix_mmap_threshold() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets an allocator parameter; called before threads start.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
-}
 
 /// Read buffers above this capacity are shrunk once their frame is consumed.
 pub const BUFFER_KEEP: usize = 4096;
@@ -79,7 +46,7 @@ pub fn spawn_trimmer(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool
             }
             let open = state.conn_limit.open();
             peak = peak.max(state.conn_limit.take_peak());
-            let tables = TRIM_WANTED.swap(false, Ordering::Relaxed);
+            let tables = take_trim_request();
             if tables || connections_fell(peak, open) {
                 let t = std::time::Instant::now();
                 let released = trim();

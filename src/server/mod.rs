@@ -6,6 +6,7 @@ pub mod budget;
 pub mod conn;
 pub mod flows_stream;
 pub mod handlers;
+pub mod http;
 pub mod leases;
 pub mod memory;
 pub mod rule_workers;
@@ -20,10 +21,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::config::pci::PciAddr;
-use crate::config::topology::Topology;
 use crate::gpu::RxPool;
 use crate::metrics::Metrics;
+use crate::types::pci::PciAddr;
+use crate::types::topology::Topology;
 use leases::ClientTracker;
 use rule_workers::RuleWorker;
 

@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::config::pci::PciAddr;
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine, Removal};
 use crate::rules::table::{Owner, RuleEntry};
 use crate::rules::RuleFailure;
-use crate::wire::frame::Code;
+use crate::types::pci::PciAddr;
+use crate::types::status::StatusCode;
 
 /// First wait before a refused delete is tried again; doubles up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(20);
@@ -142,7 +142,7 @@ pub struct RuleWorker {
 }
 
 fn unavailable(msg: &str) -> RuleFailure {
-    RuleFailure::new(Code::Unavailable, msg)
+    RuleFailure::new(StatusCode::Unavailable, msg)
 }
 
 impl RuleWorker {
@@ -549,14 +549,14 @@ impl NicThread {
 fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Option<&Metrics>) {
     use crate::wire::frame;
     let (code, msg) = match r {
-        Ok(()) => (Code::Ok, frame::ok()),
+        Ok(()) => (StatusCode::Ok, frame::ok()),
         Err(f) => {
             tracing::debug!(op = to.op.name(), code = f.code.name(), error = %f.message, "rule request failed");
             (f.code, frame::error(f.code, f.message))
         }
     };
     let bytes = frame::encode(&msg).unwrap_or_else(|e| {
-        frame::encode(&frame::error(Code::Internal, format!("reply not sent: {e}")))
+        frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
             .expect("a short reply fits")
     });
     if let Some(m) = metrics {

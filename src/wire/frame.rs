@@ -6,6 +6,7 @@ use prost::Message;
 
 use super::google::rpc::Status;
 use super::proto::{unix_socket_proto::Payload, UnixSocketProto};
+use crate::types::status::StatusCode;
 
 /// Largest body the 16-bit length can describe.
 pub const MAX_FRAME_BODY: usize = u16::MAX as usize;
@@ -95,52 +96,11 @@ pub fn truncate_message(mut message: String) -> String {
 /// An error reply: `status{code, message}` plus the message as `raw_bytes`, so
 /// clients that only look at `raw_bytes` see text that is not `"Ok."`. The
 /// message is bounded by [`truncate_message`], so every error reply fits a frame.
-pub fn error(code: Code, message: impl Into<String>) -> UnixSocketProto {
+pub fn error(code: StatusCode, message: impl Into<String>) -> UnixSocketProto {
     let message = truncate_message(message.into());
     UnixSocketProto {
         payload: Some(Payload::RawBytes(message.clone().into_bytes())),
         status: Some(Status { code: code as i32, message }),
-    }
-}
-
-/// `google.rpc.Code` values the daemon replies with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
-pub enum Code {
-    Ok = 0,
-    InvalidArgument = 3,
-    NotFound = 5,
-    AlreadyExists = 6,
-    ResourceExhausted = 8,
-    FailedPrecondition = 9,
-    Internal = 13,
-    Unavailable = 14,
-}
-
-/// Every code, in a fixed order.
-pub const ALL_CODES: [Code; 8] = [
-    Code::Ok,
-    Code::InvalidArgument,
-    Code::NotFound,
-    Code::AlreadyExists,
-    Code::ResourceExhausted,
-    Code::FailedPrecondition,
-    Code::Internal,
-    Code::Unavailable,
-];
-
-impl Code {
-    pub fn name(self) -> &'static str {
-        match self {
-            Code::Ok => "OK",
-            Code::InvalidArgument => "INVALID_ARGUMENT",
-            Code::NotFound => "NOT_FOUND",
-            Code::AlreadyExists => "ALREADY_EXISTS",
-            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-            Code::FailedPrecondition => "FAILED_PRECONDITION",
-            Code::Internal => "INTERNAL",
-            Code::Unavailable => "UNAVAILABLE",
-        }
     }
 }
 
@@ -156,7 +116,7 @@ mod tests {
 
     #[test]
     fn error_reply_carries_status_and_text() {
-        let bytes = encode(&error(Code::ResourceExhausted, "full")).unwrap();
+        let bytes = encode(&error(StatusCode::ResourceExhausted, "full")).unwrap();
         let (msg, used) = parse(&bytes).unwrap().unwrap();
         assert_eq!(used, bytes.len());
         assert_eq!(msg.status.as_ref().unwrap().code, 8);
@@ -190,7 +150,7 @@ mod tests {
         // Multi-byte characters straddling the cut point must not split.
         for filler in ["x", "é", "\u{1F600}"] {
             let long = format!("dst.ip_address {:?} is not an IP address", filler.repeat(40_000));
-            let bytes = encode(&error(Code::InvalidArgument, long.clone())).expect("fits a frame");
+            let bytes = encode(&error(StatusCode::InvalidArgument, long.clone())).expect("fits a frame");
             let (msg, _) = parse(&bytes).unwrap().unwrap();
             let status = msg.status.unwrap();
             assert!(status.message.len() <= MAX_ERROR_MESSAGE, "{}", status.message.len());

@@ -24,7 +24,7 @@ use cudarc::driver::sys;
 
 use self::context::PrimaryContext;
 use super::{GpuError, PoolAllocator, RxPool, ShmemType};
-use crate::config::pci::PciAddr;
+use crate::types::pci::PciAddr;
 
 /// Every driver entry point this backend (and cudarc underneath it) resolves.
 /// cudarc panics on a missing symbol, so we check them all up front: an old

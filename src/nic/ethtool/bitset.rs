@@ -5,7 +5,7 @@
 use neli::genl::Nlattr;
 use neli::types::Buffer;
 
-use crate::nic::nl::{attr_flag, attr_nest, attr_str, AttrSet, NlError};
+use crate::netlink::{attr_flag, attr_nest, attr_str, AttrSet, NlError};
 
 pub const A_BITSET_NOMASK: u16 = 1;
 pub const A_BITSET_SIZE: u16 = 2;
@@ -65,7 +65,7 @@ pub fn decode_verbose(set: &AttrSet) -> Result<Vec<(String, bool)>, NlError> {
 #[cfg(all(test, target_endian = "little"))]
 mod tests {
     use super::*;
-    use crate::nic::nl::{attr, attr_u32, attrs_bytes};
+    use crate::netlink::{attr, attr_u32, attrs_bytes};
 
     #[test]
     fn encode_one_golden_bytes() {

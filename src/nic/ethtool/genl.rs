@@ -1,6 +1,6 @@
 //! ethtool generic netlink: the message and attribute numbers we use (from the
 //! kernel's uapi `ethtool_netlink_generated.h`), request builders and reply
-//! parsers over [`crate::nic::genl`]. Pure: no sockets here, so every request
+//! parsers over [`crate::netlink::genl`]. Pure: no sockets here, so every request
 //! is golden-byte tested.
 
 use neli::genl::Nlattr;
@@ -8,9 +8,9 @@ use neli::types::Buffer;
 
 use super::bitset;
 #[cfg(test)]
-use crate::nic::genl::{get_family, parse_family_id, CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME};
-use crate::nic::genl::{request, single_reply};
-use crate::nic::nl::{attr_nest, attr_str, attr_u32, attr_u8, AttrSet, NlError, NlRequest};
+use crate::netlink::genl::{get_family, parse_family_id, CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME};
+use crate::netlink::genl::{request, single_reply};
+use crate::netlink::{attr_nest, attr_str, attr_u32, attr_u8, AttrSet, NlError, NlRequest};
 use crate::nic::DataSplit;
 
 pub const FAMILY_NAME: &str = "ethtool";

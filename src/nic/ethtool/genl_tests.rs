@@ -2,7 +2,7 @@
 //! the uapi headers, and reply parsing over hand-built replies.
 
 use super::*;
-use crate::nic::nl::{attr, attr_flag, attrs_bytes};
+use crate::netlink::{attr, attr_flag, attrs_bytes};
 
 const FAM: u16 = 0x1c;
 const SEQ: u32 = 3;

@@ -30,7 +30,8 @@ pub const ETH_SS_STATS: u32 = 1;
 pub const ETH_GSTRING_LEN: usize = 32;
 /// Flag in GRXCLSRLCNT's `data`: the driver accepts special locations.
 pub const RX_CLS_LOC_SPECIAL: u64 = 0x8000_0000;
-pub const IFNAMSIZ: usize = 16;
+use crate::types::ifname::ifname_field;
+pub use crate::types::ifname::IFNAMSIZ;
 
 /// `struct ethtool_flow_ext`: 20 bytes.
 #[repr(C)]
@@ -209,7 +210,7 @@ impl EthtoolIoctl {
         let len = (buf[2] as usize).min(cap);
         let bytes: Vec<u8> =
             buf[3..3 + len * ETH_GSTRING_LEN / 4].iter().flat_map(|w| w.to_ne_bytes()).collect();
-        Ok(bytes.chunks(ETH_GSTRING_LEN).map(crate::nic::nl::c_string).collect())
+        Ok(bytes.chunks(ETH_GSTRING_LEN).map(crate::netlink::c_string).collect())
     }
 
     /// The driver's statistics (`count` from [`Self::sset_count`] of ETH_SS_STATS).
@@ -264,13 +265,7 @@ fn words(a: u32, b: u32) -> [u8; 8] {
 }
 
 fn ifname_bytes(ifname: &str) -> Result<[u8; IFNAMSIZ], Errno> {
-    let b = ifname.as_bytes();
-    if b.is_empty() || b.len() >= IFNAMSIZ || b.contains(&0) {
-        return Err(Errno::ENODEV);
-    }
-    let mut name = [0u8; IFNAMSIZ];
-    name[..b.len()].copy_from_slice(b);
-    Ok(name)
+    ifname_field(ifname).ok_or(Errno::ENODEV)
 }
 
 #[cfg(test)]

@@ -19,9 +19,10 @@ use nix::errno::Errno;
 
 use self::genl::Channels;
 use self::ioctl::{EthtoolIoctl, EthtoolRxnfc, ETH_SS_STATS, RX_CLS_LOC_SPECIAL};
-use super::genl::resolve_family;
-use super::nl::{NlConn, NlError, NlRequest};
-use super::{rtnl, DataSplit, FlowSpec, NicControl, NicError, NicOp, NicResult, NicRule, RxRing};
+use super::{DataSplit, FlowSpec, NicControl, NicError, NicOp, NicResult, NicRule, RxRing};
+use crate::netlink::genl::resolve_family;
+use crate::netlink::rtnl;
+use crate::netlink::{NlConn, NlError, NlRequest};
 
 /// Why the backend could not start.
 #[derive(Debug, thiserror::Error)]

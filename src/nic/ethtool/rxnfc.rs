@@ -14,8 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use super::ioctl::{EthtoolRxFlowSpec, EthtoolRxnfc};
 use crate::nic::{FlowSpec, NicRule};
 
-pub const TCP_V4_FLOW: u32 = 1;
-pub const TCP_V6_FLOW: u32 = 5;
+pub use crate::types::flow::{TCP_V4_FLOW, TCP_V6_FLOW};
 /// High bits of `flow_type` that qualify it (FLOW_EXT, FLOW_MAC_EXT, FLOW_RSS).
 pub const FLOW_TYPE_FLAGS: u32 = 0x8000_0000 | 0x4000_0000 | 0x2000_0000;
 

@@ -2,7 +2,7 @@
 //! hand-built kernel messages.
 
 use super::*;
-use crate::nic::nl::{attr_str, attr_u32, attr_u8};
+use crate::netlink::{attr_str, attr_u32, attr_u8};
 
 /// nlmsghdr with flags REQUEST|DUMP (0x0301), seq 9, pid 0.
 fn dump_hdr(len: u32, ty: u16) -> Vec<u8> {

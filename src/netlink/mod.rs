@@ -6,6 +6,9 @@
 //! Requests are built as [`NlRequest`] values so that tests can compare the
 //! exact bytes that go to the kernel.
 
+pub mod genl;
+pub mod rtnl;
+
 use std::io::Cursor;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 

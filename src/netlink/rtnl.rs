@@ -9,7 +9,7 @@ use neli::consts::nl::NlmF;
 use neli::consts::rtnl::{RtAddrFamily, RtScope, RtTable, Rtn, Rtprot};
 use neli::rtnl::{IfaddrmsgBuilder, IfinfomsgBuilder, RtmsgBuilder};
 
-use super::nl::{attr, attrs_bytes, to_bytes, AttrSet, NlError, NlRequest};
+use super::{attr, attrs_bytes, to_bytes, AttrSet, NlError, NlRequest};
 
 pub const RTM_NEWLINK: u16 = 16;
 pub const RTM_DELLINK: u16 = 17;

@@ -7,7 +7,7 @@ use neli::consts::nl::NlmF;
 use neli::genl::{Genlmsghdr, GenlmsghdrBuilder, Nlattr};
 use neli::types::{Buffer, GenlBuffer};
 
-use super::nl::{attr_str, to_bytes, AttrSet, NlConn, NlError, NlRequest};
+use super::{attr_str, to_bytes, AttrSet, NlConn, NlError, NlRequest};
 
 // Generic netlink controller (family id lookup).
 pub const GENL_ID_CTRL: u16 = 0x10;

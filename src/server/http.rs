@@ -22,29 +22,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::server::accept_backoff::{is_fd_exhaustion, AcceptBackoff, ReserveFd};
+use super::accept_backoff::{is_fd_exhaustion, AcceptBackoff, ReserveFd};
 
-/// Who may read `/debug/*` (`--debug_endpoints`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DebugAccess {
-    /// Loopback peers only.
-    Local,
-    /// Any peer.
-    All,
-    /// Nobody (404).
-    Off,
-}
-
-impl DebugAccess {
-    /// Whether a request from `peer` may read `/debug/*`.
-    pub fn allows(self, peer: SocketAddr) -> bool {
-        match self {
-            DebugAccess::All => true,
-            DebugAccess::Off => false,
-            DebugAccess::Local => peer.ip().to_canonical().is_loopback(),
-        }
-    }
-}
+pub use crate::config::flags::DebugAccess;
 
 /// A response body: all at once, or chunks produced while it is sent.
 pub enum Body {

@@ -14,8 +14,8 @@ use neli::consts::socket::NlFamily;
 use nix::errno::Errno;
 use tracing::{debug, info, warn};
 
-use super::nl::{NlConn, NlError};
-use super::rtnl::{self, Route, RTAX_INITCWND, RTAX_QUICKACK, RTAX_RTO_MIN};
+use crate::netlink::rtnl::{self, Route, RTAX_INITCWND, RTAX_QUICKACK, RTAX_RTO_MIN};
+use crate::netlink::{NlConn, NlError};
 
 /// The three numbers of `--setup_param "--verbose A B C"`; 0 leaves a metric alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
