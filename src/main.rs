@@ -44,14 +44,24 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(daemon::run(flags)) {
+    match rt.block_on(serve(flags)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "tcpx-rxdm stopped");
             eprintln!("tcpx-rxdm: {e}");
-            ExitCode::from(e.exit_code() as u8)
+            ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// The one assembly point: the configuration, the real backends and the
+/// signals, handed to the daemon.
+async fn serve(flags: Flags) -> Result<(), daemon::DaemonError> {
+    // Handlers first, so that a signal during startup is kept, not fatal.
+    let shutdown = daemon::shutdown_on_signals().map_err(daemon::DaemonError::Signals)?;
+    let mut config = daemon::Config::load(flags)?;
+    let backends = daemon::select_backends(&mut config)?;
+    daemon::run(config, backends, shutdown).await
 }
 
 fn init_logging(flags: &Flags) {

@@ -19,10 +19,14 @@ const MESSAGE: &str = "gpudirect_tcpxd.GpuRxqConfigurationList";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{source_name}: invalid topology textproto: {msg}")]
-    Parse { source_name: String, msg: String },
+    #[error("{source_name}: invalid topology textproto: {source}")]
+    Parse { source_name: String, source: TextprotoError },
     #[error("reading {path}: {err}")]
-    Read { path: PathBuf, err: std::io::Error },
+    Read {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("--gpu_nic_preset=manual needs --gpu_nic_topology or --gpu_nic_topology_proto")]
     ManualWithoutTopology,
     #[error("--gpu_nic_topology and --gpu_nic_topology_proto are both set; use one")]
@@ -32,7 +36,24 @@ pub enum ConfigError {
     #[error("topology from {source_name}: {err}")]
     Invalid { source_name: String, err: TopologyError },
     #[error("discovery: {0}")]
-    Discovery(String),
+    Discovery(#[from] discovery::DiscoveryError),
+    #[error("discovery: preset a6: {ifname} not found in sysfs")]
+    A6NicMissing { ifname: String },
+    #[error("discovery: preset a6 expects one GPU behind {ifname}, discovery found {found}")]
+    A6GpuCount { ifname: String, found: usize },
+}
+
+/// Why a topology text did not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum TextprotoError {
+    #[error("{0}")]
+    Descriptors(#[from] prost_reflect::DescriptorError),
+    #[error("{MESSAGE} missing from the descriptors")]
+    MissingMessage,
+    #[error("{0}")]
+    Syntax(#[from] prost_reflect::text_format::ParseError),
+    #[error("{0}")]
+    Transcode(#[from] prost::DecodeError),
 }
 
 /// Where the topology came from, for logs and for preset-specific rules.
@@ -57,11 +78,12 @@ impl Source {
 
 /// Parses a `GpuRxqConfigurationList` in protobuf text format.
 pub fn parse_textproto(text: &str, source_name: &str) -> Result<proto::GpuRxqConfigurationList, ConfigError> {
-    let perr = |msg: String| ConfigError::Parse { source_name: source_name.to_string(), msg };
-    let pool = DescriptorPool::decode(DESCRIPTORS).map_err(|e| perr(e.to_string()))?;
-    let desc = pool.get_message_by_name(MESSAGE).ok_or_else(|| perr(format!("{MESSAGE} missing")))?;
-    let dynamic = DynamicMessage::parse_text_format(desc, text).map_err(|e| perr(e.to_string()))?;
-    dynamic.transcode_to().map_err(|e| perr(e.to_string()))
+    let parse = || -> Result<proto::GpuRxqConfigurationList, TextprotoError> {
+        let pool = DescriptorPool::decode(DESCRIPTORS)?;
+        let desc = pool.get_message_by_name(MESSAGE).ok_or(TextprotoError::MissingMessage)?;
+        Ok(DynamicMessage::parse_text_format(desc, text)?.transcode_to()?)
+    };
+    parse().map_err(|source| ConfigError::Parse { source_name: source_name.to_string(), source })
 }
 
 /// Builds a validated topology from a textproto.
@@ -108,7 +130,7 @@ pub fn resolve_topology(flags: &Flags) -> Result<(Topology, Source), ConfigError
     let invalid = |err| ConfigError::Invalid { source_name: name.clone(), err };
     let discover = |rss: u32, q: u32| {
         discovery::discover(&flags.sysfs_root(), flags.num_hops, rss, q, &interface_has_address)
-            .map_err(|e| ConfigError::Discovery(e.to_string()))
+            .map_err(ConfigError::Discovery)
     };
     let mut topo = match text {
         None => {
@@ -143,12 +165,9 @@ fn fill_from_discovery(
         let nic = found
             .iter()
             .find(|n| n.ifname == ifname)
-            .ok_or_else(|| ConfigError::Discovery(format!("preset a6: {ifname} not found in sysfs")))?;
+            .ok_or_else(|| ConfigError::A6NicMissing { ifname: ifname.clone() })?;
         if nic.gpus.len() != 1 || cfg.gpu_infos.len() != 1 {
-            return Err(ConfigError::Discovery(format!(
-                "preset a6 expects one GPU behind {ifname}, discovery found {}",
-                nic.gpus.len()
-            )));
+            return Err(ConfigError::A6GpuCount { ifname, found: nic.gpus.len() });
         }
         cfg.nic_pci_addr = nic.pci.map(|p| p.to_string());
         cfg.gpu_infos[0].gpu_pci_addr = Some(nic.gpus[0].pci.to_string());

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
+use crate::config::flags::{GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
 use crate::gpu::binder::select_binder;
 use crate::gpu::cuda::CudaAllocator;
@@ -12,19 +12,25 @@ use crate::gpu::{PoolAllocator, QueueBinder, ShmemType};
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
+use crate::types::pci::PciAddr;
 use crate::types::topology::Topology;
 
-use super::DaemonError;
+use super::{Config, DaemonError};
 
+/// What the daemon programs and allocates through. `main` picks the real
+/// ones ([`select`]); tests pass recording fakes.
 pub struct Backends {
     pub nic: Arc<dyn NicControl>,
     pub alloc: Arc<dyn PoolAllocator>,
     pub binder: Arc<dyn QueueBinder>,
 }
 
-/// Picks the backends. With the simulated NIC and `--gpu_backend cuda`, the
-/// topology's GPUs are replaced by the CUDA-visible ones (hence `&mut`).
-pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Backends, DaemonError> {
+/// Picks the backends the flags ask for. With the simulated NIC and
+/// `--gpu_backend cuda`, the topology's GPUs are replaced by the CUDA-visible
+/// ones (hence `&mut`).
+pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
+    let Config { flags, topology: topo, source } = config;
+    let source: &Source = source;
     // `auto`: the sim preset means simulated NICs (its eth1..eth4 may exist on
     // the host and must not be touched); anything else means real NICs,
     // which must then exist.
@@ -36,7 +42,7 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
     if flags.nic_backend == NicBackendKind::Auto && !use_sim {
         let class_net = flags.sysfs_root().join("class/net");
         if let Some(n) = topo.nics.iter().find(|n| !class_net.join(&n.ifname).exists()) {
-            return Err(DaemonError::Config(format!(
+            return Err(DaemonError::Flags(format!(
                 "--nic_backend=auto: interface {} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
                 n.ifname,
                 class_net.display()
@@ -47,26 +53,24 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
     let alloc: Arc<dyn PoolAllocator> = match flags.gpu_backend {
         GpuBackendKind::Host => Arc::new(HostAllocator),
         GpuBackendKind::Auto if use_sim => Arc::new(HostAllocator),
-        GpuBackendKind::Cuda => {
-            Arc::new(cuda_allocator(topo, use_sim, "cuda").map_err(DaemonError::Runtime)?)
-        }
-        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto").map_err(DaemonError::Runtime)?),
+        GpuBackendKind::Cuda => Arc::new(cuda_allocator(topo, use_sim, "cuda")?),
+        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto")?),
     };
     if flags.gpu_shmem_type == ShmemType::File && alloc.backend() != "cuda" {
-        return Err(DaemonError::Config(format!(
+        return Err(DaemonError::Flags(format!(
             "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {} (--gpu_backend=cuda)",
             alloc.backend()
         )));
     }
     if (!flags.sim_fault.is_empty() || !flags.sim_delay.is_empty()) && !use_sim {
-        return Err(DaemonError::Config("--sim_fault and --sim_delay need --nic_backend=sim".into()));
+        return Err(DaemonError::Flags("--sim_fault and --sim_delay need --nic_backend=sim".into()));
     }
     if let Some(d) = flags
         .sim_delay
         .iter()
         .find(|d| d.ifname.as_ref().is_some_and(|i| !topo.nics.iter().any(|n| &n.ifname == i)))
     {
-        return Err(DaemonError::Config(format!(
+        return Err(DaemonError::Flags(format!(
             "--sim_delay: {} is not a NIC of the topology",
             d.ifname.as_deref().unwrap_or_default()
         )));
@@ -85,7 +89,7 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
         }
         Arc::new(sim)
     } else {
-        Arc::new(EthtoolNic::open().map_err(|e| DaemonError::Runtime(format!("ethtool NIC backend: {e}")))?)
+        Arc::new(EthtoolNic::open().map_err(DaemonError::EthtoolBackend)?)
     };
     let binder: Arc<dyn QueueBinder> = Arc::from(select_binder(flags.bind_backend, use_sim));
     Ok(Backends { nic, alloc, binder })
@@ -93,21 +97,23 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
 
 /// The CUDA backend, checked against the topology: every GPU must be visible
 /// to CUDA, or (`place_on_sim`) the visible GPUs replace the topology's.
-fn cuda_allocator(topo: &mut Topology, place_on_sim: bool, flag: &str) -> Result<CudaAllocator, String> {
-    let alloc = CudaAllocator::new().map_err(|e| format!("--gpu_backend={flag}: {e}"))?;
-    let visible = alloc.visible_gpus().map_err(|e| e.to_string())?.unwrap_or_default();
+fn cuda_allocator(
+    topo: &mut Topology,
+    place_on_sim: bool,
+    flag: &'static str,
+) -> Result<CudaAllocator, DaemonError> {
+    let cuda = |source| DaemonError::Cuda { flag, source };
+    let alloc = CudaAllocator::new().map_err(cuda)?;
+    let visible = alloc.visible_gpus().map_err(cuda)?.unwrap_or_default();
     if place_on_sim {
-        *topo = spread_gpus(topo, &visible).map_err(|e| format!("placing CUDA GPUs on the sim NICs: {e}"))?;
-        topo.validate().map_err(|e| format!("placing CUDA GPUs on the sim NICs: {e}"))?;
+        *topo = spread_gpus(topo, &visible).map_err(DaemonError::PlaceGpus)?;
+        topo.validate().map_err(DaemonError::PlacedTopology)?;
         tracing::info!(gpus = ?visible, "sim topology uses the CUDA-visible GPUs");
         return Ok(alloc);
     }
-    let missing: Vec<String> =
-        topo.gpus().map(|(_, g)| g.pci).filter(|g| !visible.contains(g)).map(|g| g.to_string()).collect();
+    let missing: Vec<PciAddr> = topo.gpus().map(|(_, g)| g.pci).filter(|g| !visible.contains(g)).collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "--gpu_backend={flag}: GPUs {missing:?} of the topology are not visible to CUDA (visible: {visible:?})"
-        ));
+        return Err(DaemonError::GpusNotVisible { flag, missing, visible });
     }
     Ok(alloc)
 }

@@ -59,7 +59,7 @@ impl Routes {
         };
         let only = req.param("nic").map(str::to_string);
         if let Some(n) = &only {
-            if !state.workers.iter().any(|w| w.ifname == *n) {
+            if !state.rule_threads.iter().any(|w| w.ifname == *n) {
                 return Response::text(404, format!("no managed NIC {n:?}\n"));
             }
         }

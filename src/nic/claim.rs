@@ -133,14 +133,14 @@ pub fn claim_all<'a>(
 /// The daemon's claims for `ifnames` on NIC backend `backend`: real NICs
 /// always, simulated ones only with `claim_sim`. Empty when nothing is claimed.
 pub fn claim_managed<'a>(
-    backend: &str,
+    simulated: bool,
     claim_sim: bool,
     ifnames: impl IntoIterator<Item = &'a str>,
 ) -> Result<Vec<NicClaim>, ClaimError> {
-    match backend {
-        "sim" if !claim_sim => Ok(Vec::new()),
-        "sim" => claim_all("sim", ifnames),
-        _ => claim_all("nic", ifnames),
+    match simulated {
+        true if !claim_sim => Ok(Vec::new()),
+        true => claim_all("sim", ifnames),
+        false => claim_all("nic", ifnames),
     }
 }
 

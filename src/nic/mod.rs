@@ -3,7 +3,7 @@
 //!
 //! Backends are synchronous: every call is one short kernel round trip (an ioctl
 //! or a netlink request). Rule calls run on a runtime worker inside that NIC's
-//! FIFO lock (`server::rule_workers`): other requests for that NIC wait without
+//! FIFO lock (`server::rule_threads`): other requests for that NIC wait without
 //! holding a thread, but a slow driver call holds the worker that makes it.
 
 pub mod claim;
@@ -160,6 +160,12 @@ pub trait NicControl: Send + Sync {
     /// Backend name for logs and `/debug/config`.
     fn backend(&self) -> &'static str;
 
+    /// What the backend can do (TEMPORARY shim until the NIC trait split lands).
+    fn capabilities(&self) -> NicCapabilities {
+        let real = self.backend() == "ethtool";
+        NicCapabilities { link_events: real, host_tuning: real, simulated: self.backend() == "sim" }
+    }
+
     fn ifindex(&self, ifname: &str) -> NicResult<u32>;
     /// Addresses currently configured on the interface.
     fn addresses(&self, ifname: &str) -> NicResult<Vec<IpAddr>>;
@@ -207,6 +213,14 @@ pub trait NicControl: Send + Sync {
     fn set_rx_ring(&self, ifname: &str, _size: u32) -> NicResult<()> {
         Err(NicError::new(ifname, NicOp::SetRing, Errno::EOPNOTSUPP))
     }
+}
+
+/// What a backend can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NicCapabilities {
+    pub link_events: bool,
+    pub host_tuning: bool,
+    pub simulated: bool,
 }
 
 /// A link-level event on a managed NIC, fed to the daemon by a monitor.

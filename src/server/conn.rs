@@ -11,7 +11,7 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::handlers::{self, ConnContext, Reply, RuleStart};
-use super::rule_workers::Requester;
+use super::rule_threads::Requester;
 use super::{Endpoint, ServerState};
 use crate::gpu::RxPool;
 use crate::types::status::StatusCode;

@@ -70,7 +70,7 @@ async fn produce(state: &ServerState, only: Option<&str>, tx: &mpsc::Sender<Vec<
     let mut out = Out { buf: Vec::with_capacity(CHUNK + 1024), tx };
     out.raw("{\"nics\":[");
     let mut first_nic = true;
-    for w in state.workers.iter().filter(|w| only.is_none_or(|n| n == w.ifname)) {
+    for w in state.rule_threads.iter().filter(|w| only.is_none_or(|n| n == w.ifname)) {
         let copy = w.booked_copy().await;
         let (capacity, booked) = (copy.capacity, copy.rules);
         if !first_nic {

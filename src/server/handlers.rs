@@ -9,7 +9,7 @@ use crate::gpu::RxPool;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
-use crate::server::rule_workers::{Requester, SocketReply};
+use crate::server::rule_threads::{Requester, SocketReply};
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 use crate::wire::frame;
@@ -101,9 +101,9 @@ pub fn start_rule(
     let (done, rx) = tokio::sync::oneshot::channel();
     let to = SocketReply { sock, op, started, done };
     if install {
-        state.workers[nic].install_to(req.flow, gpu, req.queue, who, to);
+        state.rule_threads[nic].install_to(req.flow, gpu, req.queue, who, to);
     } else {
-        state.workers[nic].uninstall_to(req.flow, to);
+        state.rule_threads[nic].uninstall_to(req.flow, to);
     }
     RuleStart::Handed(rx)
 }
@@ -153,15 +153,15 @@ fn resolve(state: &ServerState, req: &RuleRequest) -> Result<(usize, usize), Rul
 
 async fn install_rule(state: &ServerState, req: &RuleRequest, who: Requester) -> Result<(), RuleFailure> {
     let (nic, gpu) = resolve(state, req)?;
-    state.workers[nic].install(req.flow, gpu, req.queue, who).await.map(|_| ())
+    state.rule_threads[nic].install(req.flow, gpu, req.queue, who).await.map(|_| ())
 }
 
 /// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.
 async fn uninstall_rule(state: &ServerState, req: &RuleRequest) -> Result<(), RuleFailure> {
     match resolve(state, req) {
-        Ok((nic, _)) => state.workers[nic].uninstall(req.flow).await.map(|_| ()),
+        Ok((nic, _)) => state.rule_threads[nic].uninstall(req.flow).await.map(|_| ()),
         Err(_) => {
-            for w in &state.workers {
+            for w in &state.rule_threads {
                 w.uninstall(req.flow).await?;
             }
             Ok(())

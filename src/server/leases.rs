@@ -6,7 +6,7 @@
 //! processes themselves. Each connection that installs a rule, fetches a pool
 //! or registers is tied to its client process; one pidfd per process is
 //! watched on the runtime, and when it turns readable (the process exited) the
-//! process's rules are removed through the normal per-NIC workers.
+//! process's rules are removed through the normal per-NIC rule threads.
 //!
 //! Identifying the process, best first:
 //! 1. `SO_PEERPIDFD` (Linux 6.5+): a pidfd for the peer even when it lives in
@@ -31,7 +31,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::{mpsc, watch};
 
-use super::rule_workers::{LeaseState, Requester};
+use super::rule_threads::{LeaseState, Requester};
 use crate::metrics::Metrics;
 use crate::rules::table::Owner;
 

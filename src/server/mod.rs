@@ -9,7 +9,7 @@ pub mod handlers;
 pub mod http;
 pub mod leases;
 pub mod memory;
-pub mod rule_workers;
+pub mod rule_threads;
 pub mod socket_dir;
 pub mod status;
 
@@ -24,9 +24,8 @@ use tokio::sync::{mpsc, watch, Notify};
 use crate::gpu::RxPool;
 use crate::metrics::Metrics;
 use crate::types::pci::PciAddr;
-use crate::types::topology::Topology;
 use leases::ClientTracker;
-use rule_workers::RuleWorker;
+use rule_threads::NicRuleThread;
 
 /// What a socket file serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,9 +108,9 @@ impl AppRegistry {
 
 /// Everything the handlers share.
 pub struct ServerState {
-    pub topology: Arc<Topology>,
     pub gpus: HashMap<PciAddr, GpuEntry>,
-    pub workers: Vec<RuleWorker>,
+    /// One per NIC, in topology order (`GpuEntry::nic` indexes it).
+    pub rule_threads: Vec<NicRuleThread>,
     /// Local address → NIC index, for requests without a GPU.
     pub addresses: RwLock<HashMap<IpAddr, usize>>,
     pub registry: AppRegistry,
@@ -120,7 +119,7 @@ pub struct ServerState {
     pub conn_limit: Arc<budget::ConnBudget>,
     /// Client processes and their leases.
     pub clients: Arc<ClientTracker>,
-    /// Set when shutdown starts: the NIC workers answer requests not yet
+    /// Set when shutdown starts: the NIC threads answer requests not yet
     /// started with UNAVAILABLE.
     pub stopping: Arc<AtomicBool>,
 }

@@ -170,10 +170,6 @@ impl SocketDir {
         Ok(SocketDir { dir: dir.to_path_buf(), mode, gid, sockets: Vec::new(), lock: Some(lock) })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.dir
-    }
-
     /// Binds endpoint `name`, replacing a stale socket file (we hold the lock,
     /// so no live daemon owns it).
     pub fn bind(&mut self, name: &str) -> Result<UnixListener, SocketDirError> {

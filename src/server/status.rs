@@ -90,7 +90,7 @@ async fn serve(stream: UnixStream, state: &ServerState) -> std::io::Result<()> {
         }
         "flows" => {
             wr.write_all(b"{\"nics\":[").await?;
-            for (i, w) in state.workers.iter().enumerate() {
+            for (i, w) in state.rule_threads.iter().enumerate() {
                 if let Some(s) = w.snapshot().await {
                     let mut buf = if i > 0 { b",".to_vec() } else { Vec::new() };
                     serde_json::to_writer(&mut buf, &s).map_err(std::io::Error::other)?;
@@ -113,16 +113,18 @@ pub async fn status_json(state: &ServerState) -> Value {
     let mut nics = Vec::new();
     // pid → (rules, per NIC)
     let mut clients: BTreeMap<Option<u32>, BTreeMap<String, u64>> = BTreeMap::new();
-    for w in &state.workers {
+    for w in &state.rule_threads {
         let Some(s) = w.snapshot().await else { continue };
         let mut by_queue: BTreeMap<u32, u64> = BTreeMap::new();
         for r in &s.rules {
             *by_queue.entry(r.queue).or_default() += 1;
             *clients.entry(r.pid).or_default().entry(s.ifname.clone()).or_default() += 1;
         }
-        let nic_spec = state.topology.nics.iter().find(|n| n.ifname == s.ifname);
-        for q in nic_spec.iter().flat_map(|n| n.gpus.iter().flat_map(|g| g.queues.iter())) {
-            by_queue.entry(*q).or_default();
+        let nic_index = state.rule_threads.iter().position(|t| t.ifname == s.ifname);
+        for g in state.gpus.values().filter(|g| Some(g.nic) == nic_index) {
+            for q in &g.queues {
+                by_queue.entry(*q).or_default();
+            }
         }
         nics.push(json!({
             "ifname": s.ifname,
@@ -150,7 +152,7 @@ pub async fn status_json(state: &ServerState) -> Value {
         .map(|(pci, g)| {
             json!({
                 "gpu": pci.to_string(),
-                "nic": state.topology.nics.get(g.nic).map(|n| n.ifname.clone()),
+                "nic": state.rule_threads.get(g.nic).map(|t| t.ifname.clone()),
                 "queues": g.queues,
                 "size_bytes": g.pool.as_ref().map(|p| p.size()),
                 "pool": g.pool.as_ref().map(|p| p.describe()),

@@ -1,11 +1,11 @@
-//! Per-NIC rule workers: each NIC's rule operations run on that NIC's own
+//! Per-NIC rule threads: each NIC's rule operations run on that NIC's own
 //! thread, in arrival order, so a slow driver call (an admin queue, rtnl_lock
 //! contention) never holds an async runtime worker: other NICs, queries, pool
 //! fetches, HTTP probes and signals go on. The thread takes every queued
 //! request per wake-up, so under load one hand-off serves many requests.
 //!
 //! Deletes the NIC refuses stay booked (bookkeeping always equals the NIC's
-//! table) and the worker retries them with backoff until the NIC confirms.
+//! table) and the thread retries them with backoff until the NIC confirms.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -132,9 +132,9 @@ pub struct BookedCopy {
     pub foreign_slots: Vec<u32>,
 }
 
-/// One NIC's rule worker: a handle to its thread. Dropping the last handle
+/// A handle to one NIC's rule thread. Dropping the last handle
 /// ends the thread once the jobs already queued are done.
-pub struct RuleWorker {
+pub struct NicRuleThread {
     pub ifname: String,
     jobs: mpsc::Sender<Job>,
     nic: Arc<dyn NicControl>,
@@ -145,8 +145,8 @@ fn unavailable(msg: &str) -> RuleFailure {
     RuleFailure::new(StatusCode::Unavailable, msg)
 }
 
-impl RuleWorker {
-    /// Starts the worker thread of NIC `ifname`. Once `stopping` is set,
+impl NicRuleThread {
+    /// Starts the rule thread of NIC `ifname`. Once `stopping` is set,
     /// requests not yet started are answered UNAVAILABLE.
     pub fn new(
         ifname: &str,
@@ -155,7 +155,7 @@ impl RuleWorker {
         nic: Arc<dyn NicControl>,
         metrics: Arc<Metrics>,
         stopping: Arc<AtomicBool>,
-    ) -> std::io::Result<RuleWorker> {
+    ) -> std::io::Result<NicRuleThread> {
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
         let gpu_names: Arc<[String]> = gpus.iter().map(|(p, _)| p.to_string()).collect();
@@ -172,7 +172,7 @@ impl RuleWorker {
         thread.reset_gauges();
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new().name(format!("nic-{ifname}")).spawn(move || thread.run(rx))?;
-        Ok(RuleWorker { ifname: ifname.to_string(), jobs: tx, nic, gpu_names })
+        Ok(NicRuleThread { ifname: ifname.to_string(), jobs: tx, nic, gpu_names })
     }
 
     /// Sends a job and waits for its answer without blocking the runtime.

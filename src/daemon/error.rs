@@ -1,0 +1,166 @@
+//! Why the daemon did not start or did not stop cleanly. Each variant names
+//! the step that failed and keeps the error it failed with; the exit code of
+//! each is decided here and nowhere else.
+
+use std::net::SocketAddr;
+
+use crate::config::presets::ConfigError;
+use crate::gpu::placement::PlacementError;
+use crate::gpu::{BindError, GpuError};
+use crate::host::tuning::TuningError;
+use crate::nic::claim::ClaimError;
+use crate::nic::ethtool::EthtoolError;
+use crate::nic::monitor::MonitorError;
+use crate::nic::prime::PrimeError;
+use crate::nic::NicError;
+use crate::server::socket_dir::SocketDirError;
+use crate::types::pci::PciAddr;
+use crate::types::topology::TopologyError;
+
+use super::events::StopReason;
+use super::job_end::JobEndError;
+
+/// Exit status for bad flags or a bad topology (as with a usage error).
+pub const EXIT_CONFIG: u8 = 2;
+/// Exit status for everything else that went wrong.
+pub const EXIT_FAILURE: u8 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("installing signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    /// The topology could not be loaded (flags, preset, textproto, discovery).
+    #[error("{0}")]
+    Topology(#[from] ConfigError),
+    /// A flag asks for something the chosen backends cannot do.
+    #[error("{0}")]
+    Flags(String),
+    #[error("{0}")]
+    SocketGroup(#[source] SocketDirError),
+    #[error("--gpu_backend={flag}: {source}")]
+    Cuda {
+        flag: &'static str,
+        #[source]
+        source: GpuError,
+    },
+    #[error("--gpu_backend={flag}: GPUs {missing:?} of the topology are not visible to CUDA (visible: {visible:?})")]
+    GpusNotVisible { flag: &'static str, missing: Vec<PciAddr>, visible: Vec<PciAddr> },
+    #[error("placing CUDA GPUs on the sim NICs: {0}")]
+    PlaceGpus(#[source] PlacementError),
+    #[error("placing CUDA GPUs on the sim NICs: {0}")]
+    PlacedTopology(#[source] TopologyError),
+    #[error("ethtool NIC backend: {0}")]
+    EthtoolBackend(#[source] EthtoolError),
+    #[error("{0}")]
+    LockSocketDir(#[source] SocketDirError),
+    #[error("{0}")]
+    ClaimNic(#[from] ClaimError),
+    #[error("{0}")]
+    ShutdownFile(#[from] JobEndError),
+    #[error("--metrics_address {addr}: {source}")]
+    MetricsListen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("priming NIC {0}")]
+    Prime(#[source] PrimeError),
+    /// The topology names queues the NIC does not have.
+    #[error("{0}")]
+    Channels(#[source] TopologyError),
+    #[error("{0}")]
+    Allocate(#[source] GpuError),
+    #[error("{0}")]
+    Bind(#[source] BindError),
+    #[error("starting the rule thread of {ifname}: {source}")]
+    NicRuleThread {
+        ifname: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Endpoint(#[source] SocketDirError),
+    #[error("header split on {0}")]
+    HeaderSplit(#[source] PrimeError),
+    #[error("link monitor: {0}")]
+    LinkMonitor(#[source] MonitorError),
+    /// Shutdown finished but some restore steps failed (each was logged).
+    #[error("{} restore step(s) failed", .0.len())]
+    Restore(Vec<TeardownError>),
+    /// A NIC failed under the running daemon; it was restored and stopped.
+    #[error("stopped because {0}")]
+    NicFailed(StopReason),
+}
+
+impl DaemonError {
+    /// The process exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            DaemonError::Topology(_)
+            | DaemonError::Flags(_)
+            | DaemonError::SocketGroup(_)
+            | DaemonError::Channels(_)
+            | DaemonError::ShutdownFile(JobEndError::NoFolder { .. }) => EXIT_CONFIG,
+            _ => EXIT_FAILURE,
+        }
+    }
+}
+
+/// A step of shutdown or rollback that failed; the others still ran.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    #[error("removing rules: {0}")]
+    RemoveRule(#[source] NicError),
+    #[error("restoring {0}")]
+    RestoreNic(#[source] PrimeError),
+    #[error("undoing host tuning: {0}")]
+    HostTuning(#[source] TuningError),
+}
+
+impl TeardownError {
+    /// The NIC the step was about, or `host` for host tuning (a metric label).
+    pub fn nic(&self) -> &str {
+        match self {
+            TeardownError::RemoveRule(e) => &e.ifname,
+            TeardownError::RestoreNic(e) => &e.ifname,
+            TeardownError::HostTuning(_) => "host",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::NicOp;
+    use nix::errno::Errno;
+
+    #[test]
+    fn configuration_errors_exit_2_and_the_rest_1() {
+        assert_eq!(DaemonError::Flags("x".into()).exit_code(), 2);
+        assert_eq!(DaemonError::Topology(ConfigError::ManualWithoutTopology).exit_code(), 2);
+        let nic = NicError::new("eth1", NicOp::SetFeature, Errno::EPERM);
+        let prime = PrimeError { ifname: "eth1".into(), step: "ntuple on", source: nic.clone() };
+        assert_eq!(DaemonError::Prime(prime).exit_code(), 1);
+        assert_eq!(DaemonError::Restore(vec![TeardownError::RemoveRule(nic)]).exit_code(), 1);
+    }
+
+    #[test]
+    fn errors_keep_their_source() {
+        use std::error::Error;
+        let nic = NicError::new("eth2", NicOp::SetPrivFlag, Errno::EIO);
+        let e =
+            DaemonError::HeaderSplit(PrimeError { ifname: "eth2".into(), step: "header split", source: nic });
+        let prime = e.source().expect("keeps the prime error");
+        let nic = prime.source().expect("which keeps the NIC error");
+        assert_eq!(nic.downcast_ref::<NicError>().map(|n| n.errno), Some(Errno::EIO));
+        assert!(e.to_string().starts_with("header split on eth2"), "{e}");
+    }
+
+    #[test]
+    fn teardown_errors_name_their_nic() {
+        let nic = NicError::new("eth3", NicOp::DelRule, Errno::EBUSY);
+        assert_eq!(TeardownError::RemoveRule(nic.clone()).nic(), "eth3");
+        let p = PrimeError { ifname: "eth4".into(), step: "restore", source: nic };
+        assert_eq!(TeardownError::RestoreNic(p).nic(), "eth4");
+    }
+}

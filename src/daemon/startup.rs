@@ -1,0 +1,244 @@
+//! Startup, in order: prime the NICs → allocate the pools → bind them to
+//! their queues → open the pool endpoints → turn header split on → tune
+//! the host → open the rule endpoints. Each step records what it changed in
+//! the [`Node`], so that a failure at any step undoes exactly that.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::config::flags::SetupParam;
+use crate::gpu::{RxPool, ShmemType};
+use crate::host::tuning::{HostTuning, TuningPlan};
+use crate::metrics::Metrics;
+use crate::nic::prime;
+use crate::server::budget::ConnBudget;
+use crate::server::leases::{ClientTracker, LeasePolicy};
+use crate::server::rule_threads::NicRuleThread;
+use crate::server::{self, AppRegistry, Endpoint, GpuEntry, ServerState};
+use crate::types::pci::PciAddr;
+
+use super::debug_view::config_json;
+use super::events::{address_map, spawn_reaper};
+use super::http_routes::Routes;
+use super::teardown::Node;
+use super::{ms, Backends, Config, DaemonError};
+
+/// What the steps of startup share.
+pub(super) struct Startup<'a> {
+    pub config: &'a Config,
+    pub backends: &'a Backends,
+    pub metrics: &'a Arc<Metrics>,
+    pub routes: &'a Arc<Routes>,
+    pub shutdown: watch::Receiver<bool>,
+    /// Dropped by every connection task when it ends (drain on shutdown).
+    pub done: mpsc::Sender<()>,
+}
+
+impl Startup<'_> {
+    /// Runs every step; on error, `node` holds what was done so far.
+    pub async fn run(&self, node: &mut Node) -> Result<(), DaemonError> {
+        self.prime(node)?;
+        self.allocate(node)?;
+        self.bind(node)?;
+        let state = self.server_state(node)?;
+        self.open_pool_endpoints(node, &state)?;
+        self.enable_header_split(node)?;
+        self.tune_host(node);
+        self.open_rule_endpoints(node, &state)?;
+        let _ = self.routes.state.set(state);
+        let _ = self.routes.config_json.set(config_json(self.config, self.backends, node));
+        Ok(())
+    }
+
+    /// Primes every NIC, in parallel; keeps what succeeded so it can be undone.
+    fn prime(&self, node: &mut Node) -> Result<(), DaemonError> {
+        let (topo, nic) = (&self.config.topology, &self.backends.nic);
+        let t = Instant::now();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = topo
+                .nics
+                .iter()
+                .map(|n| s.spawn(|| prime::prime(nic.as_ref(), &n.ifname, topo.rss_set_size)))
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("prime thread")).collect()
+        });
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(p) => node.primed.push(p),
+                Err(e) => {
+                    self.metrics.nic_op_failed(&e.source);
+                    first_err = first_err.or(Some(e))
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(DaemonError::Prime(e));
+        }
+        for p in &node.primed {
+            topo.validate_channels(&p.ifname, p.channels).map_err(DaemonError::Channels)?;
+        }
+        tracing::info!(nics = node.primed.len(), backend = nic.backend(), elapsed_ms = ms(t), "NICs primed");
+        Ok(())
+    }
+
+    /// One pool per GPU, in parallel.
+    fn allocate(&self, node: &mut Node) -> Result<(), DaemonError> {
+        let (topo, alloc) = (&self.config.topology, &self.backends.alloc);
+        let t = Instant::now();
+        let gpus: Vec<PciAddr> = topo.gpus().map(|(_, g)| g.pci).collect();
+        let requests: Vec<(PciAddr, u64)> = gpus.iter().map(|&g| (g, topo.rx_pool_size)).collect();
+        let pools = crate::gpu::allocate_all(alloc.as_ref(), &requests, self.config.flags.gpu_shmem_type);
+        for (gpu, r) in gpus.iter().zip(pools) {
+            let pool: Arc<dyn RxPool> = Arc::from(r.map_err(DaemonError::Allocate)?);
+            self.metrics.pool_bytes.with_label_values(&[&gpu.to_string()]).set(pool.size() as i64);
+            node.pools.push((*gpu, pool));
+        }
+        tracing::info!(
+            gpus = node.pools.len(),
+            backend = alloc.backend(),
+            elapsed_ms = ms(t),
+            "pools allocated"
+        );
+        Ok(())
+    }
+
+    /// Binds each GPU's pool to that GPU's queues on its NIC.
+    fn bind(&self, node: &mut Node) -> Result<(), DaemonError> {
+        let binder = &self.backends.binder;
+        let t = Instant::now();
+        for (nic, gpu) in self.config.topology.gpus() {
+            let pool = &node.pools.iter().find(|(p, _)| *p == gpu.pci).expect("allocated above").1;
+            let binding = binder
+                .bind(pool.as_ref(), gpu.pci, &nic.ifname, nic.pci, &gpu.queues)
+                .map_err(DaemonError::Bind)?;
+            node.bindings.push(binding);
+        }
+        tracing::info!(
+            bindings = node.bindings.len(),
+            backend = binder.backend(),
+            elapsed_ms = ms(t),
+            "pools bound"
+        );
+        Ok(())
+    }
+
+    /// The state the endpoints serve from, with one rule thread per NIC. The
+    /// rule threads see no request until the rule endpoints open.
+    fn server_state(&self, node: &mut Node) -> Result<Arc<ServerState>, DaemonError> {
+        let (flags, topo) = (&self.config.flags, &self.config.topology);
+        let mut gpus = HashMap::new();
+        let mut rule_threads = Vec::new();
+        let stopping = Arc::new(AtomicBool::new(false));
+        for (ni, (n, p)) in topo.nics.iter().zip(&node.primed).enumerate() {
+            for (gi, g) in n.gpus.iter().enumerate() {
+                let pool = node.pools.iter().find(|(pci, _)| *pci == g.pci).map(|(_, p)| p.clone());
+                gpus.insert(g.pci, GpuEntry { nic: ni, index: gi, queues: g.queues.clone(), pool });
+            }
+            let capacity = topo.max_rx_rules.min(p.rule_capacity);
+            if capacity < topo.max_rx_rules {
+                tracing::warn!(ifname = %n.ifname, capacity, max_rx_rules = topo.max_rx_rules, "NIC has fewer rule slots than max_rx_rules");
+            }
+            let gq = n.gpus.iter().map(|g| (g.pci, g.queues.clone())).collect();
+            let nic = self.backends.nic.clone();
+            let w = NicRuleThread::new(&n.ifname, capacity, gq, nic, self.metrics.clone(), stopping.clone())
+                .map_err(|source| DaemonError::NicRuleThread { ifname: n.ifname.clone(), source })?;
+            rule_threads.push(w);
+        }
+        let policy = LeasePolicy {
+            track: flags.leases || flags.shutdown_when_all_clients_exited,
+            reclaim: flags.leases,
+        };
+        let (clients, exits) = ClientTracker::new(policy, self.metrics.clone());
+        let idle = (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout));
+        let state = Arc::new(ServerState {
+            gpus,
+            rule_threads,
+            addresses: Default::default(),
+            registry: AppRegistry::default(),
+            metrics: self.metrics.clone(),
+            conn_limit: Arc::new(ConnBudget::new(flags.max_connections as usize, idle)),
+            clients,
+            stopping,
+        });
+        spawn_reaper(Arc::downgrade(&state), exits);
+        state.set_addresses(address_map(self.backends.nic.as_ref(), topo));
+        node.state = Some(state.clone());
+        // `tcpx-rxdm status` answers (not ready) from here on.
+        let l = node.dir.bind(server::status::SOCKET).map_err(DaemonError::Endpoint)?;
+        server::status::spawn(l, state.clone(), self.shutdown.clone());
+        Ok(state)
+    }
+
+    fn open(&self, node: &mut Node, state: &Arc<ServerState>, ep: Endpoint) -> Result<(), DaemonError> {
+        let l = node.dir.bind(&ep.socket_name()).map_err(DaemonError::Endpoint)?;
+        server::spawn_endpoint(l, ep, state.clone(), self.shutdown.clone(), self.done.clone());
+        Ok(())
+    }
+
+    fn open_pool_endpoints(&self, node: &mut Node, state: &Arc<ServerState>) -> Result<(), DaemonError> {
+        let t = Instant::now();
+        for (_, g) in self.config.topology.gpus() {
+            self.open(node, state, Endpoint::GpuFd(g.pci))?;
+            self.open(node, state, Endpoint::GpuMetadata(g.pci))?;
+        }
+        if self.config.flags.gpu_shmem_type == ShmemType::File {
+            self.open(node, state, Endpoint::GpuIpcHandle)?;
+        }
+        tracing::info!(elapsed_ms = ms(t), "pool endpoints started");
+        Ok(())
+    }
+
+    fn enable_header_split(&self, node: &mut Node) -> Result<(), DaemonError> {
+        let t = Instant::now();
+        for p in &mut node.primed {
+            p.enable_header_split(self.backends.nic.as_ref()).map_err(|e| {
+                self.metrics.nic_op_failed(&e.source);
+                DaemonError::HeaderSplit(e)
+            })?;
+        }
+        tracing::info!(elapsed_ms = ms(t), "header split enabled");
+        Ok(())
+    }
+
+    /// Host tuning, best effort: failures are logged, what was applied is
+    /// undone at shutdown. Only where the NIC backend drives real NICs.
+    fn tune_host(&self, node: &mut Node) {
+        let flags = &self.config.flags;
+        if !self.backends.nic.capabilities().host_tuning {
+            return;
+        }
+        let SetupParam::Tune(params) = flags.setup_param else {
+            return;
+        };
+        let t = Instant::now();
+        let plan = match &flags.tuning_script_path {
+            Some(dir) => TuningPlan::Script { dir: dir.clone(), args: params.script_args() },
+            None => TuningPlan::Native { procfs_root: flags.procfs_root(), sysfs_root: flags.sysfs_root() },
+        };
+        let (tuning, errors) = HostTuning::apply(&params, &plan);
+        for e in errors {
+            tracing::warn!(error = %e, "host tuning step failed");
+        }
+        node.tuning = Some(tuning);
+        tracing::info!(elapsed_ms = ms(t), "host tuning applied");
+    }
+
+    fn open_rule_endpoints(&self, node: &mut Node, state: &Arc<ServerState>) -> Result<(), DaemonError> {
+        let t = Instant::now();
+        for ep in
+            [Endpoint::RuleManager, Endpoint::RuleUninstall, Endpoint::QueueIdsByGpu, Endpoint::Registry]
+        {
+            self.open(node, state, ep)?;
+        }
+        for p in &node.primed {
+            self.metrics.set_nic_info(&p.ifname, p.header_split.name(), self.backends.binder.backend());
+        }
+        tracing::info!(elapsed_ms = ms(t), "rule endpoints started");
+        Ok(())
+    }
+}
