@@ -3,4 +3,4 @@
 pub mod discovery;
 pub mod flags;
 pub mod presets;
-pub mod topology;
+pub(crate) mod topology;

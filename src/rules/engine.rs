@@ -7,7 +7,9 @@ use nix::errno::Errno;
 
 use super::table::{NicRules, Owner, Reserve, RuleEntry};
 use super::{code_for_errno, RuleFailure};
-use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
+#[cfg(test)]
+use crate::nic::NicRule;
+use crate::nic::{FlowSpec, NicControl, NicError};
 use crate::types::status::StatusCode;
 
 /// The result of an install that did not fail.
@@ -171,6 +173,7 @@ impl NicRuleEngine {
     }
 
     /// Whether the NIC's own table matches our bookkeeping (foreign slots aside).
+    #[cfg(test)]
     pub fn matches_nic(&self, nic_rules: &[NicRule]) -> bool {
         let mut want: Vec<NicRule> = self
             .booked()

@@ -4,9 +4,9 @@
 //! per-NIC bookkeeping (slots, queue loads, flows); [`engine`] applies it to a
 //! NIC through [`crate::nic::NicControl`], rolling back on failure.
 
-pub mod engine;
+pub(crate) mod engine;
 pub mod flow;
-pub mod table;
+pub(crate) mod table;
 
 use nix::errno::Errno;
 

@@ -2,15 +2,16 @@
 //! one task per connection, a connection budget ([`budget::ConnBudget`]) bounding them.
 
 pub mod accept_backoff;
-pub mod budget;
-pub mod conn;
-pub mod flows_stream;
-pub mod handlers;
-pub mod http;
-pub mod leases;
+pub(crate) mod budget;
+pub(crate) mod conn;
+pub(crate) mod flows_stream;
+pub(crate) mod handlers;
+pub(crate) mod http;
+pub(crate) mod leases;
 pub mod memory;
+mod peer;
 pub mod rule_threads;
-pub mod socket_dir;
+pub(crate) mod socket_dir;
 pub mod status;
 
 use std::collections::HashMap;
