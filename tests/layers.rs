@@ -143,7 +143,7 @@ fn clap_is_only_in_the_flags_module_and_main() {
         .iter()
         .filter(|f| std::fs::read_to_string(f).unwrap().contains("clap::"))
         .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
-        .filter(|f| f != "config/flags.rs" && f != "main.rs")
+        .filter(|f| !f.starts_with("config/flags") && f != "main.rs")
         .collect();
     assert!(users.is_empty(), "clap outside the flags module: {users:?}");
 }
