@@ -78,8 +78,8 @@ fn bad_flags_exit_two_naming_the_flag() {
 fn show_version_and_manifest_setup_param() {
     let (code, _) = run_to_exit(&["--show_version"]);
     assert_eq!(code, 0);
-    let out = std::process::Command::new(BIN).arg("-show_version").output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("tcpx-rxdm "));
+    let (_, stdout, _) = run_bin(&["-show_version"]);
+    assert!(stdout.starts_with("tcpx-rxdm "));
     // The GKE manifest passes the value with literal backslashes and quotes.
     let d = Daemon::start(&[r#"--setup_param=\"--verbose 128 2 0 \""#, "--nomonitor_shutdown"]);
     assert!(d.files().contains(&"rx_rule_manager".to_string()));
