@@ -17,9 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tcpx_rxdm::daemon::READY_LINE;
 use tcpx_rxdm::wire::client::{self, raw_bytes, Client};
-
-const READY: &str = "Buffer manager initialization completed.";
 
 struct Args {
     bin: String,
@@ -83,7 +82,7 @@ fn start(bin: &str, extra: &[&str]) -> Daemon {
         if let Some(rest) = line.split("address=").nth(1) {
             http = rest.split_whitespace().next().and_then(|a| a.parse().ok());
         }
-        if line.contains(READY) {
+        if line.contains(READY_LINE) {
             break;
         }
     }

@@ -10,6 +10,7 @@ use std::process::Command;
 use serde::Deserialize;
 use serde_json::Value;
 use tcpx_rxdm::config::flags::{Flags, SetupParam};
+use tcpx_rxdm::daemon::READY_LINE;
 use tcpx_rxdm::host::tuning::TuningParams;
 
 const OUR_BIN: &str = "/usr/local/bin/tcpx-rxdm";
@@ -208,7 +209,8 @@ fn classic_sidecar_is_a_drop_in_and_ends_the_job() {
     // Readiness from the health file the daemon writes, on a volume both see.
     let health = &env_map(c)["HEALTH_CHECK_LOG_FILE"];
     assert!(script.contains(health.as_str()), "{script}");
-    assert!(script.contains("Buffer manager initialization complete"), "{script}");
+    // It greps for "...complete", which the reference's ready line and ours share.
+    assert!(script.contains(READY_LINE.trim_end_matches("d.")), "{script}");
     let health_dir = Path::new(health).parent().unwrap().to_str().unwrap();
     assert_eq!(mounts(workload).get(health_dir), mounts(c).get(health_dir));
 }
@@ -430,6 +432,15 @@ fn slurm_prolog_command_line_is_accepted() {
     let out = Command::new(repo("deploy/slurm/prolog.sh")).env_remove("SLURM_JOB_ID").output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SLURM_JOB_ID"));
+}
+
+#[test]
+fn scripts_wait_for_the_daemons_ready_line() {
+    // Shell scripts cannot import the constant: their copies must match it.
+    assert!(read("tests/gpu/check.sh").contains(&format!("grep -q '{READY_LINE}'")));
+    let common = read("deploy/slurm/common.sh");
+    assert!(common.contains(&format!("TCPX_READY_LINE=\"{READY_LINE}\"")), "{common}");
+    assert!(read("deploy/slurm/prolog.sh").contains("\"$TCPX_READY_LINE\""));
 }
 
 #[test]

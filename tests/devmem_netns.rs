@@ -1,15 +1,15 @@
 //! devmem binder against the real kernel, in a fresh network namespace with a
-//! veth pair. Needs root and `ip`: ignored by a plain `cargo test`, run with
-//! `cargo test -- --include-ignored` (CI, as root). A veth has
+//! veth pair (`common::netns`). Needs root and `ip`: ignored by a plain
+//! `cargo test`, run with `cargo test -- --include-ignored` (CI, as root). A veth has
 //! no queue-management ops and a memfd is no dma-buf, so the kernel must refuse
 //! `BIND_RX`; the test pins how that refusal is reported.
 
-use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::process::Command;
+mod common;
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use common::netns::Netns;
 use neli::consts::socket::NlFamily;
-use nix::sched::{setns, CloneFlags};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use tcpx_rxdm::gpu::devmem::{
     bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES,
@@ -18,50 +18,11 @@ use tcpx_rxdm::gpu::{QueueBinder, RxPool};
 use tcpx_rxdm::netlink::{NlConn, NlError};
 use tcpx_rxdm::types::pci::PciAddr;
 
-/// A namespace with `v0`/`v1` up; deleted on drop (which also removes the veth).
-struct Netns(String);
-
-impl Netns {
-    fn create(tag: &str) -> Option<Netns> {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "these tests need root (run as root with --include-ignored)"
-        );
-        let name = format!("rxdm-gpu-{tag}-{}", std::process::id());
-        assert!(ip(&["netns", "add", &name]), "`ip netns add {name}` failed (needs iproute2 and root)");
-        let ns = Netns(name);
-        let n = ns.0.as_str();
-        assert!(ip(&["-n", n, "link", "add", "v0", "type", "veth", "peer", "name", "v1"]));
-        assert!(ip(&["-n", n, "link", "set", "v0", "up"]));
-        assert!(ip(&["-n", n, "link", "set", "v1", "up"]));
-        Some(ns)
-    }
-
-    /// Runs `f` on a thread that has entered the namespace (setns is per thread).
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/run/netns/{}", self.0);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let ns = File::open(&path).expect("open netns");
-                setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
-                f()
-            })
-            .join()
-            .expect("netns thread")
-        })
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if !ip(&["netns", "del", &self.0]) {
-            eprintln!("warning: could not delete netns {}", self.0);
-        }
-    }
-}
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false)
+/// A fresh namespace holding `v0` ↔ `v1`, up (`common::netns`).
+fn veth_ns(tag: &str) -> Netns {
+    let ns = Netns::new(&format!("gpu-{tag}"));
+    ns.add_veth("v0", "v1", None);
+    ns
 }
 
 /// A pool whose "dma-buf" is a plain memfd (or absent).
@@ -87,9 +48,9 @@ impl RxPool for MemfdPool {
 }
 
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_veth_bind_rx_is_refused_with_a_clear_error() {
-    let Some(ns) = Netns::create("a") else { return };
+    let ns = veth_ns("a");
     let pool = MemfdPool(Some(memfd_create("not-a-dmabuf", MFdFlags::MFD_CLOEXEC).unwrap()));
     let err = ns.run(|| DevmemBinder.try_bind(&pool, "v0", &[0]).unwrap_err());
     eprintln!("kernel said: {err}");
@@ -112,9 +73,9 @@ fn netns_veth_bind_rx_is_refused_with_a_clear_error() {
 }
 
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_missing_interface_and_missing_dmabuf_fail_before_binding() {
-    let Some(ns) = Netns::create("b") else { return };
+    let ns = veth_ns("b");
     let no_dmabuf = MemfdPool(None);
     let err = ns.run(|| DevmemBinder.try_bind(&no_dmabuf, "v0", &[0]).unwrap_err());
     assert!(matches!(err, DevmemError::NoDmaBuf(_)), "{err:?}");
@@ -126,9 +87,9 @@ fn netns_missing_interface_and_missing_dmabuf_fail_before_binding() {
 }
 
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_kernel_extack_is_decoded() {
-    let Some(ns) = Netns::create("c") else { return };
+    let ns = veth_ns("c");
     // BIND_RX without queues: the kernel's attribute check refuses it and
     // names the missing attribute in the extended ACK.
     let err = ns.run(|| {

@@ -8,9 +8,8 @@ use tcpx_rxdm::config::discovery::{discover, DiscoveryError};
 use tcpx_rxdm::types::topology::NicSpec;
 use tempfile::TempDir;
 
-#[path = "common/sysfs.rs"]
-mod sysfs;
-use sysfs::*;
+mod common;
+use common::sysfs::*;
 
 fn any_address(_: &str) -> bool {
     true

@@ -1,23 +1,16 @@
 //! `tcpx-rxdm doctor` as a black box: simulated NICs, fabricated sysfs trees,
 //! `--json`, bad flags. (The veth check, which needs root, is in doctor_netns.rs.)
 
-use std::process::{Command, Stdio};
-
 mod common;
-#[path = "common/sysfs.rs"]
-mod sysfs;
 
-use common::BIN;
-use sysfs::*;
+use common::run_bin;
+use common::sysfs::*;
 
 /// Runs `tcpx-rxdm doctor ARGS`; returns (exit code, stdout, stderr).
 fn doctor(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN).arg("doctor").args(args).stdin(Stdio::null()).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut all = vec!["doctor"];
+    all.extend(args);
+    run_bin(&all)
 }
 
 /// The report line for `section` / `name` (text output), e.g. `✔ ntuple: …`.

@@ -1,8 +1,11 @@
 //! `--gpu_backend=cuda` on a host without the NVIDIA driver: exit 1 with a
 //! message naming CUDA/libcuda, never a panic.
 
+mod common;
+
 use std::process::Command;
 
+use common::BIN;
 use tcpx_rxdm::gpu::cuda::CudaAllocator;
 
 #[test]
@@ -12,7 +15,7 @@ fn cuda_backend_without_libcuda_exits_1_naming_cuda() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tcpx-rxdm"))
+    let out = Command::new(BIN)
         .args(["--gpu_nic_preset", "sim", "--gpu_backend=cuda", "--metrics_address="])
         .arg(format!("--uds_path={}", dir.path().display()))
         .output()

@@ -6,16 +6,11 @@ mod common;
 use std::io::Read;
 use std::time::Duration;
 
+use common::netns::{veth_topology, Netns};
 use common::*;
+use nix::errno::Errno;
 use tcpx_rxdm::wire::client::{self, status_code};
 use tcpx_rxdm::wire::frame;
-
-const GPU0: &str = "0000:04:00.0";
-const OK_FRAME: [u8; 7] = [0, 5, 0x0a, 3, b'O', b'k', b'.'];
-
-fn encoded(m: &tcpx_rxdm::wire::proto::UnixSocketProto) -> Vec<u8> {
-    frame::encode(m).unwrap()
-}
 
 /// Over-long fields still get INVALID_ARGUMENT (the echoed text is cut so
 /// the reply fits a frame), then the connection closes.
@@ -83,63 +78,12 @@ fn sighup_is_an_orderly_shutdown_and_a_second_one_forces() {
     assert!(d.log().iter().any(|l| l.contains("exiting now without finishing restore")));
 }
 
-/// Connects to `path` as `uid`/`gid` (no supplementary groups) in a forked
-/// child, sends `request` and reads a reply. Returns the child's result:
-/// 0 served, 1 connect refused with EACCES, 2 other failure. The child does
-/// only raw system calls (no allocation after fork).
-fn exchange_as(uid: u32, gid: u32, path: &std::path::Path, request: &[u8]) -> i32 {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_bytes();
-    assert!(bytes.len() < addr.sun_path.len());
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: the child only makes raw system calls on memory prepared
-    // before the fork, then _exits; the parent waits for it.
-    match unsafe { nix::unistd::fork() }.unwrap() {
-        // SAFETY: raw system calls on buffers that outlive the child; no allocation.
-        nix::unistd::ForkResult::Child => unsafe {
-            let code = (|| {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return 2;
-                }
-                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-                if fd < 0 {
-                    return 2;
-                }
-                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-                if libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) != 0 {
-                    return if *libc::__errno_location() == libc::EACCES { 1 } else { 2 };
-                }
-                if libc::write(fd, request.as_ptr().cast(), request.len()) != request.len() as isize {
-                    return 2;
-                }
-                let mut reply = [0u8; 64];
-                if libc::read(fd, reply.as_mut_ptr().cast(), reply.len()) <= 2 {
-                    return 2;
-                }
-                0
-            })();
-            libc::_exit(code)
-        },
-        nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None).unwrap() {
-            nix::sys::wait::WaitStatus::Exited(_, code) => code,
-            other => panic!("client child: {other:?}"),
-        },
-    }
-}
-
 /// With the daemon's umask 077, a socket folder it creates still lets the
 /// `--socket_group` in (mode 0750, that group), and nobody else.
 #[test]
-#[ignore = "needs root (setuid to a test user, chown to a test group)"]
+#[ignore = "needs root: setuid to a test user, chown to a test group"]
 fn socket_group_member_reaches_sockets_in_a_folder_the_daemon_created() {
+    require_root("setuid to a test user, chown to a test group");
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     const GID: u32 = 64_123;
     const UID: u32 = 64_123;
@@ -155,8 +99,12 @@ fn socket_group_member_reaches_sockets_in_a_folder_the_daemon_created() {
     }
     let sock = dir.join("queue_ids_by_gpu");
     let query = encoded(&client::queue_query(GPU0));
-    assert_eq!(exchange_as(UID, GID, &sock, &query), 0, "member of the socket group not served");
-    assert_eq!(exchange_as(UID, GID + 1, &sock, &query), 1, "non-member not refused with EACCES");
+    assert_eq!(connect_as(UID, GID, &sock, &query), Ok(()), "member of the socket group not served");
+    assert_eq!(
+        connect_as(UID, GID + 1, &sock, &query),
+        Err(Errno::EACCES),
+        "non-member not refused with EACCES"
+    );
     drop(d);
 }
 
@@ -234,40 +182,17 @@ fn simulated_nics_are_not_claimed_by_default() {
 /// namespace holding `eth1`, a claim held by this test process makes the
 /// daemon exit 1 naming eth1 and this pid before priming.
 #[test]
-#[ignore = "needs root (network namespaces)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn ethtool_daemon_refuses_a_claimed_nic_in_its_netns() {
-    use std::process::Command;
-    let ns = format!("rxdm-claim-{}", std::process::id());
-    let ip = |args: &[&str]| {
-        let out = Command::new("ip").args(args).output().expect("iproute2");
-        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let _ = Command::new("ip").args(["netns", "del", &ns]).output();
-    ip(&["netns", "add", &ns]);
-    struct Del(String);
-    impl Drop for Del {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
-        }
-    }
-    let _del = Del(ns.clone());
-    ip(&["-n", &ns, "link", "add", "eth1", "type", "veth", "peer", "name", "eth1p"]);
+    let ns = Netns::with_veth("claim");
     // The claim socket belongs to the namespace it was created in.
-    let claim = std::thread::scope(|s| {
-        s.spawn(|| {
-            let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            tcpx_rxdm::nic::claim::NicClaim::acquire("nic", "eth1").unwrap()
-        })
-        .join()
-        .unwrap()
-    });
+    let claim = ns.run(|| tcpx_rxdm::nic::claim::NicClaim::acquire("nic", "eth1").unwrap());
     let uds = tempfile::tempdir().unwrap();
-    let topo = r#"gpu_rxq_configs { gpu_infos { gpu_pci_addr: "0000:04:00.0" queue_ids: 2 queue_ids: 3 } nic_pci_addr: "0000:06:00.0" ifname: "eth1" } rss_set_size: 2 tcpd_queue_size: 2 max_rx_rules: 100"#;
     let daemon = || {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &ns, BIN, "--gpu_nic_preset=manual", "--nic_backend=ethtool"])
-            .arg(format!("--gpu_nic_topology_proto={topo}"))
+        let out = ns
+            .bin()
+            .args(["--gpu_nic_preset=manual", "--nic_backend=ethtool"])
+            .arg(format!("--gpu_nic_topology_proto={}", veth_topology("eth1", Some("0000:06:00.0"))))
             .args(["--gpu_backend=host", "--bind_backend=none", "--metrics_address=", "--setup_param="])
             .arg(format!("--uds_path={}", uds.path().display()))
             .output()
@@ -378,46 +303,8 @@ fn debug_endpoints_flag() {
     }
 }
 
-/// A network namespace of this test's own; deleted on drop.
-struct TestNetns(String);
-
-impl TestNetns {
-    fn new(tag: &str) -> TestNetns {
-        let name = format!("rxdm-{tag}-{}", std::process::id());
-        let _ = std::process::Command::new("ip").args(["netns", "del", &name]).output();
-        let ns = TestNetns(name);
-        ns.ip(&["netns", "add", &ns.0]);
-        ns
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let out = std::process::Command::new("ip").args(args).output().expect("iproute2");
-        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    /// Runs `f` on a thread inside the namespace (children it spawns live there too).
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let fd = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
-                nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-                f()
-            })
-            .join()
-            .unwrap()
-        })
-    }
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
-
 /// GET from a given local source address; returns the status.
 fn get_from(src: std::net::IpAddr, to: std::net::SocketAddr, path: &str) -> u16 {
-    use std::io::Write;
     let sock = nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Inet,
         nix::sys::socket::SockType::Stream,
@@ -437,26 +324,18 @@ fn get_from(src: std::net::IpAddr, to: std::net::SocketAddr, path: &str) -> u16 
         &nix::sys::socket::SockaddrIn::from(to4),
     )
     .unwrap();
-    let mut s = std::net::TcpStream::from(sock);
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    resp[9..12].parse().unwrap()
+    http_get_on(std::net::TcpStream::from(sock), path).0
 }
 
 /// /debug/* refuses a non-loopback peer (403) unless --debug_endpoints=all;
 /// /metrics, /healthz, /readyz stay open to it.
 #[test]
-#[ignore = "needs root (network namespaces)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn debug_endpoints_refuse_non_loopback_peers() {
-    let ns = TestNetns::new("debug");
-    ns.ip(&["-n", &ns.0, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"]);
-    ns.ip(&["-n", &ns.0, "addr", "add", "10.213.0.1/24", "dev", "veth0"]);
-    ns.ip(&["-n", &ns.0, "addr", "add", "10.213.0.2/24", "dev", "veth1"]);
-    for dev in ["lo", "veth0", "veth1"] {
-        ns.ip(&["-n", &ns.0, "link", "set", dev, "up"]);
-    }
+    let ns = Netns::new("debug");
+    ns.add_veth("veth0", "veth1", None);
+    ns.ip(&["addr", "add", "10.213.0.1/24", "dev", "veth0"]);
+    ns.ip(&["addr", "add", "10.213.0.2/24", "dev", "veth1"]);
     let remote: std::net::IpAddr = "10.213.0.2".parse().unwrap();
     let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
     for (flag, remote_debug) in [("--debug_endpoints=local", 403), ("--debug_endpoints=all", 200)] {
@@ -591,37 +470,10 @@ fn fd_exhaustion_backs_off_keeps_healthz_and_recovers() {
 /// At startup the daemon raises its soft fd limit to the hard one and logs both.
 #[test]
 fn soft_fd_limit_is_raised_to_the_hard_limit() {
-    use std::os::unix::process::CommandExt;
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = std::process::Command::new(BIN);
-    cmd.args(["--gpu_nic_preset=sim", "--metrics_address=", &format!("--uds_path={}", dir.path().display())])
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped());
-    let lim = libc::rlimit { rlim_cur: 256, rlim_max: 2048 };
-    // SAFETY: setrlimit is async-signal-safe and reads a struct copied into the closure.
-    unsafe {
-        cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
-            0 => Ok(()),
-            _ => Err(std::io::Error::last_os_error()),
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let pid = child.id();
-    let mut reader = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let mut logged = None;
-    while std::io::BufRead::read_line(&mut reader, &mut line).unwrap() > 0 {
-        if line.contains("RLIMIT_NOFILE") {
-            logged = Some(line.clone());
-        }
-        if line.contains(READY) {
-            break;
-        }
-        line.clear();
-    }
-    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    let d = Daemon::spawn_with_nofile(&["--metrics_address="], 256, 2048).ready();
+    let logged = d.log().into_iter().find(|l| l.contains("RLIMIT_NOFILE"));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id())).unwrap();
+    drop(d);
     let logged = logged.expect("limit logged");
     assert!(
         logged.contains("soft_before=256") && logged.contains("soft=2048") && logged.contains("hard=2048"),

@@ -3,22 +3,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::{ClientProcess, Daemon};
+use common::{
+    encoded, install_frame, raw_exchange, read_frame, run_to_exit, ClientProcess, Daemon, GPU0, GPU_ETH2,
+    OK_FRAME,
+};
 use nix::sys::signal::Signal;
 use tcpx_rxdm::wire::client;
 use tcpx_rxdm::wire::frame;
-
-const GPU0: &str = "0000:04:00.0";
-const GPU_ETH2: &str = "0000:0a:00.0";
-
-fn install(sport: i32, gpu: &str) -> Vec<u8> {
-    frame::encode(&client::rule_request(1, ("10.1.0.2", sport), ("192.168.1.2", 5000), Some(gpu), None))
-        .unwrap()
-}
 
 #[test]
 fn shutdown_file_ends_the_daemon_cleanly() {
@@ -41,10 +36,7 @@ fn a_stale_shutdown_file_from_an_earlier_job_is_removed_at_startup() {
     assert!(d.log().iter().any(|l| l.contains("removed a stale shutdown file")), "{}", d.log().join("\n"));
     assert!(!path.exists());
     // Still serving: a stale file is not a reason to stop.
-    assert_eq!(
-        common::raw_exchange(&d.sock("rx_rule_manager"), &install(40000, GPU0)),
-        frame::encode(&frame::ok()).unwrap()
-    );
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &install_frame(40000, GPU0)), OK_FRAME);
     std::fs::write(&path, b"").unwrap();
     assert_eq!(d.wait_exit(Duration::from_secs(10)).code(), Some(0));
 }
@@ -52,7 +44,7 @@ fn a_stale_shutdown_file_from_an_earlier_job_is_removed_at_startup() {
 #[test]
 fn shutdown_file_in_a_missing_folder_is_a_configuration_error() {
     let dir = tempfile::tempdir().unwrap();
-    let (code, err) = common::run_to_exit(&[
+    let (code, err) = run_to_exit(&[
         "--gpu_nic_preset=sim",
         &format!("--uds_path={}", dir.path().display()),
         "--metrics_address=",
@@ -70,7 +62,7 @@ fn a_process_holding_only_a_pool_fd_keeps_the_daemon_alive() {
         "--nomonitor_shutdown",
     ]);
     let fd_sock = d.sock(&format!("get_gpu_fd_{GPU0}"));
-    let req = frame::encode(&client::raw_request(GPU0)).unwrap();
+    let req = encoded(&client::raw_request(GPU0));
     let c = ClientProcess::run(&[(fd_sock, req)], Duration::from_secs(3));
     // Well past the 1 s grace: the client still holds the pool.
     std::thread::sleep(Duration::from_millis(2000));
@@ -91,23 +83,14 @@ fn without_any_client_the_daemon_does_not_exit_on_its_own() {
     assert!(d.child.try_wait().unwrap().is_none(), "no client was ever seen");
 }
 
-/// Reads one reply frame, or reports how the connection ended.
-fn read_frame(s: &mut UnixStream) -> Result<Vec<u8>, String> {
-    let mut head = [0u8; 2];
-    s.read_exact(&mut head).map_err(|e| format!("no reply: {e}"))?;
-    let mut body = vec![0u8; u16::from_be_bytes(head) as usize];
-    s.read_exact(&mut body).map_err(|e| format!("short reply: {e}"))?;
-    Ok([head.to_vec(), body].concat())
-}
-
 #[test]
 fn sigterm_with_requests_in_flight_answers_every_request() {
     // One NIC op takes 200 ms: most of 12 installs are still queued at SIGTERM.
     let mut d = Daemon::start(&["--sim_delay=add_rule:200", "--monitor_shutdown"]);
     let mut reg = UnixStream::connect(d.sock("rxdm_application_registry")).unwrap();
     reg.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    reg.write_all(&frame::encode(&client::register(true)).unwrap()).unwrap();
-    assert_eq!(read_frame(&mut reg).unwrap(), frame::encode(&frame::ok()).unwrap());
+    reg.write_all(&encoded(&client::register(true))).unwrap();
+    assert_eq!(read_frame(&mut reg).unwrap(), OK_FRAME);
     let path = d.sock("rx_rule_manager");
     let clients: Vec<_> = (0..12)
         .map(|i| {
@@ -115,7 +98,7 @@ fn sigterm_with_requests_in_flight_answers_every_request() {
             std::thread::spawn(move || {
                 let mut s = UnixStream::connect(path).unwrap();
                 s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                s.write_all(&install(42000 + i, GPU0)).unwrap();
+                s.write_all(&install_frame(42000 + i, GPU0)).unwrap();
                 read_frame(&mut s)
             })
         })
@@ -123,7 +106,7 @@ fn sigterm_with_requests_in_flight_answers_every_request() {
     // A client halfway through sending its request.
     let mut partial = UnixStream::connect(&path).unwrap();
     partial.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    partial.write_all(&install(43000, GPU0)[..5]).unwrap();
+    partial.write_all(&install_frame(43000, GPU0)[..5]).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     d.signal(Signal::SIGTERM);
     let mut codes = Vec::new();
@@ -138,8 +121,8 @@ fn sigterm_with_requests_in_flight_answers_every_request() {
     let reply = read_frame(&mut partial).unwrap_or_else(|e| panic!("partial request got no reply: {e}"));
     assert_eq!(client::status_code(&frame::parse(&reply).unwrap().unwrap().0), 14);
     // The registry still answers a deregistration during shutdown.
-    reg.write_all(&frame::encode(&client::register(false)).unwrap()).unwrap();
-    assert_eq!(read_frame(&mut reg).unwrap(), frame::encode(&frame::ok()).unwrap());
+    reg.write_all(&encoded(&client::register(false))).unwrap();
+    assert_eq!(read_frame(&mut reg).unwrap(), OK_FRAME);
     assert_eq!(d.wait_exit(Duration::from_secs(15)).code(), Some(0), "{}", d.log().join("\n"));
 }
 
@@ -151,18 +134,15 @@ fn installs_on_other_nics_do_not_wait_for_a_slow_one() {
         let path = d.sock("rx_rule_manager");
         std::thread::spawn(move || {
             for i in 0..3 {
-                let r = common::raw_exchange(&path, &install(44000 + i, GPU0));
-                assert_eq!(r, frame::encode(&frame::ok()).unwrap());
+                let r = raw_exchange(&path, &install_frame(44000 + i, GPU0));
+                assert_eq!(r, OK_FRAME);
             }
         })
     };
     std::thread::sleep(Duration::from_millis(50));
     let t = Instant::now();
     for i in 0..20 {
-        assert_eq!(
-            common::raw_exchange(&d.sock("rx_rule_manager"), &install(45000 + i, GPU_ETH2)),
-            frame::encode(&frame::ok()).unwrap()
-        );
+        assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &install_frame(45000 + i, GPU_ETH2)), OK_FRAME);
     }
     let fast = t.elapsed();
     slow.join().unwrap();

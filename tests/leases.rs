@@ -6,24 +6,12 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{metric, ClientProcess, Daemon, READY};
+use common::{
+    encoded, install_frame, install_rule, metric, raw_exchange, require_root, wait_until, ClientProcess,
+    Daemon, GPU0, GPU_ETH2, OK_FRAME,
+};
 use tcpx_rxdm::wire::client;
 use tcpx_rxdm::wire::frame;
-
-const GPU0: &str = "0000:04:00.0";
-const GPU_ETH2: &str = "0000:0a:00.0";
-
-fn encoded(m: &tcpx_rxdm::wire::proto::UnixSocketProto) -> Vec<u8> {
-    frame::encode(m).unwrap()
-}
-
-fn ok_frame() -> Vec<u8> {
-    encoded(&frame::ok())
-}
-
-fn install(sport: i32, gpu: &str) -> Vec<u8> {
-    encoded(&client::rule_request(1, ("10.1.0.2", sport), ("192.168.1.2", 5000), Some(gpu), None))
-}
 
 fn install_v6(sport: i32, gpu: &str) -> Vec<u8> {
     encoded(&client::rule_request(5, ("fd00::2", sport), ("fd00:0:0:2::2", 5000), Some(gpu), None))
@@ -54,20 +42,10 @@ fn rules(d: &Daemon) -> Vec<serde_json::Value> {
     }
 }
 
-/// Polls until `cond` holds; returns how long it took (panics after `limit`).
-fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < limit, "condition not met within {limit:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    t.elapsed()
-}
-
 fn client_requests(d: &Daemon) -> Vec<(PathBuf, Vec<u8>)> {
     vec![
-        (d.sock("rx_rule_manager"), install(41000, GPU0)),
-        (d.sock("rx_rule_manager"), install(41001, GPU0)),
+        (d.sock("rx_rule_manager"), install_frame(41000, GPU0)),
+        (d.sock("rx_rule_manager"), install_frame(41001, GPU0)),
         (d.sock("rx_rule_manager"), install_v6(41002, GPU_ETH2)),
     ]
 }
@@ -76,9 +54,9 @@ fn client_requests(d: &Daemon) -> Vec<(PathBuf, Vec<u8>)> {
 /// gone. `pid_visible`: whether the daemon sees the client's pid.
 fn kill_and_time_reclaim(d: &Daemon, pid_visible: bool) -> Duration {
     // A rule of this test process, which stays alive: it must survive.
-    assert_eq!(common::raw_exchange(&d.sock("rx_rule_manager"), &install(40000, GPU0)), ok_frame());
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &install_frame(40000, GPU0)), OK_FRAME);
     let mut c = ClientProcess::run(&client_requests(d), Duration::from_secs(60));
-    assert!(c.replies.iter().all(|r| *r == ok_frame()), "{:?}", c.replies);
+    assert!(c.replies.iter().all(|r| *r == OK_FRAME), "{:?}", c.replies);
     let all = rules(d);
     assert_eq!(all.len(), 4);
     let theirs: Vec<_> = all.iter().filter(|r| r["src"] != "10.1.0.2:40000").collect();
@@ -107,12 +85,12 @@ fn a_killed_clients_rules_disappear_within_a_second() {
 }
 
 #[test]
-#[ignore = "needs root (unshare --pid)"]
+#[ignore = "needs root: unshare --pid"]
 fn reclaim_works_when_the_client_pid_is_invisible_to_the_daemon() {
+    require_root("unshare --pid");
     // The daemon in a pid namespace of its own sees this test's processes as pid 0,
     // as a sidecar does its workload's: only SO_PEERPIDFD identifies them.
-    let d = Daemon::spawn_under(&["unshare", "--pid", "--fork", "--kill-child"], &[], &[]);
-    d.wait_for_log(READY, Duration::from_secs(20)).unwrap_or_else(|| panic!("{}", d.log().join("\n")));
+    let d = Daemon::spawn_under(&["unshare", "--pid", "--fork", "--kill-child"], &[], &[]).ready();
     let took = kill_and_time_reclaim(&d, false);
     println!("rules of a killed client in another pid namespace reclaimed in {took:?}");
     assert!(took < Duration::from_secs(1), "reclaim took {took:?}");
@@ -134,20 +112,13 @@ fn refused_deletes_are_retried_until_everything_is_gone() {
     let d = Daemon::start(&["--sim_fault=del_rule:EIO:0.3"]);
     let n = 100i32;
     for i in 0..n {
-        assert_eq!(common::raw_exchange(&d.sock("rx_rule_manager"), &install(30000 + i, GPU0)), ok_frame());
+        assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &install_frame(30000 + i, GPU0)), OK_FRAME);
     }
     let mut refused = 0;
     for i in 0..n {
-        let reply = common::raw_exchange(&d.sock("rx_rule_uninstall"), &{
-            encoded(&client::rule_request(
-                1,
-                ("10.1.0.2", 30000 + i),
-                ("192.168.1.2", 5000),
-                Some(GPU0),
-                None,
-            ))
-        });
-        if reply != ok_frame() {
+        let reply =
+            raw_exchange(&d.sock("rx_rule_uninstall"), &encoded(&install_rule(30000 + i, Some(GPU0))));
+        if reply != OK_FRAME {
             let msg = frame::parse(&reply).unwrap().unwrap().0;
             assert_eq!(client::status_code(&msg), 13, "EIO maps to INTERNAL");
             refused += 1;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use nix::sys::signal::Signal;
+use tcpx_rxdm::daemon::READY_LINE;
 use tcpx_rxdm::wire::client::{self, raw_bytes, status_code};
 
 #[test]
@@ -77,8 +78,8 @@ fn bad_flags_exit_two_naming_the_flag() {
 fn show_version_and_manifest_setup_param() {
     let (code, _) = run_to_exit(&["--show_version"]);
     assert_eq!(code, 0);
-    let out = std::process::Command::new(BIN).arg("-show_version").output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("tcpx-rxdm "));
+    let (_, stdout, _) = run_bin(&["-show_version"]);
+    assert!(stdout.starts_with("tcpx-rxdm "));
     // The GKE manifest passes the value with literal backslashes and quotes.
     let d = Daemon::start(&[r#"--setup_param=\"--verbose 128 2 0 \""#, "--nomonitor_shutdown"]);
     assert!(d.files().contains(&"rx_rule_manager".to_string()));
@@ -126,12 +127,15 @@ fn registry_rejects_wrong_payload() {
 
 #[test]
 fn health_check_file_gets_the_ready_line() {
+    // Sidecar scripts, the Slurm prolog and the reference's users grep for
+    // this exact text: it must not change.
+    assert_eq!(READY_LINE, "Buffer manager initialization completed.");
     let dir = tempfile::tempdir().unwrap();
     let health = dir.path().join("health.log");
     let d = Daemon::spawn(&[], &[("HEALTH_CHECK_LOG_FILE", health.to_str().unwrap())]);
-    d.wait_for_log(READY, Duration::from_secs(20)).expect("ready");
+    d.wait_for_log(READY_LINE, Duration::from_secs(20)).expect("ready");
     let text = std::fs::read_to_string(&health).unwrap();
-    assert_eq!(text, format!("{READY}\n"));
+    assert_eq!(text, format!("{READY_LINE}\n"));
 }
 
 #[test]
@@ -140,22 +144,17 @@ fn stale_socket_files_are_replaced_under_the_lock() {
     // A stale socket file from a daemon that was SIGKILLed.
     drop(std::os::unix::net::UnixListener::bind(dir.path().join("rx_rule_manager")).unwrap());
     assert!(dir.path().join("rx_rule_manager").exists());
-    let mut child = std::process::Command::new(BIN)
-        .args(["--gpu_nic_preset=sim", &format!("--uds_path={}", dir.path().display()), "--metrics_address="])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let d = Daemon::spawn(&[&format!("--uds_path={}", dir.path().display()), "--metrics_address="], &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut served = false;
     while std::time::Instant::now() < deadline && !served {
-        if let Ok(mut c) = tcpx_rxdm::wire::client::Client::connect(dir.path().join("rx_rule_manager")) {
+        if let Ok(mut c) = client::Client::connect(dir.path().join("rx_rule_manager")) {
             let r = c.request(&client::rule_request(1, ("10.0.0.9", 1), ("192.168.1.2", 2), None, None));
             served = r.is_ok_and(|r| raw_bytes(&r) == Some(&b"Ok."[..]));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(d);
     assert!(served, "stale socket was not replaced");
 }
 

@@ -1,7 +1,8 @@
 //! Privileged tests against the real kernel. Each test makes its own network
 //! namespace holding a veth pair (`eth1` ↔ `eth1p`, 4 queues each), runs the
 //! code under test on a thread that joined that namespace (sockets opened
-//! there belong to it), and deletes the namespace afterwards, also on failure.
+//! there belong to it), and deletes the namespace afterwards, also on failure
+//! (`common::netns`).
 //!
 //! Needs root and iproute2 (`ip`): ignored by a plain `cargo test`; CI runs them
 //! as root with `cargo test -- --include-ignored`, where missing root or `ip`
@@ -9,14 +10,14 @@
 //! They run one at a time (they would only compete for the CPU, but `ip`
 //! output is easier to read that way).
 
-use std::fs::File;
+mod common;
+
 use std::net::IpAddr;
-use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use common::netns::{veth_topology, Netns};
 use nix::errno::Errno;
-use nix::sched::{setns, CloneFlags};
 use tcpx_rxdm::host::tuning::{HostTuning, TuningParams, TuningPlan};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
 use tcpx_rxdm::nic::family::{probe_family, DriverFamily};
@@ -29,94 +30,11 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `ip` ({e}): these tests need iproute2 and root"));
-    assert!(
-        out.status.success(),
-        "ip {}: {} (these tests need root and iproute2)",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A network namespace with `eth1` ↔ `eth1p` up; deleted on drop.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!("rxdm-{tag}-{}", std::process::id());
-        // A namespace left by a crashed run that had the same pid.
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        ip(&["netns", "add", &name]);
-        let ns = Netns { name };
-        let q = ["numrxqueues", "4", "numtxqueues", "4"];
-        let mut add = vec!["link", "add", "eth1"];
-        add.extend(q);
-        add.extend(["type", "veth", "peer", "name", "eth1p"]);
-        add.extend(q);
-        ns.ip(&add);
-        for dev in ["lo", "eth1", "eth1p"] {
-            ns.ip(&["link", "set", dev, "up"]);
-        }
-        ns
-    }
-
-    fn ip(&self, args: &[&str]) -> String {
-        let mut all = vec!["-n", self.name.as_str()];
-        all.extend(args);
-        ip(&all)
-    }
-
-    /// Runs `f` on a thread inside the namespace; its panics are this test's.
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let fd = File::open(format!("/run/netns/{}", self.name)).expect("namespace handle");
-                setns(&fd, CloneFlags::CLONE_NEWNET).expect("setns into the test namespace");
-                f()
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
-    }
-
-    /// Waits (up to 5 s) for the carrier: veth reports it asynchronously.
-    fn wait_oper_up(&self, dev: &str) {
-        for _ in 0..250 {
-            if self.ip(&["-o", "link", "show", dev]).contains("state UP") {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("{dev} did not come up");
-    }
-
-    fn ifindex(&self, dev: &str) -> u32 {
-        let out = self.ip(&["-o", "link", "show", dev]);
-        out.split(':').next().unwrap().trim().parse().unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let out = Command::new("ip").args(["netns", "del", &self.name]).output();
-        if !out.is_ok_and(|o| o.status.success()) {
-            eprintln!("warning: could not delete network namespace {}", self.name);
-        }
-    }
-}
-
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_features_channels_and_stats_on_veth() {
     let _g = serial();
-    let ns = Netns::new("feat");
+    let ns = Netns::with_veth("feat");
     let peer_index = ns.ifindex("eth1p");
     let index = ns.ifindex("eth1");
     ns.ip(&["addr", "add", "10.77.0.1/24", "dev", "eth1"]);
@@ -173,10 +91,10 @@ fn netns_features_channels_and_stats_on_veth() {
 }
 
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_rule_and_rss_ioctls_reach_the_driver() {
     let _g = serial();
-    let ns = Netns::new("rule");
+    let ns = Netns::with_veth("rule");
     ns.run(|| {
         let nic = EthtoolNic::open().unwrap();
         let flow =
@@ -226,10 +144,10 @@ fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<NicEvent>) {
 }
 
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_monitor_sees_link_down_address_change_and_removal() {
     let _g = serial();
-    let ns = Netns::new("mon");
+    let ns = Netns::with_veth("mon");
     ns.run(|| {
         // No IPv6 autoconfiguration: its address events would mask ours.
         for dev in ["eth1", "eth1p"] {
@@ -295,10 +213,10 @@ fn read_sysctl(name: &str) -> String {
 }
 
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_tuning_sysctls_and_routes_applied_and_restored() {
     let _g = serial();
-    let ns = Netns::new("tune");
+    let ns = Netns::with_veth("tune");
     ns.ip(&["addr", "add", "10.88.0.1/24", "dev", "eth1"]);
     ns.ip(&["addr", "add", "fd00:88::1/64", "dev", "eth1", "nodad"]);
     ns.ip(&["route", "add", "default", "via", "10.88.0.2", "dev", "eth1", "mtu", "1400"]);
@@ -334,7 +252,7 @@ fn netns_tuning_sysctls_and_routes_applied_and_restored() {
     let mut tuning = TuningInNs { ns: &ns, tuning: Some(tuning) };
     // Seen from a process in the namespace too, and not in the host's.
     let in_ns = |name: &str| {
-        let out = Command::new("ip").args(["netns", "exec", &ns.name, "cat", name]).output().unwrap();
+        let out = ns.command("cat").arg(name).output().unwrap();
         String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ")
     };
     assert_eq!(in_ns("/proc/sys/net/ipv4/tcp_wmem"), "4096 1048576 67108864");
@@ -369,26 +287,21 @@ fn nic_snapshot(nic: &EthtoolNic) -> (Vec<(String, bool)>, tcpx_rxdm::nic::ethto
     (nic.feature_states("eth1").unwrap(), nic.channel_counts("eth1").unwrap())
 }
 
-/// The issue's acceptance check: the real daemon on a veth (no ntuple) fails
-/// cleanly, names the interface and the operation, and leaves the NIC as found.
+/// The real daemon on a veth (no ntuple) fails cleanly, names the interface
+/// and the operation, and leaves the NIC as found.
 #[test]
-#[ignore = "needs root (network namespaces, veth)"]
+#[ignore = "needs root: network namespaces, veth"]
 fn netns_daemon_on_veth_fails_cleanly_and_leaves_the_nic_as_found() {
     let _g = serial();
-    let ns = Netns::new("daemon");
+    let ns = Netns::with_veth("daemon");
     let before = ns.run(|| nic_snapshot(&EthtoolNic::open().unwrap()));
     assert!(before.0.iter().any(|(n, on)| n == "tx-scatter-gather" && *on), "{before:?}");
     let uds = tempfile::tempdir().unwrap();
-    let topo = |ifname: &str| {
-        format!(
-            r#"gpu_rxq_configs {{ gpu_infos {{ gpu_pci_addr: "0000:04:00.0" queue_ids: 2 queue_ids: 3 }} nic_pci_addr: "0000:06:00.0" ifname: "{ifname}" }} rss_set_size: 2 tcpd_queue_size: 2 max_rx_rules: 100"#
-        )
-    };
     let daemon = |backend: &str, ifname: &str| {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_tcpx-rxdm")])
+        let out = ns
+            .bin()
             .arg("--gpu_nic_preset=manual")
-            .arg(format!("--gpu_nic_topology_proto={}", topo(ifname)))
+            .arg(format!("--gpu_nic_topology_proto={}", veth_topology(ifname, Some("0000:06:00.0"))))
             .arg(format!("--nic_backend={backend}"))
             .args(["--gpu_backend=host", "--bind_backend=none", "--metrics_address="])
             .arg(format!("--uds_path={}", uds.path().display()))

@@ -5,18 +5,13 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{encoded, http_get, raw_exchange, Daemon, GPU0, GPU_ETH2, OK_FRAME};
 use nix::sys::signal::Signal;
 use tcpx_rxdm::wire::client;
-use tcpx_rxdm::wire::frame;
-
-const GPU0: &str = "0000:04:00.0";
-const GPU_ETH2: &str = "0000:0a:00.0";
 
 fn p99(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -25,12 +20,8 @@ fn p99(mut v: Vec<Duration>) -> Duration {
 
 fn healthz(addr: std::net::SocketAddr) -> Duration {
     let t = Instant::now();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let (status, body) = http_get(addr, "/healthz");
+    assert_eq!(status, 200, "{body}");
     t.elapsed()
 }
 
@@ -57,7 +48,7 @@ fn a_one_second_nic_op_stalls_nothing_else() {
                     // Refused once the daemon has closed its sockets.
                     let Ok(mut s) = std::os::unix::net::UnixStream::connect(&path) else { break };
                     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-                    s.write_all(&frame::encode(&req).unwrap()).unwrap();
+                    s.write_all(&encoded(&req)).unwrap();
                     let mut head = [0u8; 2];
                     // Every request gets a reply, even the ones cut short by shutdown.
                     s.read_exact(&mut head).expect("a reply, not a bare close");
@@ -83,8 +74,8 @@ fn a_one_second_nic_op_stalls_nothing_else() {
             let t = Instant::now();
             let req =
                 client::rule_request(1, ("10.2.0.2", 30000 + i), ("192.168.2.2", 5000), Some(GPU_ETH2), None);
-            let r = common::raw_exchange(&d.sock("rx_rule_manager"), &frame::encode(&req).unwrap());
-            assert_eq!(r, frame::encode(&frame::ok()).unwrap());
+            let r = raw_exchange(&d.sock("rx_rule_manager"), &encoded(&req));
+            assert_eq!(r, OK_FRAME);
             t.elapsed()
         })
         .collect();

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
+use tcpx_rxdm::daemon::READY_LINE;
 
 /// Receives datagrams until one contains `key`; returns every message seen.
 fn recv_until(rx: &UnixDatagram, key: &str, timeout: Duration) -> Vec<String> {
@@ -55,9 +56,9 @@ fn ready_after_the_ready_line_and_stopping_after_sigterm() {
     assert_eq!(d.http_get("/readyz").0, 200);
     assert!(d.files().contains(&"rx_rule_manager".to_string()));
     let log = d.log();
-    if !log.iter().any(|l| l.contains(READY)) {
+    if !log.iter().any(|l| l.contains(READY_LINE)) {
         // The log reader thread may lag the datagram by a moment; the line must still come.
-        d.wait_for_log(READY, Duration::from_secs(5)).expect("ready line logged");
+        d.wait_for_log(READY_LINE, Duration::from_secs(5)).expect("ready line logged");
     }
 
     // Nothing more until asked to stop.

@@ -9,19 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use tcpx_rxdm::wire::client::{self, raw_bytes, status_code, FdReply};
-use tcpx_rxdm::wire::frame;
 use tcpx_rxdm::wire::proto::unix_socket_proto::Payload;
-
-const GPU0: &str = "0000:04:00.0";
-const OK_FRAME: [u8; 7] = [0, 5, 0x0a, 3, b'O', b'k', b'.'];
-
-fn install(src_port: i32, gpu: Option<&str>) -> tcpx_rxdm::wire::proto::UnixSocketProto {
-    client::rule_request(1, ("10.1.0.2", src_port), ("192.168.1.2", 5000), gpu, None)
-}
-
-fn encoded(m: &tcpx_rxdm::wire::proto::UnixSocketProto) -> Vec<u8> {
-    frame::encode(m).unwrap()
-}
 
 #[test]
 fn socket_files_exist_and_are_not_world_writable() {
@@ -95,9 +83,12 @@ fn queue_ids_by_gpu_any_case_and_not_found() {
 fn install_reinstall_uninstall_v4_v6_and_by_dst() {
     let d = Daemon::start(&[]);
     // Exact bytes of the success reply.
-    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(40000, Some(GPU0)))), OK_FRAME);
     assert_eq!(
-        raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(40000, Some(GPU0)))),
+        raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(40000, Some(GPU0)))),
+        OK_FRAME
+    );
+    assert_eq!(
+        raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(40000, Some(GPU0)))),
         OK_FRAME,
         "re-install"
     );
@@ -148,7 +139,7 @@ fn install_reinstall_uninstall_v4_v6_and_by_dst() {
     // Uninstall (twice: the second is for an unknown flow, still "Ok.").
     for _ in 0..2 {
         assert_eq!(
-            raw_exchange(&d.sock("rx_rule_uninstall"), &encoded(&install(40000, Some(GPU0)))),
+            raw_exchange(&d.sock("rx_rule_uninstall"), &encoded(&install_rule(40000, Some(GPU0)))),
             OK_FRAME
         );
     }
@@ -172,7 +163,7 @@ fn not_found_without_a_route() {
         .unwrap();
     assert_eq!(status_code(&r), 5);
     // The connection stays usable after a NOT_FOUND.
-    assert_eq!(raw_bytes(&c.request(&install(7, Some(GPU0))).unwrap()), Some(&b"Ok."[..]));
+    assert_eq!(raw_bytes(&c.request(&install_rule(7, Some(GPU0))).unwrap()), Some(&b"Ok."[..]));
 }
 
 #[test]
@@ -204,14 +195,14 @@ fn garbage_and_wrong_payloads_are_invalid_argument_and_close() {
     }
     // Nothing was installed by any of it, and the daemon still serves.
     assert!(d.flows()["nics"][0]["rules"].as_array().unwrap().is_empty());
-    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(1, Some(GPU0)))), OK_FRAME);
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(1, Some(GPU0)))), OK_FRAME);
 }
 
 #[test]
 fn truncated_frame_does_not_disturb_the_daemon() {
     let d = Daemon::start(&[]);
     for cut in [1usize, 2, 5] {
-        let full = encoded(&install(9, Some(GPU0)));
+        let full = encoded(&install_rule(9, Some(GPU0)));
         let mut c = d.client("rx_rule_manager");
         c.send_bytes(&full[..cut]).unwrap();
         drop(c);
@@ -220,7 +211,7 @@ fn truncated_frame_does_not_disturb_the_daemon() {
     let mut c = d.client("rx_rule_manager");
     c.send_bytes(&[0xff, 0xff, 1, 2, 3]).unwrap();
     drop(c);
-    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(9, Some(GPU0)))), OK_FRAME);
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(9, Some(GPU0)))), OK_FRAME);
 }
 
 #[test]
@@ -295,17 +286,20 @@ fn rule_slots_exhaust_at_max_rx_rules_and_come_back() {
     let d = Daemon::start(&["--max_rx_rules=16"]);
     for p in 0..16 {
         assert_eq!(
-            raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(1000 + p, Some(GPU0)))),
+            raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(1000 + p, Some(GPU0)))),
             OK_FRAME,
             "{p}"
         );
     }
     let mut c = d.client("rx_rule_manager");
-    let r = c.request(&install(2000, Some(GPU0))).unwrap();
+    let r = c.request(&install_rule(2000, Some(GPU0))).unwrap();
     assert_eq!(status_code(&r), 8, "RESOURCE_EXHAUSTED");
     assert!(String::from_utf8_lossy(raw_bytes(&r).unwrap()).contains("16"));
-    assert_eq!(raw_exchange(&d.sock("rx_rule_uninstall"), &encoded(&install(1005, Some(GPU0)))), OK_FRAME);
-    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(2000, Some(GPU0)))), OK_FRAME);
+    assert_eq!(
+        raw_exchange(&d.sock("rx_rule_uninstall"), &encoded(&install_rule(1005, Some(GPU0)))),
+        OK_FRAME
+    );
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(2000, Some(GPU0)))), OK_FRAME);
     let flows = d.flows();
     let rules = flows["nics"][0]["rules"].as_array().unwrap();
     assert_eq!(rules.len(), 16);
@@ -324,11 +318,11 @@ fn nic_errors_map_to_status_codes_without_leaking_slots() {
     for (fault, code) in [("EBUSY", 14), ("EAGAIN", 14), ("ENOSPC", 8), ("EINVAL", 3), ("EIO", 13)] {
         let d = Daemon::start(&[&format!("--sim_fault=add_rule:{fault}:1")]);
         let mut c = d.client("rx_rule_manager");
-        let r = c.request(&install(1, Some(GPU0))).unwrap();
+        let r = c.request(&install_rule(1, Some(GPU0))).unwrap();
         assert_eq!(status_code(&r), code, "{fault}");
         assert_ne!(raw_bytes(&r), Some(&b"Ok."[..]));
         // The connection stays open for a NIC error (not malformed input).
-        let r = c.request(&install(2, Some(GPU0))).unwrap();
+        let r = c.request(&install_rule(2, Some(GPU0))).unwrap();
         assert_eq!(status_code(&r), code);
         let flows = d.flows();
         assert!(flows["nics"][0]["rules"].as_array().unwrap().is_empty(), "{fault}: slot leaked");
@@ -342,9 +336,9 @@ fn many_requests_on_one_connection_answer_in_order() {
     // Pipeline 50 requests, then read 50 replies.
     let mut batch = Vec::new();
     for p in 0..50 {
-        batch.extend(encoded(&install(3000 + p, Some(GPU0))));
+        batch.extend(encoded(&install_rule(3000 + p, Some(GPU0))));
     }
-    batch.extend(encoded(&install(3000, Some("0000:99:00.0"))));
+    batch.extend(encoded(&install_rule(3000, Some("0000:99:00.0"))));
     c.send_bytes(&batch).unwrap();
     for p in 0..50 {
         assert_eq!(raw_bytes(&c.recv().unwrap()), Some(&b"Ok."[..]), "{p}");
@@ -361,8 +355,8 @@ fn metrics_and_health_endpoints() {
     let d = Daemon::start(&[]);
     assert_eq!(d.http_get("/healthz").0, 200);
     assert_eq!(d.http_get("/readyz"), (200, "ready\n".to_string()));
-    raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(1, Some(GPU0))));
-    raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install(1, Some("0000:99:00.0"))));
+    raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(1, Some(GPU0))));
+    raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(1, Some("0000:99:00.0"))));
     let (status, body) = d.http_get("/metrics");
     assert_eq!(status, 200);
     assert!(body.contains(r#"tcpx_rxdm_rule_requests_total{code="OK",op="install"} 1"#), "{body}");
@@ -395,8 +389,9 @@ fn connection_limit_makes_extra_clients_wait() {
 }
 
 #[test]
-#[ignore = "needs root (chown to a group the user is not in)"]
+#[ignore = "needs root: chown to a group the user is not in"]
 fn socket_group_flag_sets_the_group() {
+    require_root("chown to a group the user is not in");
     use std::os::unix::fs::MetadataExt;
     // Debian's `daemon` group has gid 1; a numeric gid works as well.
     for (flag, gid) in [("--socket_group=daemon", 1), ("--socket_group=2", 2)] {

@@ -4,13 +4,14 @@
 //! everything; HTTP on a port the kernel picks (readiness comes from the
 //! health file, not the port).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use common::BIN;
 use tcpx_rxdm::wire::client::{self, raw_bytes, Client};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tcpx-rxdm");
 
 struct Job {
     id: String,

@@ -1,100 +1,52 @@
 //! `tcpx-rxdm status` against a running sim daemon whose HTTP endpoints are
 //! off (`--metrics_address=`): everything goes through the socket folder.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use tcpx_rxdm::wire::client::{self, Client};
+use common::{run_bin, wait_until, Daemon};
+use tcpx_rxdm::wire::client;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tcpx-rxdm");
-const READY: &str = "Buffer manager initialization completed.";
-
-struct Daemon {
-    child: Child,
-    dir: tempfile::TempDir,
+/// The sim daemon without HTTP, ready.
+fn start(extra: &[&str]) -> Daemon {
+    no_http(extra).ready()
 }
 
-impl Daemon {
-    /// The sim daemon without HTTP, ready.
-    fn start(extra: &[&str]) -> Daemon {
-        Daemon::spawn(extra, true)
-    }
-
-    /// The sim daemon without HTTP; waits for the ready line if `ready`.
-    fn spawn(extra: &[&str], ready: bool) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BIN)
-            .arg("--gpu_nic_preset=sim")
-            .arg(format!("--uds_path={}", dir.path().display()))
-            .arg("--metrics_address=")
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains(READY) {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        if ready {
-            rx.recv_timeout(Duration::from_secs(20)).expect("daemon ready");
-        } else {
-            // Keep the reader draining stderr; readiness is the test's business.
-            std::thread::spawn(move || while rx.recv().is_ok() {});
-        }
-        Daemon { child, dir }
-    }
-
-    fn uds(&self) -> String {
-        format!("--uds_path={}", self.dir.path().display())
-    }
-
-    fn install(&self, src_port: i32, gpu: &str, dst: &str) {
-        let mut c = Client::connect(self.dir.path().join("rx_rule_manager")).unwrap();
-        let reply = c
-            .request(&client::rule_request(1, ("10.1.0.2", src_port), (dst, 5000), Some(gpu), None))
-            .unwrap();
-        assert_eq!(client::raw_bytes(&reply), Some(&b"Ok."[..]), "{reply:?}");
-    }
+/// The sim daemon without HTTP, not waited for.
+fn no_http(extra: &[&str]) -> Daemon {
+    let mut args = vec!["--metrics_address="];
+    args.extend(extra);
+    Daemon::spawn(&args, &[])
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Installs 10.1.0.2:`src_port` → `dst`:5000 on `gpu`.
+fn install(d: &Daemon, src_port: i32, gpu: &str, dst: &str) {
+    let mut c = d.client("rx_rule_manager");
+    let reply =
+        c.request(&client::rule_request(1, ("10.1.0.2", src_port), (dst, 5000), Some(gpu), None)).unwrap();
+    assert_eq!(client::raw_bytes(&reply), Some(&b"Ok."[..]), "{reply:?}");
 }
 
 /// `tcpx-rxdm status ARGS`: (exit code, stdout, stderr).
 fn status(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN).arg("status").args(args).stdin(Stdio::null()).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut all = vec!["status"];
+    all.extend(args);
+    run_bin(&all)
 }
 
 #[test]
 fn status_and_flows_show_installed_rules_without_http() {
-    let d = Daemon::start(&[]);
+    let d = start(&[]);
     for port in [40001, 40002, 40003] {
-        d.install(port, "0000:04:00.0", "192.168.1.2");
+        install(&d, port, "0000:04:00.0", "192.168.1.2");
     }
-    d.install(40004, "0000:0b:00.0", "192.168.2.2");
+    install(&d, 40004, "0000:0b:00.0", "192.168.2.2");
 
-    let (code, out, err) = status(&[&d.uds()]);
+    let (code, out, err) = status(&[&d.uds_arg()]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.lines().next().unwrap().contains(": ready, up "), "{out}");
     assert!(out.contains("eth1: 3 rules, 99997 of 100000 slots free; by queue 8:"), "{out}");
@@ -103,7 +55,7 @@ fn status_and_flows_show_installed_rules_without_http() {
     assert!(out.contains("0000:04:00.0 (eth1, queues 8,9,10,11): 64.0 MiB"), "{out}");
     assert!(out.contains("recent errors\n  none"), "{out}");
 
-    let (code, out, _) = status(&["--json", &d.uds()]);
+    let (code, out, _) = status(&["--json", &d.uds_arg()]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ready"], true);
@@ -124,14 +76,14 @@ fn status_and_flows_show_installed_rules_without_http() {
     assert_eq!(v["pools"][0]["size_bytes"], 64 << 20);
     assert_eq!(v["recent_errors"], serde_json::json!([]));
 
-    let (code, out, _) = status(&["flows", &d.uds()]);
+    let (code, out, _) = status(&["flows", &d.uds_arg()]);
     assert_eq!(code, 0);
     assert_eq!(out.matches("Filter: ").count(), 4, "{out}");
     assert!(out.contains("eth1: 3 rules, 100000 slots"), "{out}");
     assert!(out.contains("\tSrc IP addr: 10.1.0.2 mask: 0.0.0.0\n\tDest IP addr: 192.168.1.2 mask: 0.0.0.0\n\tSrc port: 40001 mask: 0x0\n\tDest port: 5000 mask: 0x0\n\tAction: Direct to queue "), "{out}");
     assert!(out.contains("\tGPU: 0000:0b:00.0"), "{out}");
 
-    let (code, out, _) = status(&[&d.uds(), "flows", "--json"]);
+    let (code, out, _) = status(&[&d.uds_arg(), "flows", "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["nics"][0]["rules"].as_array().unwrap().len(), 3);
@@ -140,7 +92,7 @@ fn status_and_flows_show_installed_rules_without_http() {
 
 #[test]
 fn malformed_requests_get_an_error_reply_and_the_socket_has_the_endpoint_mode() {
-    let d = Daemon::start(&["--socket_mode=0600"]);
+    let d = start(&["--socket_mode=0600"]);
     let path = d.dir.path().join("rxdm_status");
     assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     for request in [&b"hello\n"[..], b"status"] {
@@ -154,7 +106,7 @@ fn malformed_requests_get_an_error_reply_and_the_socket_has_the_endpoint_mode() 
         assert!(v["error"].as_str().unwrap().contains("unknown request"), "{body}");
     }
     // The daemon still answers a good request afterwards.
-    let (code, _, err) = status(&[&d.uds()]);
+    let (code, _, err) = status(&[&d.uds_arg()]);
     assert_eq!(code, 0, "{err}");
 }
 
@@ -178,8 +130,8 @@ fn no_daemon_and_bad_arguments() {
 
 #[test]
 fn flows_larger_than_a_frame_arrive_whole() {
-    let d = Daemon::start(&[]);
-    let mut c = Client::connect(d.dir.path().join("rx_rule_manager")).unwrap();
+    let d = start(&[]);
+    let mut c = d.client("rx_rule_manager");
     let n = 700;
     for port in 0..n {
         let req = client::rule_request(
@@ -191,7 +143,7 @@ fn flows_larger_than_a_frame_arrive_whole() {
         );
         assert_eq!(client::raw_bytes(&c.request(&req).unwrap()), Some(&b"Ok."[..]));
     }
-    let (code, out, err) = status(&["flows", "--json", &d.uds()]);
+    let (code, out, err) = status(&["flows", "--json", &d.uds_arg()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.len() > 64 << 10, "only {} bytes: not past one 64 KiB frame", out.len());
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -203,19 +155,16 @@ fn flows_larger_than_a_frame_arrive_whole() {
 fn status_answers_not_ready_while_startup_finishes() {
     // Every private-flag change takes 300 ms: enabling header split on four
     // NICs after the status socket opened keeps startup going for seconds.
-    let d = Daemon::spawn(&["--sim_delay=set_priv_flag:300"], false);
+    let d = no_http(&["--sim_delay=set_priv_flag:300"]);
     let sock = d.dir.path().join("rxdm_status");
+    wait_until(Duration::from_secs(20), || sock.exists());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !sock.exists() {
-        assert!(std::time::Instant::now() < deadline, "status socket never appeared");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let (code, out, err) = status(&["--json", &d.uds()]);
+    let (code, out, err) = status(&["--json", &d.uds_arg()]);
     assert_eq!(code, 1, "{out}\n{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ready"], false, "{out}");
     loop {
-        let (code, out, _) = status(&[&d.uds()]);
+        let (code, out, _) = status(&[&d.uds_arg()]);
         if code == 0 {
             assert!(out.contains(": ready, up "), "{out}");
             break;

@@ -34,13 +34,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
+use tcpx_rxdm::daemon::READY_LINE;
 use tcpx_rxdm::nic::sim::SimDelay;
 use tcpx_rxdm::wire::frame;
 
 use load::{drive, rule_frames, Run, Target};
 use stats::{best, us, Measure};
 
-const READY: &str = "Buffer manager initialization completed.";
 const FLOOR_READY: &str = "floor ready";
 
 /// GPUs of the sim preset and the address of the NIC serving them.
@@ -237,7 +237,7 @@ fn start_daemon(bin: &Path, extra: &[String]) -> (Server, Duration) {
     .args(extra);
     let sock = dir.path().join("rx_rule_manager");
     let t = Instant::now();
-    let s = spawn_until(cmd, true, READY, dir, sock);
+    let s = spawn_until(cmd, true, READY_LINE, dir, sock);
     (s, t.elapsed())
 }
 

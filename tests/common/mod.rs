@@ -1,18 +1,72 @@
-//! Harness for black-box tests: starts the built daemon on a temp socket
-//! folder and a free HTTP port, waits for the ready line, and cleans up.
+//! Shared by the integration tests: the daemon harness (the built binary on a
+//! temporary socket folder and a free HTTP port, ready line awaited, killed on
+//! drop), raw-frame helpers, client processes, the root-only policy, and the
+//! fabricated sysfs trees and network namespaces in the submodules.
+//!
+//! Each test binary includes it with `mod common;` and uses only part of it.
 #![allow(dead_code)]
+
+pub mod netns;
+pub mod sysfs;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use tcpx_rxdm::wire::client::Client;
+use nix::errno::Errno;
+use tcpx_rxdm::daemon::READY_LINE;
+use tcpx_rxdm::wire::client::{self, Client};
+use tcpx_rxdm::wire::frame;
+use tcpx_rxdm::wire::proto::UnixSocketProto;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tcpx-rxdm");
-pub const READY: &str = "Buffer manager initialization completed.";
+
+/// The first GPU of the sim preset (on eth1), and the first one on eth2.
+pub const GPU0: &str = "0000:04:00.0";
+pub const GPU_ETH2: &str = "0000:0a:00.0";
+
+/// The exact bytes of the success reply: length 5, field 1 (raw bytes) "Ok.".
+pub const OK_FRAME: [u8; 7] = [0, 5, 0x0a, 3, b'O', b'k', b'.'];
+
+/// Root-only tests are `#[ignore = "needs root: …"]`, so a plain `cargo test`
+/// lists them as ignored; CI runs them as root with `--include-ignored`. Run
+/// without root they fail here, naming what they need, instead of passing.
+pub fn require_root(why: &str) {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root ({why}): run it as root with `cargo test -- --include-ignored`"
+    );
+}
+
+/// A message as one frame (big-endian u16 length, then the protobuf).
+pub fn encoded(m: &UnixSocketProto) -> Vec<u8> {
+    frame::encode(m).unwrap()
+}
+
+/// An IPv4 rule for 10.1.0.2:`sport` → 192.168.1.2:5000 (the sim eth1's
+/// address), optionally naming the GPU.
+pub fn install_rule(sport: i32, gpu: Option<&str>) -> UnixSocketProto {
+    client::rule_request(1, ("10.1.0.2", sport), ("192.168.1.2", 5000), gpu, None)
+}
+
+/// `install_rule(sport, Some(gpu))`, framed.
+pub fn install_frame(sport: i32, gpu: &str) -> Vec<u8> {
+    encoded(&install_rule(sport, Some(gpu)))
+}
+
+/// Polls until `cond` holds; returns how long it took (panics after `limit`).
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < limit, "condition not met within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t.elapsed()
+}
 
 pub struct Daemon {
     pub child: Child,
@@ -23,20 +77,25 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `--gpu_nic_preset=sim` plus `extra` flags and waits until ready.
     pub fn start(extra: &[&str]) -> Daemon {
-        let d = Daemon::spawn(extra, &[]);
-        d.wait_for_log(READY, Duration::from_secs(20)).unwrap_or_else(|| {
-            panic!("daemon not ready; log:\n{}", d.log().join("\n"));
-        });
-        d
+        Daemon::spawn(extra, &[]).ready()
     }
 
     /// Starts with soft and hard RLIMIT_NOFILE set to `nofile`, and waits until ready.
     pub fn start_with_nofile(extra: &[&str], nofile: u64) -> Daemon {
-        let d = Daemon::spawn_inner(&[], extra, &[], Some(nofile));
-        d.wait_for_log(READY, Duration::from_secs(20)).unwrap_or_else(|| {
-            panic!("daemon not ready; log:\n{}", d.log().join("\n"));
+        Daemon::spawn_with_nofile(extra, nofile, nofile).ready()
+    }
+
+    /// Starts with RLIMIT_NOFILE `soft`/`hard`, without waiting.
+    pub fn spawn_with_nofile(extra: &[&str], soft: u64, hard: u64) -> Daemon {
+        Daemon::spawn_inner(&[], extra, &[], Some((soft, hard)))
+    }
+
+    /// Waits (up to 20 s) for the ready line; panics with the log otherwise.
+    pub fn ready(self) -> Daemon {
+        self.wait_for_log(READY_LINE, Duration::from_secs(20)).unwrap_or_else(|| {
+            panic!("daemon not ready; log:\n{}", self.log().join("\n"));
         });
-        d
+        self
     }
 
     /// Starts without waiting; `env` adds environment variables.
@@ -49,7 +108,12 @@ impl Daemon {
         Daemon::spawn_inner(prefix, extra, env, None)
     }
 
-    fn spawn_inner(prefix: &[&str], extra: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Daemon {
+    fn spawn_inner(
+        prefix: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+        nofile: Option<(u64, u64)>,
+    ) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = match prefix.split_first() {
             Some((program, args)) => {
@@ -75,9 +139,9 @@ impl Daemon {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        if let Some(n) = nofile {
+        if let Some((soft, hard)) = nofile {
             use std::os::unix::process::CommandExt;
-            let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+            let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
             // SAFETY: setrlimit is async-signal-safe and reads a struct copied into the closure.
             unsafe {
                 cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
@@ -119,6 +183,11 @@ impl Daemon {
         self.dir.path().join(name)
     }
 
+    /// `--uds_path=` naming this daemon's socket folder (for `status`, `doctor`, a second daemon).
+    pub fn uds_arg(&self) -> String {
+        format!("--uds_path={}", self.dir.path().display())
+    }
+
     pub fn client(&self, name: &str) -> Client {
         Client::connect(self.sock(name)).unwrap_or_else(|e| panic!("connect {name}: {e}"))
     }
@@ -135,14 +204,7 @@ impl Daemon {
 
     /// GET over plain HTTP/1.1; returns (status, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(self.http()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        let status = resp[9..12].parse().unwrap();
-        let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        (status, body)
+        http_get(self.http(), path)
     }
 
     pub fn flows(&self) -> serde_json::Value {
@@ -187,22 +249,112 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs the binary to completion with `args`; returns (exit code, stdout, stderr).
+pub fn run_bin(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).stdin(Stdio::null()).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Runs the binary to completion with `args`; returns (exit code, stderr).
 pub fn run_to_exit(args: &[&str]) -> (i32, String) {
-    let out = Command::new(BIN).args(args).stdin(Stdio::null()).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let (code, _, stderr) = run_bin(args);
+    (code, stderr)
+}
+
+/// GET `path` over plain HTTP/1.1; returns (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_get_on(TcpStream::connect(addr).unwrap(), path)
+}
+
+/// GET `path` on a connected stream; returns (status, body).
+pub fn http_get_on(mut s: TcpStream, path: &str) -> (u16, String) {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp[9..12].parse().unwrap();
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+/// Reads one reply frame, or says how the connection ended.
+pub fn read_frame(s: &mut UnixStream) -> Result<Vec<u8>, String> {
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).map_err(|e| format!("no reply: {e}"))?;
+    let mut body = vec![0u8; u16::from_be_bytes(head) as usize];
+    s.read_exact(&mut body).map_err(|e| format!("short reply: {e}"))?;
+    Ok([head.to_vec(), body].concat())
 }
 
 /// The exact reply bytes of one request over a raw socket.
-pub fn raw_exchange(path: &std::path::Path, request: &[u8]) -> Vec<u8> {
-    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+pub fn raw_exchange(path: &Path, request: &[u8]) -> Vec<u8> {
+    let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(request).unwrap();
-    let mut head = [0u8; 2];
-    s.read_exact(&mut head).unwrap();
-    let mut body = vec![0u8; u16::from_be_bytes(head) as usize];
-    s.read_exact(&mut body).unwrap();
-    [head.to_vec(), body].concat()
+    read_frame(&mut s).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Connects to the Unix socket `path` as `uid`/`gid` (no supplementary
+/// groups) in a forked child and, if `request` is not empty, sends it and
+/// reads a reply. `Err` holds the errno of the step that failed (a reply of
+/// two bytes or fewer is `EPROTO`). Needs root to switch users.
+pub fn connect_as(uid: u32, gid: u32, path: &Path, request: &[u8]) -> Result<(), Errno> {
+    use std::os::unix::ffi::OsStrExt;
+    // Everything the child needs is prepared here: after fork it makes only system calls.
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    assert!(bytes.len() < addr.sun_path.len(), "socket path too long: {}", path.display());
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: the child only makes raw system calls on memory prepared
+    // before the fork, then _exits; the parent waits for it.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        // SAFETY: raw system calls on buffers that outlive the child; no
+        // allocation, lock or Rust runtime code; _exit skips destructors.
+        nix::unistd::ForkResult::Child => unsafe {
+            let errno = || *libc::__errno_location();
+            let code = (|| {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return errno();
+                }
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                if fd < 0 {
+                    return errno();
+                }
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                if libc::connect(fd, &addr as *const _ as *const libc::sockaddr, len) != 0 {
+                    return errno();
+                }
+                if request.is_empty() {
+                    return 0;
+                }
+                if libc::write(fd, request.as_ptr().cast(), request.len()) != request.len() as isize {
+                    return errno();
+                }
+                let mut reply = [0u8; 64];
+                if libc::read(fd, reply.as_mut_ptr().cast(), reply.len()) <= 2 {
+                    return libc::EPROTO;
+                }
+                0
+            })();
+            libc::_exit(code)
+        },
+        nix::unistd::ForkResult::Parent { child } => match nix::sys::wait::waitpid(child, None).unwrap() {
+            nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+            nix::sys::wait::WaitStatus::Exited(_, e) => Err(Errno::from_raw(e)),
+            other => panic!("client child: {other:?}"),
+        },
+    }
 }
 
 /// A client in a process of its own (Python, as on every machine we test on):

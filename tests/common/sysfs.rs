@@ -1,8 +1,7 @@
 //! Fabricated sysfs trees laid out like the kernel's: PCI functions nested
 //! under `devices/pciDDDD:BB`, `class/net/<if>` as relative symlinks into
-//! `devices/…/net/<if>`, and `device` links `../../../<pci>`. Shared by the
-//! discovery and doctor tests (`#[path]`-included).
-#![allow(dead_code)]
+//! `devices/…/net/<if>`, and `device` links `../../../<pci>`. Used by the
+//! discovery and doctor tests.
 
 use std::fs;
 use std::os::unix::fs::symlink;
