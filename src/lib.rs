@@ -1,14 +1,21 @@
 //! tcpx-rxdm: receive-datapath manager for GPUDirect-TCPX NICs.
 //!
 //! # Layout
-//! - [`config`]: flags, topology model, presets (textproto), sysfs discovery.
-//! - [`wire`]: framing (u16 BE length + protobuf), messages, fd passing, test client.
-//! - [`rules`]: pure rule bookkeeping: slots, queue loads, flow keys.
-//! - [`nic`]: the `NicControl` trait, its backends (ethtool, sim), prime/restore.
-//! - [`gpu`]: the `PoolAllocator` and `QueueBinder` traits and their backends.
-//! - [`server`]: Unix-socket endpoints, connection loop, dispatch.
-//! - [`metrics`]: Prometheus registry and the HTTP endpoints.
-//! - [`daemon`]: lifecycle: prime → allocate → bind → serve → restore.
+//! Layers, lowest first; a module uses only the layers below it (checked by
+//! `tests/layers.rs`, explained in `docs/ARCHITECTURE.md`):
+//! - [`types`]: the shared vocabulary (PCI address, flows, status codes,
+//!   interface names, topology); imports nothing else of the crate.
+//! - [`netlink`]: netlink sockets, generic netlink, rtnetlink messages.
+//! - [`wire`]: the client protocol: framing, messages, fd passing, a test client.
+//! - [`nic`], [`host`], [`gpu`] (side by side, not using each other): NIC
+//!   control (traits, ethtool and simulated backends, prime/restore, link
+//!   monitor); host tuning and the heap; pool allocators and queue binders.
+//! - [`rules`]: rule bookkeeping (slots, queue loads, flow keys) and the
+//!   per-NIC rule engine.
+//! - [`config`]: flags (the only user of clap), presets, discovery.
+//! - [`metrics`]: the Prometheus registry.
+//! - [`server`]: Unix-socket endpoints, per-NIC rule threads, leases, HTTP.
+//! - [`daemon`]: the lifecycle; `main.rs` assembles it.
 //! - [`doctor`]: `tcpx-rxdm doctor`, read-only checks of a node.
 //! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
 
