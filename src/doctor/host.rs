@@ -1,0 +1,167 @@
+//! The host checks: the socket folder, a running daemon, host tuning and route
+//! metrics, and the open-file limit.
+
+use nix::errno::Errno;
+
+use super::{Ctx, Report, Status};
+use crate::config::flags::SetupParam;
+
+pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
+    let s = "host";
+    let flags = ctx.flags;
+    let uds = &flags.uds_path;
+    match std::fs::metadata(uds) {
+        Ok(m) if m.is_dir() => {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            let writable = nix::unistd::access(uds, nix::unistd::AccessFlags::W_OK).is_ok();
+            let found = format!(
+                "{} exists, mode {:04o}, owner {}:{}{}",
+                uds.display(),
+                m.permissions().mode() & 0o7777,
+                m.uid(),
+                m.gid(),
+                if writable { "" } else { ", not writable by this user" }
+            );
+            let status = if writable || ctx.daemon.is_some() { Status::Pass } else { Status::Fail };
+            let fix = (status == Status::Fail).then(|| {
+                format!("run as a user that can write {} (root in the tcpx-daemon container)", uds.display())
+            });
+            r.add(s, "socket folder", status, found, fix);
+        }
+        Ok(_) => r.add(
+            s,
+            "socket folder",
+            Status::Fail,
+            format!("{} exists and is not a folder", uds.display()),
+            Some("point --uds_path at a folder (the NCCL plugin's UNIX_CLIENT_PREFIX)".into()),
+        ),
+        Err(_) => r.add(
+            s,
+            "socket folder",
+            Status::Pass,
+            format!("{} absent: the daemon creates it", uds.display()),
+            None,
+        ),
+    }
+    match &ctx.daemon {
+        Some(pid) => r.add(
+            s,
+            "daemon",
+            Status::Pass,
+            format!(
+                "a daemon holds the lock ({pid}); `tcpx-rxdm status --uds_path={}` asks it",
+                uds.display()
+            ),
+            None,
+        ),
+        None => {
+            r.add(s, "daemon", Status::Pass, "none running on this socket folder (the lock is free)", None)
+        }
+    }
+
+    let tuning_applies =
+        !ctx.sim_nic && flags.tuning_script_path.is_none() && flags.setup_param != SetupParam::Off;
+    if !tuning_applies {
+        let why = if ctx.sim_nic {
+            "simulated NICs: the daemon does no host tuning"
+        } else if flags.tuning_script_path.is_some() {
+            "--tuning_script_path: the scripts tune"
+        } else {
+            "--setup_param empty: no host tuning"
+        };
+        r.add(s, "tuning", Status::Skip, why, None);
+    } else {
+        let knobs = crate::host::tuning::knob_states(&flags.procfs_root(), &flags.sysfs_root());
+        let at = knobs.iter().filter(|k| k.ok).count();
+        let differ: Vec<String> = knobs
+            .iter()
+            .filter(|k| !k.ok)
+            .map(|k| {
+                let name = k.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                match &k.current {
+                    Some(c) => format!("{name} {c:?} (daemon sets {:?})", k.want),
+                    None => format!("{name} absent (skipped)"),
+                }
+            })
+            .collect();
+        let status = if ctx.daemon.is_some() && knobs.iter().any(|k| !k.ok && k.current.is_some()) {
+            Status::Warn
+        } else {
+            Status::Pass
+        };
+        let mut found = format!("{at}/{} knobs already at the daemon's values", knobs.len());
+        if !differ.is_empty() {
+            found.push_str(": ");
+            found.push_str(&differ.join("; "));
+        }
+        if ctx.daemon.is_none() && !differ.is_empty() {
+            found.push_str(" (set at start, restored at exit)");
+        }
+        r.add(s, "tuning", status, found, None);
+        if let SetupParam::Tune(params) = flags.setup_param {
+            let crate::host::tuning::TuningParams { initcwnd, rto_min_ms, quickack } = params;
+            match route_states(&params) {
+                Ok((total, tuned)) => r.add(
+                    s,
+                    "route metrics",
+                    Status::Pass,
+                    format!(
+                        "{tuned} of {total} main-table routes already carry initcwnd {initcwnd}, rto_min {rto_min_ms} ms, quickack {quickack} (0 = left alone){}",
+                        if ctx.daemon.is_none() && tuned < total { "; the daemon sets them at start" } else { "" }
+                    ),
+                    None,
+                ),
+                Err(e) => r.add(s, "route metrics", Status::Warn, format!("cannot dump routes: {e}"), None),
+            }
+        }
+    }
+
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid out-pointer for one rlimit.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let got = if rc == 0 { Ok((lim.rlim_cur, lim.rlim_max)) } else { Err(Errno::last()) };
+    match got {
+        Ok((soft, hard)) => {
+            let need = u64::from(flags.max_connections) + 256;
+            if soft < need {
+                r.add(
+                    s,
+                    "open files",
+                    Status::Warn,
+                    format!("RLIMIT_NOFILE soft {soft}, hard {hard}: below --max_connections {} + 256 for the daemon's own files", flags.max_connections),
+                    Some(if hard >= need {
+                        format!("the hard limit allows it: raise the soft one (`ulimit -Sn {hard}`)")
+                    } else {
+                        format!("raise it (`ulimit -n {need}`, LimitNOFILE= in systemd, or lower --max_connections)")
+                    }),
+                );
+            } else {
+                r.add(s, "open files", Status::Pass, format!("RLIMIT_NOFILE soft {soft}, hard {hard}"), None);
+            }
+        }
+        Err(e) => r.add(s, "open files", Status::Warn, format!("getrlimit: {e}"), None),
+    }
+}
+
+/// Main-table unicast routes (IPv4 and IPv6), and how many already carry
+/// every route metric native tuning sets. Reads only.
+fn route_states(params: &crate::host::tuning::TuningParams) -> Result<(usize, usize), String> {
+    use crate::netlink::rtnl;
+    let want = params.route_metrics();
+    let mut conn =
+        crate::netlink::NlConn::open(neli::consts::socket::NlFamily::Route).map_err(|e| e.to_string())?;
+    let (mut total, mut tuned) = (0, 0);
+    for v6 in [false, true] {
+        for payload in conn.transact(&rtnl::getroute_dump(v6)).map_err(|e| e.to_string())? {
+            let route = rtnl::parse_route(&payload).map_err(|e| e.to_string())?;
+            if !route.is_tunable() {
+                continue;
+            }
+            total += 1;
+            if want.iter().all(|(t, v)| route.metric(*t) == Some(*v)) {
+                tuned += 1;
+            }
+        }
+    }
+    Ok((total, tuned))
+}

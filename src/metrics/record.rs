@@ -1,0 +1,85 @@
+//! Recording: rule requests, failures and the ring of recent errors.
+
+use std::time::SystemTime;
+
+use super::{Metrics, RecentError, RuleOp, RECENT_ERRORS};
+use crate::nic::NicError;
+use crate::types::status::{StatusCode, ALL_CODES};
+
+impl Metrics {
+    /// Counts one rule request and its latency.
+    pub fn rule_done(&self, op: RuleOp, code: StatusCode, seconds: f64) {
+        let i = ALL_CODES.iter().position(|c| *c == code).expect("every code is listed");
+        self.rule_series.requests[op as usize][i].inc();
+        self.rule_series.latency[op as usize].observe(seconds);
+    }
+
+    /// Counts a failed NIC operation and remembers it for `status`.
+    pub fn nic_op_failed(&self, e: &NicError) {
+        let errno = format!("{:?}", e.errno);
+        self.nic_op_failures.with_label_values(&[e.ifname.as_str(), e.op.name(), &errno]).inc();
+        self.remember("nic_op", &e.ifname, e.to_string());
+    }
+
+    /// Counts a failed restore step (`nic` = `"host"` for host tuning) and remembers it.
+    pub fn restore_failed(&self, nic: &str, message: &str) {
+        self.restore_failures.with_label_values(&[nic]).inc();
+        self.remember("restore", nic, message.to_string());
+    }
+
+    /// Sets the info series of one NIC (a previous one for the NIC is replaced).
+    pub fn set_nic_info(&self, nic: &str, header_split: &str, binder: &str) {
+        let _ = self.nic_info.remove_label_values(&[nic, header_split, binder]);
+        self.nic_info.with_label_values(&[nic, header_split, binder]).set(1);
+    }
+
+    /// Time since these metrics were created (the daemon's start).
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// Adds a line to the ring of recent errors (the oldest falls out).
+    pub fn remember(&self, kind: &str, nic: &str, message: String) {
+        let time =
+            SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let mut ring = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if ring.len() == RECENT_ERRORS {
+            ring.pop_front();
+        }
+        ring.push_back(RecentError { time, kind: kind.to_string(), nic: nic.to_string(), message });
+    }
+
+    /// The remembered errors, oldest first.
+    pub fn recent_errors(&self) -> Vec<RecentError> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::NicOp;
+    use nix::errno::Errno;
+
+    #[test]
+    fn failures_count_by_errno_and_the_ring_keeps_the_last_ones() {
+        let m = Metrics::new();
+        for i in 0..(RECENT_ERRORS + 5) {
+            m.nic_op_failed(
+                &NicError::new("eth3", NicOp::AddRule, Errno::ENOSPC).with_detail(format!("#{i}")),
+            );
+        }
+        m.restore_failed("eth3", "restore RSS table: EIO");
+        let text = m.render();
+        let want = format!(
+            r#"tcpx_rxdm_nic_op_failures_total{{errno="ENOSPC",nic="eth3",op="add_rule"}} {}"#,
+            RECENT_ERRORS + 5
+        );
+        assert!(text.contains(&want), "{text}");
+        assert!(text.contains(r#"tcpx_rxdm_restore_failures_total{nic="eth3"} 1"#));
+        let ring = m.recent_errors();
+        assert_eq!(ring.len(), RECENT_ERRORS);
+        assert_eq!(ring.last().unwrap().kind, "restore");
+        assert!(ring[0].message.contains("#6"), "oldest kept is the 7th: {}", ring[0].message);
+    }
+}
