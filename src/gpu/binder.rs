@@ -133,8 +133,8 @@ mod tests {
     use nix::sys::memfd::{memfd_create, MFdFlags};
 
     use super::*;
+    use crate::gpu::host::HostPool;
     use crate::gpu::tcpx::{BindRxQueue, CreatePagesInfo};
-    use crate::gpu::testing::FakePool;
 
     /// A kernel whose dma-bufs answer `errno` to the TCPX ioctl, or succeed.
     struct Kernel(Option<Errno>);
@@ -151,8 +151,8 @@ mod tests {
         }
     }
 
-    fn pool() -> FakePool {
-        FakePool::with_dmabuf()
+    fn pool() -> HostPool {
+        HostPool::with_fake_dmabuf()
     }
 
     fn gpu() -> PciAddr {

@@ -52,8 +52,7 @@ fn bind_rx_golden_bytes_and_name_limits() {
     assert!(BindRxQueue::new("a\0b", 0).is_none());
 }
 
-/// A pool whose "dma-buf" is a memfd, for exercising the binder.
-use crate::gpu::testing::FakePool;
+use crate::gpu::host::HostPool;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Call {
@@ -100,7 +99,7 @@ fn nic() -> Option<PciAddr> {
 
 #[test]
 fn binds_pages_then_each_queue_in_order() {
-    let pool = FakePool::with_dmabuf();
+    let pool = HostPool::with_fake_dmabuf();
     let dmabuf_raw = pool.dmabuf_fd().unwrap().as_raw_fd();
     let binder = TcpxBinder::with_kernel(FakeKernel::default());
     let binding = binder.try_bind(&pool, "eth1", nic(), &[8, 9, 10, 11]).unwrap();
@@ -119,7 +118,7 @@ fn binds_pages_then_each_queue_in_order() {
 
 #[test]
 fn enotty_means_not_a_tcpx_kernel() {
-    let pool = FakePool::with_dmabuf();
+    let pool = HostPool::with_fake_dmabuf();
     let binder =
         TcpxBinder::with_kernel(FakeKernel { create_err: Some(Errno::ENOTTY), ..Default::default() });
     let err = binder.try_bind(&pool, "eth1", nic(), &[8]).unwrap_err();
@@ -132,7 +131,7 @@ fn enotty_means_not_a_tcpx_kernel() {
 
 #[test]
 fn a_failed_queue_names_the_queue_and_stops() {
-    let pool = FakePool::with_dmabuf();
+    let pool = HostPool::with_fake_dmabuf();
     let binder = TcpxBinder::with_kernel(FakeKernel { fail_queue: Some(9), ..Default::default() });
     let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
     let err = binder.bind(&pool, gpu, "eth1", nic(), &[8, 9, 10]).unwrap_err();
@@ -143,9 +142,9 @@ fn a_failed_queue_names_the_queue_and_stops() {
 #[test]
 fn missing_inputs_are_refused_before_any_ioctl() {
     let binder = TcpxBinder::with_kernel(FakeKernel::default());
-    let no_dmabuf = FakePool(None);
+    let no_dmabuf = HostPool::new("0000:04:00.0".parse().unwrap(), 4096).unwrap();
     assert!(matches!(binder.try_bind(&no_dmabuf, "eth1", nic(), &[8]), Err(TcpxError::NoDmaBuf(_))));
-    let pool = FakePool::with_dmabuf();
+    let pool = HostPool::with_fake_dmabuf();
     assert!(matches!(binder.try_bind(&pool, "eth1", None, &[8]), Err(TcpxError::NoNicPci)));
     let long = "a-very-long-ifname";
     assert!(matches!(binder.try_bind(&pool, long, nic(), &[8]), Err(TcpxError::BadIfname(_))));
