@@ -52,7 +52,7 @@ pub fn select(flags: &Flags, topo: &mut Topology, source: &Source) -> Result<Bac
         }
         GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto").map_err(DaemonError::Runtime)?),
     };
-    if flags.gpu_shmem_type == ShmemType::File && alloc.backend() != "cuda" {
+    if flags.gpu_shmem_type == ShmemType::File && !alloc.supports(ShmemType::File) {
         return Err(DaemonError::Config(format!(
             "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {} (--gpu_backend=cuda)",
             alloc.backend()

@@ -51,8 +51,13 @@ impl PoolAllocator for HostAllocator {
         "host"
     }
 
+    fn supports(&self, shmem: ShmemType) -> bool {
+        // A memfd has an fd to share but no CUDA IPC handle.
+        shmem == ShmemType::Fd
+    }
+
     fn allocate(&self, gpu: PciAddr, size: u64, shmem: ShmemType) -> Result<Box<dyn RxPool>, GpuError> {
-        if shmem == ShmemType::File {
+        if !self.supports(shmem) {
             return Err(GpuError::Op {
                 gpu: gpu.to_string(),
                 op: "allocate",

@@ -71,7 +71,10 @@ impl std::str::FromStr for ShmemType {
 
 /// Allocates pools.
 pub trait PoolAllocator: Send + Sync {
+    /// The backend's name, for logs and `/debug/config`; decide on [`supports`](Self::supports).
     fn backend(&self) -> &'static str;
+    /// Whether this backend can share its pools as `shmem`.
+    fn supports(&self, shmem: ShmemType) -> bool;
     /// GPUs this backend can see, for presets that place GPUs from discovery
     /// (`sim` with real CUDA GPUs). `None`: the backend follows the topology.
     fn visible_gpus(&self) -> Result<Option<Vec<PciAddr>>, GpuError> {

@@ -216,6 +216,10 @@ impl PoolAllocator for CudaAllocator {
         "cuda"
     }
 
+    fn supports(&self, _shmem: ShmemType) -> bool {
+        true
+    }
+
     fn visible_gpus(&self) -> Result<Option<Vec<PciAddr>>, GpuError> {
         let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: "*".into(), op, msg };
         let mut count = 0;
