@@ -27,13 +27,12 @@ pub struct HostPool {
 impl HostPool {
     /// A pool of at least `size` bytes, rounded up to whole pages.
     pub fn new(gpu: PciAddr, size: u64) -> Result<HostPool, GpuError> {
-        let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: gpu.to_string(), op, msg };
         let size = size.div_ceil(PAGE).max(1) * PAGE;
         let name = format!("tcpx-rxdm-pool-{gpu}");
         let fd = memfd_create(name.as_str(), MFdFlags::MFD_CLOEXEC)
-            .map_err(|e| op_err("memfd_create", e.to_string()))?;
-        let len = i64::try_from(size).map_err(|_| op_err("ftruncate", format!("size {size} too large")))?;
-        ftruncate(&fd, len).map_err(|e| op_err("ftruncate", e.to_string()))?;
+            .map_err(|source| GpuError::CreateMemfd { gpu, source })?;
+        let len = i64::try_from(size).map_err(|_| GpuError::SizeTooLarge { gpu, size })?;
+        ftruncate(&fd, len).map_err(|source| GpuError::SizeMemfd { gpu, source })?;
         Ok(HostPool { gpu, fd, size, fake_dmabuf: false })
     }
 
@@ -58,11 +57,7 @@ impl PoolAllocator for HostAllocator {
 
     fn allocate(&self, gpu: PciAddr, size: u64, shmem: ShmemType) -> Result<Box<dyn RxPool>, GpuError> {
         if !self.supports(shmem) {
-            return Err(GpuError::Op {
-                gpu: gpu.to_string(),
-                op: "allocate",
-                msg: "--gpu_shmem_type=file needs the cuda backend".into(),
-            });
+            return Err(GpuError::Unsupported { gpu, shmem });
         }
         Ok(Box::new(HostPool::new(gpu, size)?))
     }

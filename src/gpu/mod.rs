@@ -4,6 +4,7 @@
 pub mod binder;
 pub mod cuda;
 pub mod devmem;
+mod error;
 pub mod host;
 pub mod placement;
 pub mod tcpx;
@@ -11,17 +12,8 @@ pub mod tcpx;
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
 
+pub use self::error::GpuError;
 use crate::types::pci::PciAddr;
-
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error("GPU {gpu}: {op} failed: {msg}")]
-    Op { gpu: String, op: &'static str, msg: String },
-    #[error("GPU backend unavailable: {0}")]
-    Unavailable(String),
-    #[error("GPU {0} not found")]
-    NotFound(String),
-}
 
 /// One allocated receive pool. Dropping it frees the memory (backend specific).
 pub trait RxPool: Send + Sync + Debug {
@@ -56,6 +48,11 @@ pub enum ShmemType {
 impl ShmemType {
     /// The flag's words, in the order of the variants.
     pub const NAMES: &'static [&'static str] = &["fd", "file"];
+
+    /// The flag's word for this type.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 impl std::str::FromStr for ShmemType {
@@ -107,10 +104,8 @@ pub fn allocate_all(
         workers
             .into_iter()
             .map(|(gpu, worker)| match worker {
-                Ok(handle) => handle.join().unwrap_or_else(|_| {
-                    Err(GpuError::Op { gpu: gpu.to_string(), op: "allocate", msg: "worker panicked".into() })
-                }),
-                Err(e) => Err(GpuError::Op { gpu: gpu.to_string(), op: "spawn", msg: e.to_string() }),
+                Ok(handle) => handle.join().unwrap_or(Err(GpuError::WorkerPanicked { gpu })),
+                Err(source) => Err(GpuError::SpawnWorker { gpu, source }),
             })
             .collect()
     })
@@ -202,7 +197,9 @@ mod tests {
         assert_eq!(sizes, [12_288, 4096, 4096]);
         assert!(pools[0].as_ref().unwrap().describe().contains("0000:04:00.0"));
         let failed = allocate_all(&host::HostAllocator, &[(a, 1), (b, 1)], ShmemType::File);
-        assert!(failed.iter().all(|r| matches!(r, Err(GpuError::Op { .. }))));
+        assert!(failed
+            .iter()
+            .all(|r| matches!(r, Err(GpuError::Unsupported { shmem: ShmemType::File, .. }))));
         assert!(allocate_all(&host::HostAllocator, &[], ShmemType::Fd).is_empty());
     }
 }

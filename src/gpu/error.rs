@@ -1,0 +1,39 @@
+//! The GPU layer's errors: what failed, on which GPU, and the typed cause.
+
+use nix::errno::Errno;
+
+use super::cuda::{CudaError, LoadError};
+use super::ShmemType;
+use crate::types::pci::PciAddr;
+
+/// Why allocating a pool, or asking the backend about its GPUs, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The backend cannot run on this host (no driver, or one too old).
+    #[error("GPU backend unavailable: {0}")]
+    Unavailable(#[from] LoadError),
+    #[error("GPU {0} not found (no CUDA device at this PCI address)")]
+    NotFound(PciAddr),
+    #[error("GPU {gpu}: opening the device: {source}")]
+    OpenDevice { gpu: PciAddr, source: CudaError },
+    #[error("GPU {gpu}: creating the pool: {source}")]
+    CreatePool { gpu: PciAddr, source: CudaError },
+    #[error("listing the CUDA devices: {0}")]
+    ListDevices(#[source] CudaError),
+    #[error("listing the CUDA devices: unparsable PCI bus id {0:?}")]
+    BadBusId(String),
+    #[error("asking the CUDA driver version: {0}")]
+    DriverVersion(#[source] CudaError),
+    #[error("GPU {gpu}: pool size {size} does not fit this host's address space")]
+    SizeTooLarge { gpu: PciAddr, size: u64 },
+    #[error("GPU {gpu}: --gpu_shmem_type={} needs the cuda backend", shmem.name())]
+    Unsupported { gpu: PciAddr, shmem: ShmemType },
+    #[error("GPU {gpu}: memfd_create failed: {source}")]
+    CreateMemfd { gpu: PciAddr, source: Errno },
+    #[error("GPU {gpu}: ftruncate failed: {source}")]
+    SizeMemfd { gpu: PciAddr, source: Errno },
+    #[error("GPU {gpu}: spawning the allocation thread failed: {source}")]
+    SpawnWorker { gpu: PciAddr, source: std::io::Error },
+    #[error("GPU {gpu}: the allocation thread panicked")]
+    WorkerPanicked { gpu: PciAddr },
+}
