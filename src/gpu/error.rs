@@ -3,6 +3,8 @@
 use nix::errno::Errno;
 
 use super::cuda::{CudaError, LoadError};
+use super::devmem::DevmemError;
+use super::tcpx::TcpxError;
 use super::ShmemType;
 use crate::types::pci::PciAddr;
 
@@ -36,4 +38,43 @@ pub enum GpuError {
     SpawnWorker { gpu: PciAddr, source: std::io::Error },
     #[error("GPU {gpu}: the allocation thread panicked")]
     WorkerPanicked { gpu: PciAddr },
+}
+
+/// Binding one GPU's pool to a NIC's queues failed: where, and the binder's own error.
+#[derive(Debug, thiserror::Error)]
+#[error("binding {gpu} to {ifname} queues {queues:?}: {cause}")]
+pub struct BindError {
+    pub gpu: PciAddr,
+    pub ifname: String,
+    pub queues: Vec<u32>,
+    #[source]
+    pub cause: BindFailure,
+}
+
+impl BindError {
+    pub fn new(gpu: PciAddr, ifname: &str, queues: &[u32], cause: impl Into<BindFailure>) -> Self {
+        BindError { gpu, ifname: ifname.into(), queues: queues.to_vec(), cause: cause.into() }
+    }
+}
+
+/// The binder's own error inside a [`BindError`].
+#[derive(Debug, thiserror::Error)]
+pub enum BindFailure {
+    #[error("tcpx: {0}")]
+    Tcpx(#[from] TcpxError),
+    /// Boxed, as the largest: every bind returns this error type.
+    #[error("devmem: {0}")]
+    Devmem(#[source] Box<DevmemError>),
+    /// `--bind_backend auto`: the kernel has no TCPX ioctls and devmem failed too.
+    #[error(
+        "no queue binder works on this host: tcpx: {tcpx}; devmem: {devmem} \
+         (--bind_backend=none shares pools without binding)"
+    )]
+    NoBinderWorks { tcpx: TcpxError, devmem: Box<DevmemError> },
+}
+
+impl From<DevmemError> for BindFailure {
+    fn from(e: DevmemError) -> Self {
+        BindFailure::Devmem(Box::new(e))
+    }
 }

@@ -12,7 +12,7 @@ pub mod tcpx;
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
 
-pub use self::error::GpuError;
+pub use self::error::{BindError, BindFailure, GpuError};
 use crate::types::pci::PciAddr;
 
 /// One allocated receive pool. Dropping it frees the memory (backend specific).
@@ -111,26 +111,6 @@ pub fn allocate_all(
     })
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("binding {gpu} to {ifname} queues {queues:?}: {msg}")]
-pub struct BindError {
-    pub gpu: String,
-    pub ifname: String,
-    pub queues: Vec<u32>,
-    pub msg: String,
-}
-
-impl BindError {
-    pub fn new(gpu: PciAddr, ifname: &str, queues: &[u32], msg: impl Into<String>) -> Self {
-        BindError {
-            gpu: gpu.to_string(),
-            ifname: ifname.to_string(),
-            queues: queues.to_vec(),
-            msg: msg.into(),
-        }
-    }
-}
-
 /// A live binding; dropping it unbinds.
 pub trait Binding: Send + Sync + Debug {
     fn describe(&self) -> String;
@@ -152,36 +132,6 @@ pub trait QueueBinder: Send + Sync {
         nic_pci: Option<PciAddr>,
         queues: &[u32],
     ) -> Result<Box<dyn Binding>, BindError>;
-}
-
-/// `--bind_backend none`: pools are shared but not bound.
-#[derive(Debug, Default)]
-pub struct NoBinder;
-
-#[derive(Debug)]
-struct NoBinding;
-
-impl Binding for NoBinding {
-    fn describe(&self) -> String {
-        "unbound".into()
-    }
-}
-
-impl QueueBinder for NoBinder {
-    fn backend(&self) -> &'static str {
-        "none"
-    }
-
-    fn bind(
-        &self,
-        _pool: &dyn RxPool,
-        _gpu: PciAddr,
-        _ifname: &str,
-        _nic_pci: Option<PciAddr>,
-        _queues: &[u32],
-    ) -> Result<Box<dyn Binding>, BindError> {
-        Ok(Box::new(NoBinding))
-    }
 }
 
 #[cfg(test)]
