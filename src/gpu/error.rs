@@ -4,6 +4,7 @@ use nix::errno::Errno;
 
 use super::cuda::{CudaError, LoadError};
 use super::devmem::DevmemError;
+use super::recording::InjectedFailure;
 use super::tcpx::TcpxError;
 use super::ShmemType;
 use crate::types::pci::PciAddr;
@@ -38,6 +39,9 @@ pub enum GpuError {
     SpawnWorker { gpu: PciAddr, source: std::io::Error },
     #[error("GPU {gpu}: the allocation thread panicked")]
     WorkerPanicked { gpu: PciAddr },
+    /// A failure a test asked the recording allocator for.
+    #[error(transparent)]
+    Injected(#[from] InjectedFailure),
 }
 
 /// Binding one GPU's pool to a NIC's queues failed: where, and the binder's own error.
@@ -71,6 +75,9 @@ pub enum BindFailure {
          (--bind_backend=none shares pools without binding)"
     )]
     NoBinderWorks { tcpx: TcpxError, devmem: Box<DevmemError> },
+    /// A failure a test asked the recording binder for.
+    #[error(transparent)]
+    Injected(#[from] InjectedFailure),
 }
 
 impl From<DevmemError> for BindFailure {

@@ -7,6 +7,7 @@ pub mod devmem;
 mod error;
 pub mod host;
 pub mod placement;
+pub mod recording;
 pub mod tcpx;
 
 use std::fmt::Debug;
