@@ -11,10 +11,10 @@ use std::process::Command;
 use neli::consts::socket::NlFamily;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use tcpx_rxdm::gpu::devmem::{
-    bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES,
+use tcpx_rxdm::gpu::{
+    bind_rx_request, netdev_family, BindError, BindFailure, DevmemBinder, DevmemError, QueueBinder, RxPool,
+    NETDEV_A_DMABUF_QUEUES,
 };
-use tcpx_rxdm::gpu::{BindError, BindFailure, QueueBinder, RxPool};
 use tcpx_rxdm::netlink::{NlConn, NlError};
 use tcpx_rxdm::types::pci::PciAddr;
 

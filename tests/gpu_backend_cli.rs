@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use tcpx_rxdm::gpu::cuda::CudaAllocator;
+use tcpx_rxdm::gpu::CudaAllocator;
 
 #[test]
 fn cuda_backend_without_libcuda_exits_1_naming_cuda() {

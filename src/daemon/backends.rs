@@ -4,11 +4,9 @@ use std::sync::Arc;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
-use crate::gpu::binder::select_binder;
-use crate::gpu::cuda::CudaAllocator;
-use crate::gpu::host::HostAllocator;
-use crate::gpu::placement::spread_gpus;
-use crate::gpu::{PoolAllocator, QueueBinder, ShmemType};
+use crate::gpu::{
+    select_binder, spread_gpus, CudaAllocator, HostAllocator, PoolAllocator, QueueBinder, ShmemType,
+};
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind, SetupParam};
 use crate::config::presets::{self, Source};
-use crate::gpu::binder::BinderKind;
+use crate::gpu::BinderKind;
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::family::{probe_family, DriverFamily};
 use crate::nic::sim::SimNic;
@@ -639,9 +639,9 @@ fn check_kernel(r: &mut Report, ctx: &Ctx) {
     // unless binding is off or the NICs are simulated.
     let bind = ctx.flags.bind_backend;
     let binding_needed = ctx.binding_needed;
-    let devmem = genl_family_ops(crate::gpu::devmem::NETDEV_FAMILY_NAME);
+    let devmem = genl_family_ops(crate::gpu::NETDEV_FAMILY_NAME);
     let devmem_ok =
-        matches!(&devmem, Ok(Some(ops)) if ops.contains(&(crate::gpu::devmem::NETDEV_CMD_BIND_RX as u32)));
+        matches!(&devmem, Ok(Some(ops)) if ops.contains(&(crate::gpu::NETDEV_CMD_BIND_RX as u32)));
     let tcpx = tcpx_symbols();
     let tcpx_seen = tcpx.is_some();
     let not_needed = |wanted: bool| if wanted { Status::Warn } else { Status::Skip };
@@ -708,7 +708,7 @@ fn tcpx_symbols() -> Option<String> {
 const TEST_ALLOC: u64 = 2 << 20;
 
 fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
-    use crate::gpu::cuda::CudaAllocator;
+    use crate::gpu::CudaAllocator;
     use crate::gpu::{PoolAllocator, ShmemType};
     let s = "GPUs";
     let flags = ctx.flags;

@@ -1,19 +1,29 @@
 //! GPU receive pools: the [`PoolAllocator`] trait, its backends, and the
 //! [`QueueBinder`] trait that attaches a pool to a NIC's receive queues.
 
-pub mod binder;
-pub mod cuda;
-pub mod devmem;
+mod binder;
+mod cuda;
+mod devmem;
 mod error;
-pub mod host;
-pub mod placement;
-pub mod recording;
-pub mod tcpx;
+mod host;
+mod placement;
+mod recording;
+mod tcpx;
 
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
 
+pub use self::binder::{select_binder, BinderKind};
+pub use self::cuda::{CudaAllocator, CudaError, LoadError};
+pub use self::devmem::{
+    bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES, NETDEV_CMD_BIND_RX,
+    NETDEV_FAMILY_NAME,
+};
 pub use self::error::{BindError, BindFailure, GpuError};
+pub use self::host::HostAllocator;
+pub use self::placement::{spread_gpus, PlacementError};
+pub use self::recording::{GpuCall, GpuRecorder, InjectedFailure, RecordingAllocator, RecordingBinder};
+pub use self::tcpx::TcpxError;
 use crate::types::pci::PciAddr;
 
 /// One allocated receive pool. Dropping it frees the memory (backend specific).
