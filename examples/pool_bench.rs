@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use tcpx_rxdm::gpu::cuda::CudaAllocator;
+use tcpx_rxdm::gpu::CudaAllocator;
 use tcpx_rxdm::gpu::{PoolAllocator, ShmemType};
 use tcpx_rxdm::types::pci::PciAddr;
 

@@ -11,10 +11,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use common::netns::Netns;
 use neli::consts::socket::NlFamily;
 use nix::sys::memfd::{memfd_create, MFdFlags};
-use tcpx_rxdm::gpu::devmem::{
-    bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES,
+use tcpx_rxdm::gpu::{
+    bind_rx_request, netdev_family, BindError, BindFailure, DevmemBinder, DevmemError, QueueBinder, RxPool,
+    NETDEV_A_DMABUF_QUEUES,
 };
-use tcpx_rxdm::gpu::{QueueBinder, RxPool};
 use tcpx_rxdm::netlink::{NlConn, NlError};
 use tcpx_rxdm::types::pci::PciAddr;
 
@@ -47,12 +47,21 @@ impl RxPool for MemfdPool {
     }
 }
 
+/// Binds `queues` of `ifname` for GPU 0000:04:00.0 and returns the devmem error.
+fn devmem_error(pool: &MemfdPool, ifname: &str, queues: &[u32]) -> DevmemError {
+    let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
+    match DevmemBinder.bind(pool, gpu, ifname, None, queues).map(drop) {
+        Err(BindError { cause: BindFailure::Devmem(e), .. }) => *e,
+        other => panic!("expected a devmem bind error, got {other:?}"),
+    }
+}
+
 #[test]
 #[ignore = "needs root: network namespaces, veth"]
 fn netns_veth_bind_rx_is_refused_with_a_clear_error() {
     let ns = veth_ns("a");
     let pool = MemfdPool(Some(memfd_create("not-a-dmabuf", MFdFlags::MFD_CLOEXEC).unwrap()));
-    let err = ns.run(|| DevmemBinder.try_bind(&pool, "v0", &[0]).unwrap_err());
+    let err = ns.run(|| devmem_error(&pool, "v0", &[0]));
     eprintln!("kernel said: {err}");
     match &err {
         DevmemError::Refused { ifname, errno, .. } => {
@@ -77,12 +86,12 @@ fn netns_veth_bind_rx_is_refused_with_a_clear_error() {
 fn netns_missing_interface_and_missing_dmabuf_fail_before_binding() {
     let ns = veth_ns("b");
     let no_dmabuf = MemfdPool(None);
-    let err = ns.run(|| DevmemBinder.try_bind(&no_dmabuf, "v0", &[0]).unwrap_err());
+    let err = ns.run(|| devmem_error(&no_dmabuf, "v0", &[0]));
     assert!(matches!(err, DevmemError::NoDmaBuf(_)), "{err:?}");
     let pool = MemfdPool(Some(memfd_create("x", MFdFlags::MFD_CLOEXEC).unwrap()));
-    let err = ns.run(|| DevmemBinder.try_bind(&pool, "eth-none", &[0]).unwrap_err());
+    let err = ns.run(|| devmem_error(&pool, "eth-none", &[0]));
     assert!(matches!(err, DevmemError::NoInterface { .. }), "{err:?}");
-    let err = ns.run(|| DevmemBinder.try_bind(&pool, "v0", &[]).unwrap_err());
+    let err = ns.run(|| devmem_error(&pool, "v0", &[]));
     assert!(matches!(err, DevmemError::NoQueues), "{err:?}");
 }
 

@@ -195,7 +195,7 @@ fn gpu_lines_follow_the_gpu_backend() {
     let (code, out, _) = doctor(&["--gpu_nic_preset=sim", "--gpu_backend=host", &uds]);
     assert_eq!(code, 0, "{out}");
     assert!(line(&out, "GPUs", "pools").starts_with("– pools: host memory pools"), "{out}");
-    if tcpx_rxdm::gpu::cuda::CudaAllocator::driver_present() {
+    if tcpx_rxdm::gpu::CudaAllocator::driver_present() {
         eprintln!("skipped the no-driver half: this machine has libcuda (the GPU check covers it)");
         return;
     }

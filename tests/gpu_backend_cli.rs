@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 
 use common::BIN;
-use tcpx_rxdm::gpu::cuda::CudaAllocator;
+use tcpx_rxdm::gpu::CudaAllocator;
 
 #[test]
 fn cuda_backend_without_libcuda_exits_1_naming_cuda() {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 
-use crate::gpu::binder::BinderKind;
+use crate::gpu::BinderKind;
 use crate::gpu::ShmemType;
 use crate::host::tuning::TuningParams;
 use crate::nic::sim::{Fault, SimDelay};

@@ -4,11 +4,9 @@ use std::sync::Arc;
 
 use crate::config::flags::{GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
-use crate::gpu::binder::select_binder;
-use crate::gpu::cuda::CudaAllocator;
-use crate::gpu::host::HostAllocator;
-use crate::gpu::placement::spread_gpus;
-use crate::gpu::{PoolAllocator, QueueBinder, ShmemType};
+use crate::gpu::{
+    select_binder, spread_gpus, CudaAllocator, HostAllocator, PoolAllocator, QueueBinder, ShmemType,
+};
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
@@ -56,7 +54,7 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
         GpuBackendKind::Cuda => Arc::new(cuda_allocator(topo, use_sim, "cuda")?),
         GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto")?),
     };
-    if flags.gpu_shmem_type == ShmemType::File && alloc.backend() != "cuda" {
+    if flags.gpu_shmem_type == ShmemType::File && !alloc.supports(ShmemType::File) {
         return Err(DaemonError::Flags(format!(
             "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {} (--gpu_backend=cuda)",
             alloc.backend()

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use crate::config::presets::ConfigError;
-use crate::gpu::placement::PlacementError;
+use crate::gpu::PlacementError;
 use crate::gpu::{BindError, GpuError};
 use crate::host::tuning::TuningError;
 use crate::nic::claim::ClaimError;

@@ -9,7 +9,7 @@ use crate::config::presets::Source;
 const TEST_ALLOC: u64 = 2 << 20;
 
 pub(super) fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
-    use crate::gpu::cuda::CudaAllocator;
+    use crate::gpu::CudaAllocator;
     use crate::gpu::{PoolAllocator, ShmemType};
     let s = "GPUs";
     let flags = ctx.flags;

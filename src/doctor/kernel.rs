@@ -4,7 +4,7 @@
 use nix::errno::Errno;
 
 use super::{Ctx, Report, Status};
-use crate::gpu::binder::BinderKind;
+use crate::gpu::BinderKind;
 
 /// `CTRL_ATTR_OPS` and `CTRL_ATTR_OP_ID` of the generic netlink controller.
 const CTRL_ATTR_OPS: u16 = 6;
@@ -48,9 +48,9 @@ pub(super) fn check_kernel(r: &mut Report, ctx: &Ctx) {
     // unless binding is off or the NICs are simulated.
     let bind = ctx.flags.bind_backend;
     let binding_needed = ctx.binding_needed;
-    let devmem = genl_family_ops(crate::gpu::devmem::NETDEV_FAMILY_NAME);
+    let devmem = genl_family_ops(crate::gpu::NETDEV_FAMILY_NAME);
     let devmem_ok =
-        matches!(&devmem, Ok(Some(ops)) if ops.contains(&(crate::gpu::devmem::NETDEV_CMD_BIND_RX as u32)));
+        matches!(&devmem, Ok(Some(ops)) if ops.contains(&(crate::gpu::NETDEV_CMD_BIND_RX as u32)));
     let tcpx = tcpx_symbols();
     let tcpx_seen = tcpx.is_some();
     let not_needed = |wanted: bool| if wanted { Status::Warn } else { Status::Skip };

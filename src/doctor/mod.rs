@@ -24,7 +24,7 @@ use nix::errno::Errno;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::{self, Source};
-use crate::gpu::binder::BinderKind;
+use crate::gpu::BinderKind;
 use crate::types::topology::Topology;
 use gpu::check_gpus;
 use host::check_host;

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use super::devmem::DevmemBinder;
 use super::tcpx::{DmaBufPages, KernelDmaBufPages, TcpxBinder, TcpxError};
-use super::{BindError, Binding, NoBinder, QueueBinder, RxPool};
+use super::{BindError, BindFailure, Binding, QueueBinder, RxPool};
 use crate::types::pci::PciAddr;
 
 /// Which binder `--bind_backend` asks for.
@@ -94,34 +94,63 @@ impl<K: DmaBufPages> QueueBinder for AutoBinder<K> {
         queues: &[u32],
     ) -> Result<Box<dyn Binding>, BindError> {
         let settled = *self.settled.lock().unwrap_or_else(|p| p.into_inner());
-        if settled != Some(Settled::Devmem) {
-            match self.tcpx.try_bind(pool, ifname, nic_pci, queues) {
-                Ok(b) => {
-                    self.settle(Settled::Tcpx);
-                    return Ok(Box::new(b));
-                }
-                Err(e @ TcpxError::NotSupported(_)) if settled.is_none() => {
-                    tracing::info!(error = %e, "GPUDirect-TCPX ioctls unavailable; trying devmem TCP");
-                    return match self.devmem.try_bind(pool, ifname, queues) {
-                        Ok(b) => {
-                            self.settle(Settled::Devmem);
-                            Ok(Box::new(b))
-                        }
-                        Err(d) => Err(BindError::new(
-                            gpu,
-                            ifname,
-                            queues,
-                            format!(
-                                "no queue binder works on this host: tcpx: {e}; devmem: {d} \
-                                 (--bind_backend=none shares pools without binding)"
-                            ),
-                        )),
-                    };
-                }
-                Err(e) => return Err(BindError::new(gpu, ifname, queues, format!("tcpx: {e}"))),
-            }
+        if settled == Some(Settled::Devmem) {
+            return self.devmem.bind(pool, gpu, ifname, nic_pci, queues);
         }
-        self.devmem.bind(pool, gpu, ifname, nic_pci, queues)
+        // Only the first bind may fall back: once settled on tcpx, a failure is real.
+        let tcpx = match self.tcpx.bind(pool, gpu, ifname, nic_pci, queues) {
+            Ok(b) => {
+                self.settle(Settled::Tcpx);
+                return Ok(b);
+            }
+            Err(BindError { cause: BindFailure::Tcpx(e @ TcpxError::NotSupported(_)), .. })
+                if settled.is_none() =>
+            {
+                e
+            }
+            Err(e) => return Err(e),
+        };
+        tracing::info!(error = %tcpx, "GPUDirect-TCPX ioctls unavailable; trying devmem TCP");
+        match self.devmem.bind(pool, gpu, ifname, nic_pci, queues) {
+            Ok(b) => {
+                self.settle(Settled::Devmem);
+                Ok(b)
+            }
+            Err(BindError { cause: BindFailure::Devmem(devmem), .. }) => {
+                Err(BindError::new(gpu, ifname, queues, BindFailure::NoBinderWorks { tcpx, devmem }))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `--bind_backend none`: pools are shared but not bound.
+#[derive(Debug, Default)]
+pub struct NoBinder;
+
+#[derive(Debug)]
+struct NoBinding;
+
+impl Binding for NoBinding {
+    fn describe(&self) -> String {
+        "unbound".into()
+    }
+}
+
+impl QueueBinder for NoBinder {
+    fn backend(&self) -> &'static str {
+        "none"
+    }
+
+    fn bind(
+        &self,
+        _pool: &dyn RxPool,
+        _gpu: PciAddr,
+        _ifname: &str,
+        _nic_pci: Option<PciAddr>,
+        _queues: &[u32],
+    ) -> Result<Box<dyn Binding>, BindError> {
+        Ok(Box::new(NoBinding))
     }
 }
 
@@ -133,8 +162,8 @@ mod tests {
     use nix::sys::memfd::{memfd_create, MFdFlags};
 
     use super::*;
+    use crate::gpu::host::HostPool;
     use crate::gpu::tcpx::{BindRxQueue, CreatePagesInfo};
-    use crate::gpu::testing::FakePool;
 
     /// A kernel whose dma-bufs answer `errno` to the TCPX ioctl, or succeed.
     struct Kernel(Option<Errno>);
@@ -151,8 +180,8 @@ mod tests {
         }
     }
 
-    fn pool() -> FakePool {
-        FakePool::with_dmabuf()
+    fn pool() -> HostPool {
+        HostPool::with_fake_dmabuf()
     }
 
     fn gpu() -> PciAddr {
@@ -183,8 +212,10 @@ mod tests {
         let nic = Some("0000:06:00.0".parse().unwrap());
         // No such interface: devmem fails too, so both reasons are reported.
         let err = binder.bind(&pool(), gpu(), "rxdm-nope0", nic, &[8]).unwrap_err();
-        assert!(err.msg.contains("tcpx: kernel lacks"), "{err}");
-        assert!(err.msg.contains("devmem: interface rxdm-nope0"), "{err}");
+        assert!(matches!(err.cause, BindFailure::NoBinderWorks { .. }), "{err}");
+        let cause = err.cause.to_string();
+        assert!(cause.contains("tcpx: kernel lacks"), "{err}");
+        assert!(cause.contains("devmem: interface rxdm-nope0"), "{err}");
         assert_eq!(binder.backend(), "auto");
     }
 
@@ -193,6 +224,7 @@ mod tests {
         let binder = AutoBinder::new(Kernel(Some(Errno::EINVAL)));
         let nic = Some("0000:06:00.0".parse().unwrap());
         let err = binder.bind(&pool(), gpu(), "eth1", nic, &[8]).unwrap_err();
-        assert!(err.msg.starts_with("tcpx: DMA_BUF_CREATE_PAGES"), "{err}");
+        assert!(matches!(err.cause, BindFailure::Tcpx(TcpxError::CreatePages { .. })), "{err}");
+        assert!(err.cause.to_string().starts_with("tcpx: DMA_BUF_CREATE_PAGES"), "{err}");
     }
 }

@@ -31,14 +31,25 @@ pub enum DevmemError {
     #[error("pool has no dma-buf to bind ({0})")]
     NoDmaBuf(String),
     #[error("interface {ifname}: {errno}")]
-    NoInterface { ifname: String, errno: Errno },
+    NoInterface {
+        ifname: String,
+        #[source]
+        errno: Errno,
+    },
     #[error("netlink {op}: {source}")]
     Netlink { op: &'static str, source: NlError },
     #[error("generic netlink family \"netdev\" not found: kernel too old for devmem TCP (needs ≥ 6.12)")]
     NoFamily,
     #[error("kernel refused netdev BIND_RX on {ifname} (ifindex {ifindex}): {errno}{}{hint}",
             extack.as_ref().map(|m| format!(": {m}")).unwrap_or_default())]
-    Refused { ifname: String, ifindex: u32, errno: Errno, extack: Option<String>, hint: &'static str },
+    Refused {
+        ifname: String,
+        ifindex: u32,
+        #[source]
+        errno: Errno,
+        extack: Option<String>,
+        hint: &'static str,
+    },
     #[error("no queues to bind")]
     NoQueues,
     #[error("netdev BIND_RX reply carried no NETDEV_A_DMABUF_ID")]
@@ -86,47 +97,12 @@ fn hint(errno: Errno) -> &'static str {
 #[derive(Debug, Default)]
 pub struct DevmemBinder;
 
-impl DevmemBinder {
-    /// The typed form of [`QueueBinder::bind`]. `dmabuf_fd` is the pool's
-    /// dma-buf; the kernel takes its own reference during the call.
-    pub fn try_bind(
-        &self,
-        pool: &dyn RxPool,
-        ifname: &str,
-        queues: &[u32],
-    ) -> Result<DevmemBinding, DevmemError> {
-        let dmabuf = pool.dmabuf_fd().ok_or_else(|| DevmemError::NoDmaBuf(pool.describe()))?;
-        if queues.is_empty() {
-            return Err(DevmemError::NoQueues);
-        }
-        let ifindex = nix::net::if_::if_nametoindex(ifname)
-            .map_err(|errno| DevmemError::NoInterface { ifname: ifname.into(), errno })?;
-        let mut conn = NlConn::open(NlFamily::Generic)
-            .map_err(|source| DevmemError::Netlink { op: "socket", source })?;
-        let family = netdev_family(&mut conn)?;
-        let fd = u32::try_from(dmabuf.as_raw_fd()).expect("open fds are non-negative");
-        let replies = conn.transact(&bind_rx_request(family, ifindex, fd, queues)).map_err(|e| match e {
-            NlError::Kernel { errno, msg } => {
-                DevmemError::Refused { ifname: ifname.into(), ifindex, errno, extack: msg, hint: hint(errno) }
-            }
-            source => DevmemError::Netlink { op: "BIND_RX", source },
-        })?;
-        let dmabuf_id = parse_dmabuf_id(&replies)?;
-        Ok(DevmemBinding {
-            _socket: conn,
-            dmabuf_id,
-            ifname: ifname.into(),
-            ifindex,
-            queues: queues.to_vec(),
-        })
-    }
-}
-
 impl QueueBinder for DevmemBinder {
     fn backend(&self) -> &'static str {
         "devmem"
     }
 
+    /// The kernel takes its own reference on the pool's dma-buf during the call.
     fn bind(
         &self,
         pool: &dyn RxPool,
@@ -135,10 +111,37 @@ impl QueueBinder for DevmemBinder {
         _nic_pci: Option<PciAddr>,
         queues: &[u32],
     ) -> Result<Box<dyn Binding>, BindError> {
-        match self.try_bind(pool, ifname, queues) {
-            Ok(b) => Ok(Box::new(b)),
-            Err(e) => Err(BindError::new(gpu, ifname, queues, format!("devmem: {e}"))),
+        let fail = |e: DevmemError| BindError::new(gpu, ifname, queues, e);
+        let dmabuf = pool.dmabuf_fd().ok_or_else(|| fail(DevmemError::NoDmaBuf(pool.describe())))?;
+        if queues.is_empty() {
+            return Err(fail(DevmemError::NoQueues));
         }
+        let ifindex = nix::net::if_::if_nametoindex(ifname)
+            .map_err(|errno| fail(DevmemError::NoInterface { ifname: ifname.into(), errno }))?;
+        let mut conn = NlConn::open(NlFamily::Generic)
+            .map_err(|source| fail(DevmemError::Netlink { op: "socket", source }))?;
+        let family = netdev_family(&mut conn).map_err(fail)?;
+        let fd = u32::try_from(dmabuf.as_raw_fd()).expect("open fds are non-negative");
+        let replies = conn.transact(&bind_rx_request(family, ifindex, fd, queues)).map_err(|e| {
+            fail(match e {
+                NlError::Kernel { errno, msg } => DevmemError::Refused {
+                    ifname: ifname.into(),
+                    ifindex,
+                    errno,
+                    extack: msg,
+                    hint: hint(errno),
+                },
+                source => DevmemError::Netlink { op: "BIND_RX", source },
+            })
+        })?;
+        let dmabuf_id = parse_dmabuf_id(&replies).map_err(fail)?;
+        Ok(Box::new(DevmemBinding {
+            _socket: conn,
+            dmabuf_id,
+            ifname: ifname.into(),
+            ifindex,
+            queues: queues.to_vec(),
+        }))
     }
 }
 
@@ -146,10 +149,10 @@ impl QueueBinder for DevmemBinder {
 #[derive(Debug)]
 pub struct DevmemBinding {
     _socket: NlConn,
-    pub dmabuf_id: u32,
-    pub ifname: String,
-    pub ifindex: u32,
-    pub queues: Vec<u32>,
+    dmabuf_id: u32,
+    ifname: String,
+    ifindex: u32,
+    queues: Vec<u32>,
 }
 
 impl Binding for DevmemBinding {

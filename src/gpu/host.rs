@@ -14,11 +14,35 @@ const PAGE: u64 = 4096;
 #[derive(Debug, Default)]
 pub struct HostAllocator;
 
+/// A memfd standing in for a GPU's memory.
 #[derive(Debug)]
 pub struct HostPool {
     gpu: PciAddr,
     fd: OwnedFd,
     size: u64,
+    /// Unit tests of the binders: the memfd also stands in for a dma-buf.
+    fake_dmabuf: bool,
+}
+
+impl HostPool {
+    /// A pool of at least `size` bytes, rounded up to whole pages.
+    pub fn new(gpu: PciAddr, size: u64) -> Result<HostPool, GpuError> {
+        let size = size.div_ceil(PAGE).max(1) * PAGE;
+        let name = format!("tcpx-rxdm-pool-{gpu}");
+        let fd = memfd_create(name.as_str(), MFdFlags::MFD_CLOEXEC)
+            .map_err(|source| GpuError::CreateMemfd { gpu, source })?;
+        let len = i64::try_from(size).map_err(|_| GpuError::SizeTooLarge { gpu, size })?;
+        ftruncate(&fd, len).map_err(|source| GpuError::SizeMemfd { gpu, source })?;
+        Ok(HostPool { gpu, fd, size, fake_dmabuf: false })
+    }
+
+    /// A one-page pool whose memfd is also offered as its dma-buf, so the
+    /// binders can be driven without a GPU (the kernel refuses it as one).
+    #[cfg(test)]
+    pub(crate) fn with_fake_dmabuf() -> HostPool {
+        let gpu = "0000:04:00.0".parse().expect("valid PCI address");
+        HostPool { fake_dmabuf: true, ..HostPool::new(gpu, PAGE).expect("memfd pool") }
+    }
 }
 
 impl PoolAllocator for HostAllocator {
@@ -26,18 +50,16 @@ impl PoolAllocator for HostAllocator {
         "host"
     }
 
+    fn supports(&self, shmem: ShmemType) -> bool {
+        // A memfd has an fd to share but no CUDA IPC handle.
+        shmem == ShmemType::Fd
+    }
+
     fn allocate(&self, gpu: PciAddr, size: u64, shmem: ShmemType) -> Result<Box<dyn RxPool>, GpuError> {
-        let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: gpu.to_string(), op, msg };
-        if shmem == ShmemType::File {
-            return Err(op_err("allocate", "--gpu_shmem_type=file needs the cuda backend".into()));
+        if !self.supports(shmem) {
+            return Err(GpuError::Unsupported { gpu, shmem });
         }
-        let size = size.div_ceil(PAGE).max(1) * PAGE;
-        let name = format!("tcpx-rxdm-pool-{gpu}");
-        let fd = memfd_create(name.as_str(), MFdFlags::MFD_CLOEXEC)
-            .map_err(|e| op_err("memfd_create", e.to_string()))?;
-        let len = i64::try_from(size).map_err(|_| op_err("ftruncate", format!("size {size} too large")))?;
-        ftruncate(&fd, len).map_err(|e| op_err("ftruncate", e.to_string()))?;
-        Ok(Box::new(HostPool { gpu, fd, size }))
+        Ok(Box::new(HostPool::new(gpu, size)?))
     }
 }
 
@@ -52,6 +74,10 @@ impl RxPool for HostPool {
 
     fn alignment(&self) -> u64 {
         PAGE
+    }
+
+    fn dmabuf_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fake_dmabuf.then(|| self.fd.as_fd())
     }
 
     fn describe(&self) -> String {
@@ -72,5 +98,6 @@ mod tests {
         let st = fstat(pool.share_fd().unwrap()).unwrap();
         assert_eq!(st.st_size as u64, pool.size());
         assert!(HostAllocator.allocate(gpu, 1, ShmemType::File).is_err());
+        assert!(pool.dmabuf_fd().is_none(), "a memfd is no dma-buf");
     }
 }

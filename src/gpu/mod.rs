@@ -1,27 +1,30 @@
 //! GPU receive pools: the [`PoolAllocator`] trait, its backends, and the
 //! [`QueueBinder`] trait that attaches a pool to a NIC's receive queues.
 
-pub mod binder;
-pub mod cuda;
-pub mod devmem;
-pub mod host;
-pub mod placement;
-pub mod tcpx;
+mod binder;
+mod cuda;
+mod devmem;
+mod error;
+mod host;
+mod placement;
+mod recording;
+mod tcpx;
 
 use std::fmt::Debug;
 use std::os::fd::BorrowedFd;
 
+pub use self::binder::{select_binder, BinderKind};
+pub use self::cuda::{CudaAllocator, CudaError, LoadError};
+pub use self::devmem::{
+    bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES, NETDEV_CMD_BIND_RX,
+    NETDEV_FAMILY_NAME,
+};
+pub use self::error::{BindError, BindFailure, GpuError};
+pub use self::host::HostAllocator;
+pub use self::placement::{spread_gpus, PlacementError};
+pub use self::recording::{GpuCall, GpuRecorder, InjectedFailure, RecordingAllocator, RecordingBinder};
+pub use self::tcpx::TcpxError;
 use crate::types::pci::PciAddr;
-
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error("GPU {gpu}: {op} failed: {msg}")]
-    Op { gpu: String, op: &'static str, msg: String },
-    #[error("GPU backend unavailable: {0}")]
-    Unavailable(String),
-    #[error("GPU {0} not found")]
-    NotFound(String),
-}
 
 /// One allocated receive pool. Dropping it frees the memory (backend specific).
 pub trait RxPool: Send + Sync + Debug {
@@ -56,6 +59,11 @@ pub enum ShmemType {
 impl ShmemType {
     /// The flag's words, in the order of the variants.
     pub const NAMES: &'static [&'static str] = &["fd", "file"];
+
+    /// The flag's word for this type.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 impl std::str::FromStr for ShmemType {
@@ -71,7 +79,10 @@ impl std::str::FromStr for ShmemType {
 
 /// Allocates pools.
 pub trait PoolAllocator: Send + Sync {
+    /// The backend's name, for logs and `/debug/config`; decide on [`supports`](Self::supports).
     fn backend(&self) -> &'static str;
+    /// Whether this backend can share its pools as `shmem`.
+    fn supports(&self, shmem: ShmemType) -> bool;
     /// GPUs this backend can see, for presets that place GPUs from discovery
     /// (`sim` with real CUDA GPUs). `None`: the backend follows the topology.
     fn visible_gpus(&self) -> Result<Option<Vec<PciAddr>>, GpuError> {
@@ -104,33 +115,11 @@ pub fn allocate_all(
         workers
             .into_iter()
             .map(|(gpu, worker)| match worker {
-                Ok(handle) => handle.join().unwrap_or_else(|_| {
-                    Err(GpuError::Op { gpu: gpu.to_string(), op: "allocate", msg: "worker panicked".into() })
-                }),
-                Err(e) => Err(GpuError::Op { gpu: gpu.to_string(), op: "spawn", msg: e.to_string() }),
+                Ok(handle) => handle.join().unwrap_or(Err(GpuError::WorkerPanicked { gpu })),
+                Err(source) => Err(GpuError::SpawnWorker { gpu, source }),
             })
             .collect()
     })
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("binding {gpu} to {ifname} queues {queues:?}: {msg}")]
-pub struct BindError {
-    pub gpu: String,
-    pub ifname: String,
-    pub queues: Vec<u32>,
-    pub msg: String,
-}
-
-impl BindError {
-    pub fn new(gpu: PciAddr, ifname: &str, queues: &[u32], msg: impl Into<String>) -> Self {
-        BindError {
-            gpu: gpu.to_string(),
-            ifname: ifname.to_string(),
-            queues: queues.to_vec(),
-            msg: msg.into(),
-        }
-    }
 }
 
 /// A live binding; dropping it unbinds.
@@ -156,36 +145,6 @@ pub trait QueueBinder: Send + Sync {
     ) -> Result<Box<dyn Binding>, BindError>;
 }
 
-/// `--bind_backend none`: pools are shared but not bound.
-#[derive(Debug, Default)]
-pub struct NoBinder;
-
-#[derive(Debug)]
-struct NoBinding;
-
-impl Binding for NoBinding {
-    fn describe(&self) -> String {
-        "unbound".into()
-    }
-}
-
-impl QueueBinder for NoBinder {
-    fn backend(&self) -> &'static str {
-        "none"
-    }
-
-    fn bind(
-        &self,
-        _pool: &dyn RxPool,
-        _gpu: PciAddr,
-        _ifname: &str,
-        _nic_pci: Option<PciAddr>,
-        _queues: &[u32],
-    ) -> Result<Box<dyn Binding>, BindError> {
-        Ok(Box::new(NoBinding))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,45 +158,9 @@ mod tests {
         assert_eq!(sizes, [12_288, 4096, 4096]);
         assert!(pools[0].as_ref().unwrap().describe().contains("0000:04:00.0"));
         let failed = allocate_all(&host::HostAllocator, &[(a, 1), (b, 1)], ShmemType::File);
-        assert!(failed.iter().all(|r| matches!(r, Err(GpuError::Op { .. }))));
+        assert!(failed
+            .iter()
+            .all(|r| matches!(r, Err(GpuError::Unsupported { shmem: ShmemType::File, .. }))));
         assert!(allocate_all(&host::HostAllocator, &[], ShmemType::Fd).is_empty());
-    }
-}
-
-/// Test doubles shared by the gpu modules' tests.
-#[cfg(test)]
-pub(crate) mod testing {
-    use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-
-    use nix::sys::memfd::{memfd_create, MFdFlags};
-
-    use super::RxPool;
-
-    /// A pool with no shareable fd and, optionally, a memfd standing in for its dma-buf.
-    #[derive(Debug)]
-    pub struct FakePool(pub Option<OwnedFd>);
-
-    impl FakePool {
-        pub fn with_dmabuf() -> Self {
-            FakePool(Some(memfd_create("fake-dmabuf", MFdFlags::MFD_CLOEXEC).expect("memfd_create")))
-        }
-    }
-
-    impl RxPool for FakePool {
-        fn share_fd(&self) -> Option<BorrowedFd<'_>> {
-            None
-        }
-        fn size(&self) -> u64 {
-            4096
-        }
-        fn alignment(&self) -> u64 {
-            4096
-        }
-        fn dmabuf_fd(&self) -> Option<BorrowedFd<'_>> {
-            self.0.as_ref().map(|f| f.as_fd())
-        }
-        fn describe(&self) -> String {
-            "fake pool".into()
-        }
     }
 }

@@ -15,11 +15,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use nix::errno::Errno;
 
 use super::{BindError, Binding, QueueBinder, RxPool};
+use crate::types::ifname::{ifname_field, IFNAMSIZ};
 use crate::types::pci::PciAddr;
-
-use crate::types::ifname::ifname_field;
-/// `IFNAMSIZ`.
-pub use crate::types::ifname::IFNAMSIZ;
 
 /// `struct dma_buf_create_pages_info` (32 bytes).
 #[repr(C)]
@@ -99,11 +96,19 @@ pub enum TcpxError {
     #[error(
         "kernel lacks the GPUDirect-TCPX dma-buf ioctls (DMA_BUF_CREATE_PAGES: {0}); not a COS TCPX kernel"
     )]
-    NotSupported(Errno),
+    NotSupported(#[source] Errno),
     #[error("DMA_BUF_CREATE_PAGES for NIC {nic} failed: {errno}")]
-    CreatePages { nic: PciAddr, errno: Errno },
+    CreatePages {
+        nic: PciAddr,
+        #[source]
+        errno: Errno,
+    },
     #[error("DMA_BUF_PAGES_BIND_RX queue {queue} failed: {errno}")]
-    BindQueue { queue: u32, errno: Errno },
+    BindQueue {
+        queue: u32,
+        #[source]
+        errno: Errno,
+    },
 }
 
 /// `--bind_backend tcpx`.
@@ -115,33 +120,6 @@ pub struct TcpxBinder<K = KernelDmaBufPages> {
 impl<K: DmaBufPages> TcpxBinder<K> {
     pub fn with_kernel(kernel: K) -> Self {
         TcpxBinder { kernel }
-    }
-
-    /// The typed form of [`QueueBinder::bind`].
-    pub fn try_bind(
-        &self,
-        pool: &dyn RxPool,
-        ifname: &str,
-        nic_pci: Option<PciAddr>,
-        queues: &[u32],
-    ) -> Result<TcpxBinding, TcpxError> {
-        let dmabuf = pool.dmabuf_fd().ok_or_else(|| TcpxError::NoDmaBuf(pool.describe()))?;
-        let nic = nic_pci.ok_or(TcpxError::NoNicPci)?;
-        let requests = queues
-            .iter()
-            .map(|&q| BindRxQueue::new(ifname, q).ok_or_else(|| TcpxError::BadIfname(ifname.into())))
-            .collect::<Result<Vec<_>, _>>()?;
-        let info = CreatePagesInfo::new(nic, dmabuf.as_raw_fd());
-        let pages = self.kernel.create_pages(dmabuf, &info).map_err(|errno| match errno {
-            Errno::ENOTTY => TcpxError::NotSupported(errno),
-            errno => TcpxError::CreatePages { nic, errno },
-        })?;
-        for req in &requests {
-            self.kernel
-                .bind_rx_queue(pages.as_fd(), req)
-                .map_err(|errno| TcpxError::BindQueue { queue: req.rxq_idx, errno })?;
-        }
-        Ok(TcpxBinding { pages, ifname: ifname.into(), nic, queues: queues.to_vec() })
     }
 }
 
@@ -158,10 +136,27 @@ impl<K: DmaBufPages> QueueBinder for TcpxBinder<K> {
         nic_pci: Option<PciAddr>,
         queues: &[u32],
     ) -> Result<Box<dyn Binding>, BindError> {
-        match self.try_bind(pool, ifname, nic_pci, queues) {
-            Ok(b) => Ok(Box::new(b)),
-            Err(e) => Err(BindError::new(gpu, ifname, queues, format!("tcpx: {e}"))),
+        let fail = |e: TcpxError| BindError::new(gpu, ifname, queues, e);
+        let dmabuf = pool.dmabuf_fd().ok_or_else(|| fail(TcpxError::NoDmaBuf(pool.describe())))?;
+        let nic = nic_pci.ok_or_else(|| fail(TcpxError::NoNicPci))?;
+        // Every name is checked before the first ioctl, so a bad one leaves nothing behind.
+        let requests = queues
+            .iter()
+            .map(|&q| BindRxQueue::new(ifname, q).ok_or_else(|| fail(TcpxError::BadIfname(ifname.into()))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let info = CreatePagesInfo::new(nic, dmabuf.as_raw_fd());
+        let pages = self.kernel.create_pages(dmabuf, &info).map_err(|errno| {
+            fail(match errno {
+                Errno::ENOTTY => TcpxError::NotSupported(errno),
+                errno => TcpxError::CreatePages { nic, errno },
+            })
+        })?;
+        for req in &requests {
+            self.kernel
+                .bind_rx_queue(pages.as_fd(), req)
+                .map_err(|errno| fail(TcpxError::BindQueue { queue: req.rxq_idx, errno }))?;
         }
+        Ok(Box::new(TcpxBinding { pages, ifname: ifname.into(), nic, queues: queues.to_vec() }))
     }
 }
 

@@ -52,8 +52,8 @@ fn bind_rx_golden_bytes_and_name_limits() {
     assert!(BindRxQueue::new("a\0b", 0).is_none());
 }
 
-/// A pool whose "dma-buf" is a memfd, for exercising the binder.
-use crate::gpu::testing::FakePool;
+use crate::gpu::host::HostPool;
+use crate::gpu::BindFailure;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Call {
@@ -98,12 +98,24 @@ fn nic() -> Option<PciAddr> {
     Some("0000:06:00.0".parse().unwrap())
 }
 
+fn gpu() -> PciAddr {
+    "0000:04:00.0".parse().unwrap()
+}
+
+/// The TCPX error inside a bind failure.
+fn tcpx_error(e: BindError) -> TcpxError {
+    match e.cause {
+        BindFailure::Tcpx(e) => e,
+        other => panic!("expected a tcpx error, got {other:?}"),
+    }
+}
+
 #[test]
 fn binds_pages_then_each_queue_in_order() {
-    let pool = FakePool::with_dmabuf();
+    let pool = HostPool::with_fake_dmabuf();
     let dmabuf_raw = pool.dmabuf_fd().unwrap().as_raw_fd();
     let binder = TcpxBinder::with_kernel(FakeKernel::default());
-    let binding = binder.try_bind(&pool, "eth1", nic(), &[8, 9, 10, 11]).unwrap();
+    let binding = binder.bind(&pool, gpu(), "eth1", nic(), &[8, 9, 10, 11]).unwrap();
     let calls = binder.kernel.calls.lock().unwrap();
     let mut want = vec![Call::CreatePages(CreatePagesInfo {
         pci_bdf: [6, 0, 0],
@@ -119,36 +131,40 @@ fn binds_pages_then_each_queue_in_order() {
 
 #[test]
 fn enotty_means_not_a_tcpx_kernel() {
-    let pool = FakePool::with_dmabuf();
+    let pool = HostPool::with_fake_dmabuf();
     let binder =
         TcpxBinder::with_kernel(FakeKernel { create_err: Some(Errno::ENOTTY), ..Default::default() });
-    let err = binder.try_bind(&pool, "eth1", nic(), &[8]).unwrap_err();
+    let err = tcpx_error(binder.bind(&pool, gpu(), "eth1", nic(), &[8]).unwrap_err());
     assert!(matches!(err, TcpxError::NotSupported(Errno::ENOTTY)), "{err}");
     let binder =
         TcpxBinder::with_kernel(FakeKernel { create_err: Some(Errno::EINVAL), ..Default::default() });
-    let err = binder.try_bind(&pool, "eth1", nic(), &[8]).unwrap_err();
+    let err = tcpx_error(binder.bind(&pool, gpu(), "eth1", nic(), &[8]).unwrap_err());
     assert!(matches!(err, TcpxError::CreatePages { errno: Errno::EINVAL, .. }), "{err}");
 }
 
 #[test]
 fn a_failed_queue_names_the_queue_and_stops() {
-    let pool = FakePool::with_dmabuf();
+    let pool = HostPool::with_fake_dmabuf();
     let binder = TcpxBinder::with_kernel(FakeKernel { fail_queue: Some(9), ..Default::default() });
-    let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
-    let err = binder.bind(&pool, gpu, "eth1", nic(), &[8, 9, 10]).unwrap_err();
-    assert!(err.msg.contains("queue 9") && err.msg.contains("EBUSY"), "{err}");
+    let err = binder.bind(&pool, gpu(), "eth1", nic(), &[8, 9, 10]).unwrap_err();
+    let cause = err.cause.to_string();
+    assert!(cause.contains("queue 9") && cause.contains("EBUSY"), "{err}");
+    assert!(matches!(err.cause, BindFailure::Tcpx(TcpxError::BindQueue { queue: 9, .. })), "{err}");
     assert_eq!(binder.kernel.calls.lock().unwrap().len(), 3, "stops after the failing queue");
 }
 
 #[test]
 fn missing_inputs_are_refused_before_any_ioctl() {
     let binder = TcpxBinder::with_kernel(FakeKernel::default());
-    let no_dmabuf = FakePool(None);
-    assert!(matches!(binder.try_bind(&no_dmabuf, "eth1", nic(), &[8]), Err(TcpxError::NoDmaBuf(_))));
-    let pool = FakePool::with_dmabuf();
-    assert!(matches!(binder.try_bind(&pool, "eth1", None, &[8]), Err(TcpxError::NoNicPci)));
+    let try_bind = |pool: &HostPool, ifname, nic_pci| {
+        tcpx_error(binder.bind(pool, gpu(), ifname, nic_pci, &[8]).map(drop).unwrap_err())
+    };
+    let no_dmabuf = HostPool::new(gpu(), 4096).unwrap();
+    assert!(matches!(try_bind(&no_dmabuf, "eth1", nic()), TcpxError::NoDmaBuf(_)));
+    let pool = HostPool::with_fake_dmabuf();
+    assert!(matches!(try_bind(&pool, "eth1", None), TcpxError::NoNicPci));
     let long = "a-very-long-ifname";
-    assert!(matches!(binder.try_bind(&pool, long, nic(), &[8]), Err(TcpxError::BadIfname(_))));
+    assert!(matches!(try_bind(&pool, long, nic()), TcpxError::BadIfname(_)));
     assert!(binder.kernel.calls.lock().unwrap().is_empty());
 }
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::vmm::{allocation_prop, export_dmabuf, granularity};
-use super::{check, Device};
-use crate::gpu::{GpuError, RxPool};
+use super::context::Device;
+use super::error::{check, check_in_drop, CudaError};
+use crate::gpu::RxPool;
 
 /// `cuMemAlloc` memory, freed on drop.
 #[derive(Debug)]
@@ -19,16 +19,14 @@ impl Drop for DeviceMemory {
     fn drop(&mut self) {
         // SAFETY: the pointer came from cuMemAlloc and is freed exactly once,
         // with the owning context made current by IpcPool::drop.
-        if let Err(e) = check(unsafe { sys::cuMemFree_v2(self.0) }) {
-            tracing::warn!(error = %e, "cuMemFree failed");
-        }
+        check_in_drop("cuMemFree", unsafe { sys::cuMemFree_v2(self.0) });
     }
 }
 
 /// Field order is drop order: dma-buf fd, memory, context reference.
 #[derive(Debug)]
 pub(crate) struct IpcPool {
-    dmabuf: Result<OwnedFd, String>,
+    dmabuf: Result<OwnedFd, CudaError>,
     memory: DeviceMemory,
     handle: [u8; 64],
     size: usize,
@@ -37,39 +35,30 @@ pub(crate) struct IpcPool {
 }
 
 impl IpcPool {
-    pub(crate) fn create(dev: Arc<Device>, size: usize) -> Result<IpcPool, GpuError> {
-        let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: dev.pci.to_string(), op, msg };
-        dev.ctx.make_current().map_err(|e| op_err("cuCtxSetCurrent", e))?;
+    pub(crate) fn create(dev: Arc<Device>, size: usize) -> Result<IpcPool, CudaError> {
         // Same rounding as the VMM pools, so both modes report one alignment.
-        let gran =
-            granularity(&allocation_prop(&dev)).map_err(|e| op_err("cuMemGetAllocationGranularity", e))?;
-        let size = size.max(1).div_ceil(gran) * gran;
+        let layout = dev.begin_pool(size)?;
+        let size = layout.size;
 
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the device's context is current.
-        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }).map_err(|e| op_err("cuMemAlloc", e))?;
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, size) })?;
         let memory = DeviceMemory(ptr);
 
         let mut ipc = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: valid out-pointer; `ptr` is the base of a cuMemAlloc allocation.
-        check(unsafe { sys::cuIpcGetMemHandle(&mut ipc, memory.0) })
-            .map_err(|e| op_err("cuIpcGetMemHandle", e))?;
+        check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut ipc, memory.0) })?;
         let handle = ipc.reserved.map(|b| b as u8);
 
-        let dmabuf = export_dmabuf(memory.0, size);
-        if let Err(e) = &dmabuf {
-            tracing::warn!(gpu = %dev.pci, error = %e, "no dma-buf for the pool; queue binding will fail");
-        }
-        Ok(IpcPool { dmabuf, memory, handle, size, granularity: gran, dev })
+        let dmabuf = dev.export_dmabuf(memory.0, size);
+        Ok(IpcPool { dmabuf, memory, handle, size, granularity: layout.granularity, dev })
     }
 }
 
 impl Drop for IpcPool {
     fn drop(&mut self) {
         // Runs before the fields drop: cuMemFree needs the context current.
-        if let Err(e) = self.dev.ctx.make_current() {
-            tracing::warn!(gpu = %self.dev.pci, error = %e, "cuCtxSetCurrent before freeing the pool failed");
-        }
+        self.dev.enter_for_drop();
     }
 }
 

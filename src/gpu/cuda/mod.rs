@@ -11,18 +11,18 @@
 //! in parallel and dropped from any thread.
 
 mod context;
+mod error;
 mod ipc;
 mod vmm;
 
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
-use self::context::PrimaryContext;
+use self::context::Device;
+use self::error::check;
+pub use self::error::{CudaError, LoadError};
 use super::{GpuError, PoolAllocator, RxPool, ShmemType};
 use crate::types::pci::PciAddr;
 
@@ -57,43 +57,13 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuIpcGetMemHandle",
 ];
 
-/// Formats a failed driver call as `NAME (description)`.
-pub(crate) fn check(res: sys::CUresult) -> Result<(), String> {
-    match res {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        other => {
-            let err = DriverError(other);
-            let name = err.error_name().map(|c| c.to_string_lossy().into_owned());
-            let text = err.error_string().map(|c| c.to_string_lossy().into_owned());
-            Err(match (name, text) {
-                (Ok(n), Ok(t)) => format!("{n} ({t})"),
-                (Ok(n), Err(_)) => n,
-                _ => format!("CUresult {}", other as u32),
-            })
-        }
-    }
-}
-
-/// Wraps a raw fd returned by the driver, rejecting the `-1` some calls leave
-/// behind on failure.
-fn owned_fd(raw: i32, op: &str) -> Result<OwnedFd, String> {
-    if raw < 0 {
-        return Err(format!("{op} returned fd {raw}"));
-    }
-    // SAFETY: the driver just created this descriptor for us and nothing else
-    // owns it; wrapping it makes us responsible for closing it exactly once.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
 /// Loads libcuda and initialises the driver once per process.
 fn init_driver() -> Result<(), GpuError> {
-    static INIT: OnceLock<Result<(), String>> = OnceLock::new();
+    static INIT: OnceLock<Result<(), LoadError>> = OnceLock::new();
     INIT.get_or_init(|| {
         // SAFETY: only tries to dlopen the library by its candidate names.
         if !unsafe { sys::is_culib_present() } {
-            return Err("CUDA driver library (libcuda.so) not found: no NVIDIA driver on this host \
-                        (use --gpu_backend=host to run without GPUs)"
-                .into());
+            return Err(LoadError::NoLibrary);
         }
         // SAFETY: presence was checked just above, so `culib` finds the library
         // instead of panicking; `get` only looks symbols up, it calls nothing.
@@ -101,11 +71,11 @@ fn init_driver() -> Result<(), GpuError> {
         for name in REQUIRED_SYMBOLS {
             // SAFETY: symbol lookup only; the pointer is never called here.
             if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
-                return Err(format!("libcuda lacks {name}: NVIDIA driver too old for CUDA VMM pools"));
+                return Err(LoadError::MissingSymbol(name));
             }
         }
         // SAFETY: cuInit takes flags by value and may be called from any thread.
-        check(unsafe { sys::cuInit(0) }).map_err(|e| format!("cuInit failed: {e}"))
+        check("cuInit", unsafe { sys::cuInit(0) }).map_err(LoadError::Init)
     })
     .clone()
     .map_err(GpuError::Unavailable)
@@ -117,41 +87,6 @@ fn parse_bus_id(raw: &str) -> Option<PciAddr> {
     let (domain, rest) = raw.split_once(':')?;
     let domain = u32::from_str_radix(domain, 16).ok().filter(|d| *d <= 0xffff)?;
     format!("{domain:04x}:{rest}").parse().ok()
-}
-
-/// One CUDA device as the allocator uses it.
-#[derive(Debug)]
-pub(crate) struct Device {
-    pub(crate) pci: PciAddr,
-    pub(crate) ordinal: sys::CUdevice,
-    pub(crate) ctx: PrimaryContext,
-    /// `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`: request RDMA-capable memory.
-    pub(crate) rdma_vmm: bool,
-}
-
-impl Device {
-    fn open(pci: PciAddr) -> Result<Device, GpuError> {
-        let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: pci.to_string(), op, msg };
-        let bus_id = CString::new(pci.to_string()).expect("PCI address has no NUL");
-        let mut ordinal: sys::CUdevice = 0;
-        // SAFETY: `ordinal` is a valid out-pointer and `bus_id` a NUL-terminated
-        // string that outlives the call.
-        let res = unsafe { sys::cuDeviceGetByPCIBusId(&mut ordinal, bus_id.as_ptr()) };
-        match res {
-            sys::CUresult::CUDA_SUCCESS => {}
-            sys::CUresult::CUDA_ERROR_INVALID_DEVICE | sys::CUresult::CUDA_ERROR_INVALID_VALUE => {
-                return Err(GpuError::NotFound(format!("{pci} (no CUDA device at this PCI address)")));
-            }
-            other => return Err(op_err("cuDeviceGetByPCIBusId", check(other).unwrap_err())),
-        }
-        let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED;
-        let mut rdma_vmm = 0;
-        // SAFETY: valid out-pointer, device ordinal just returned by the driver.
-        check(unsafe { sys::cuDeviceGetAttribute(&mut rdma_vmm, attr, ordinal) })
-            .map_err(|e| op_err("cuDeviceGetAttribute", e))?;
-        let ctx = PrimaryContext::retain(ordinal).map_err(|e| op_err("cuDevicePrimaryCtxRetain", e))?;
-        Ok(Device { pci, ordinal, ctx, rdma_vmm: rdma_vmm != 0 })
-    }
 }
 
 /// Lazily opened devices; each slot has its own lock so that opening (context
@@ -183,11 +118,8 @@ impl CudaAllocator {
     pub fn driver_version(&self) -> Result<String, GpuError> {
         let mut v = 0;
         // SAFETY: valid out-pointer; the driver is initialised (see `new`).
-        check(unsafe { sys::cuDriverGetVersion(&mut v) }).map_err(|msg| GpuError::Op {
-            gpu: "*".into(),
-            op: "cuDriverGetVersion",
-            msg,
-        })?;
+        check("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut v) })
+            .map_err(GpuError::DriverVersion)?;
         Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
     }
 
@@ -216,24 +148,30 @@ impl PoolAllocator for CudaAllocator {
         "cuda"
     }
 
+    fn supports(&self, _shmem: ShmemType) -> bool {
+        true
+    }
+
     fn visible_gpus(&self) -> Result<Option<Vec<PciAddr>>, GpuError> {
-        let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: "*".into(), op, msg };
         let mut count = 0;
         // SAFETY: valid out-pointer; the driver is initialised (see `new`).
-        check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|e| op_err("cuDeviceGetCount", e))?;
+        check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })
+            .map_err(GpuError::ListDevices)?;
         let mut gpus = Vec::new();
         for i in 0..count {
             let mut ordinal = 0;
             // SAFETY: valid out-pointer, ordinal below the device count.
-            check(unsafe { sys::cuDeviceGet(&mut ordinal, i) }).map_err(|e| op_err("cuDeviceGet", e))?;
+            check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut ordinal, i) })
+                .map_err(GpuError::ListDevices)?;
             let mut buf = [0 as std::ffi::c_char; 32];
             // SAFETY: the driver writes at most `len` bytes, NUL included.
-            check(unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, ordinal) })
-                .map_err(|e| op_err("cuDeviceGetPCIBusId", e))?;
+            check("cuDeviceGetPCIBusId", unsafe {
+                sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, ordinal)
+            })
+            .map_err(GpuError::ListDevices)?;
             let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
             let raw = String::from_utf8_lossy(&bytes).into_owned();
-            let pci = parse_bus_id(&raw)
-                .ok_or_else(|| op_err("cuDeviceGetPCIBusId", format!("unparsable bus id {raw:?}")))?;
+            let pci = parse_bus_id(&raw).ok_or(GpuError::BadBusId(raw))?;
             gpus.push(pci);
         }
         Ok(Some(gpus))
@@ -241,16 +179,12 @@ impl PoolAllocator for CudaAllocator {
 
     fn allocate(&self, gpu: PciAddr, size: u64, shmem: ShmemType) -> Result<Box<dyn RxPool>, GpuError> {
         let dev = self.device(gpu)?;
-        let size = usize::try_from(size).map_err(|_| GpuError::Op {
-            gpu: gpu.to_string(),
-            op: "allocate",
-            msg: format!("size {size}"),
-        })?;
-        let pool: Box<dyn RxPool> = match shmem {
-            ShmemType::Fd => Box::new(vmm::VmmPool::create(dev, size)?),
-            ShmemType::File => Box::new(ipc::IpcPool::create(dev, size)?),
+        let bytes = usize::try_from(size).map_err(|_| GpuError::SizeTooLarge { gpu, size })?;
+        let pool: Result<Box<dyn RxPool>, CudaError> = match shmem {
+            ShmemType::Fd => vmm::VmmPool::create(dev, bytes).map(|p| Box::new(p) as _),
+            ShmemType::File => ipc::IpcPool::create(dev, bytes).map(|p| Box::new(p) as _),
         };
-        Ok(pool)
+        pool.map_err(|source| GpuError::CreatePool { gpu, source })
     }
 }
 
@@ -272,7 +206,9 @@ mod tests {
             return; // a machine with a driver: covered by the device check instead
         }
         match CudaAllocator::new() {
-            Err(GpuError::Unavailable(msg)) => assert!(msg.contains("libcuda"), "{msg}"),
+            Err(GpuError::Unavailable(e @ LoadError::NoLibrary)) => {
+                assert!(e.to_string().contains("libcuda"), "{e}")
+            }
             other => panic!("expected Unavailable, got {other:?}"),
         }
         // Twice: the cached outcome must stay an error, not a panic.

@@ -10,39 +10,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::{check, owned_fd, Device};
-use crate::gpu::{GpuError, RxPool};
-
-/// Allocation properties shared by the granularity query and `cuMemCreate`.
-pub(crate) fn allocation_prop(dev: &Device) -> sys::CUmemAllocationProp {
-    sys::CUmemAllocationProp {
-        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: dev.ordinal,
-        },
-        win32HandleMetaData: std::ptr::null_mut(),
-        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-            compressionType: 0,
-            gpuDirectRDMACapable: u8::from(dev.rdma_vmm),
-            usage: 0,
-            reserved: [0; 4],
-        },
-    }
-}
-
-/// The minimum allocation granularity (the pool's alignment).
-pub(crate) fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize, String> {
-    let mut gran = 0usize;
-    let flag = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
-    // SAFETY: valid out-pointer and a fully initialised property struct.
-    check(unsafe { sys::cuMemGetAllocationGranularity(&mut gran, prop, flag) })?;
-    if gran == 0 {
-        return Err("granularity 0".into());
-    }
-    Ok(gran)
-}
+use super::context::Device;
+use super::error::{check, check_in_drop, owned_fd, CudaError};
+use crate::gpu::RxPool;
 
 /// A physical allocation (`cuMemCreate`), released on drop.
 #[derive(Debug)]
@@ -52,9 +22,7 @@ impl Drop for Allocation {
     fn drop(&mut self) {
         // SAFETY: the handle came from cuMemCreate and is released once; the
         // mapping that used it was dropped before (field order in VmmPool).
-        if let Err(e) = check(unsafe { sys::cuMemRelease(self.0) }) {
-            tracing::warn!(error = %e, "cuMemRelease failed");
-        }
+        check_in_drop("cuMemRelease", unsafe { sys::cuMemRelease(self.0) });
     }
 }
 
@@ -68,9 +36,7 @@ struct AddressRange {
 impl Drop for AddressRange {
     fn drop(&mut self) {
         // SAFETY: exactly the range cuMemAddressReserve returned, unmapped by now.
-        if let Err(e) = check(unsafe { sys::cuMemAddressFree(self.va, self.size) }) {
-            tracing::warn!(error = %e, "cuMemAddressFree failed");
-        }
+        check_in_drop("cuMemAddressFree", unsafe { sys::cuMemAddressFree(self.va, self.size) });
     }
 }
 
@@ -85,16 +51,14 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the range mapped by cuMemMap; nothing in this
         // process uses the pointer any more (the dma-buf fd was closed first).
-        if let Err(e) = check(unsafe { sys::cuMemUnmap(self.va, self.size) }) {
-            tracing::warn!(error = %e, "cuMemUnmap failed");
-        }
+        check_in_drop("cuMemUnmap", unsafe { sys::cuMemUnmap(self.va, self.size) });
     }
 }
 
 /// One GPU's receive pool. Field order is drop order (see module docs).
 #[derive(Debug)]
 pub(crate) struct VmmPool {
-    dmabuf: Result<OwnedFd, String>,
+    dmabuf: Result<OwnedFd, CudaError>,
     mapping: Mapping,
     _range: AddressRange,
     _allocation: Allocation,
@@ -104,56 +68,43 @@ pub(crate) struct VmmPool {
 }
 
 impl VmmPool {
-    pub(crate) fn create(dev: Arc<Device>, size: usize) -> Result<VmmPool, GpuError> {
-        let op_err = |op: &'static str, msg: String| GpuError::Op { gpu: dev.pci.to_string(), op, msg };
-        dev.ctx.make_current().map_err(|e| op_err("cuCtxSetCurrent", e))?;
-        let prop = allocation_prop(&dev);
-        let gran = granularity(&prop).map_err(|e| op_err("cuMemGetAllocationGranularity", e))?;
-        let size = size.max(1).div_ceil(gran) * gran;
+    pub(crate) fn create(dev: Arc<Device>, size: usize) -> Result<VmmPool, CudaError> {
+        let layout = dev.begin_pool(size)?;
+        let (size, gran) = (layout.size, layout.granularity);
 
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer; `size` is a multiple of the granularity.
-        check(unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) })
-            .map_err(|e| op_err("cuMemCreate", e))?;
+        check("cuMemCreate", unsafe { sys::cuMemCreate(&mut handle, size, &layout.prop, 0) })?;
         let allocation = Allocation(handle);
 
+        const EXPORT: &str = "cuMemExportToShareableHandle";
         let mut raw_fd: i32 = -1;
         let fd_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         // SAFETY: for POSIX_FILE_DESCRIPTOR the driver writes an int through the
         // pointer; the allocation was created with that handle type requested.
-        check(unsafe {
+        check(EXPORT, unsafe {
             sys::cuMemExportToShareableHandle((&mut raw_fd as *mut i32).cast(), allocation.0, fd_type, 0)
-        })
-        .map_err(|e| op_err("cuMemExportToShareableHandle", e))?;
-        let share_fd = owned_fd(raw_fd, "cuMemExportToShareableHandle")
-            .map_err(|e| op_err("cuMemExportToShareableHandle", e))?;
+        })?;
+        let share_fd = owned_fd(EXPORT, raw_fd)?;
 
         let mut va: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; no fixed address requested.
-        check(unsafe { sys::cuMemAddressReserve(&mut va, size, gran, 0, 0) })
-            .map_err(|e| op_err("cuMemAddressReserve", e))?;
+        check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut va, size, gran, 0, 0) })?;
         let range = AddressRange { va, size };
 
         // SAFETY: maps the whole allocation at offset 0 into the whole range we
         // just reserved; both have the same granularity-aligned size.
-        check(unsafe { sys::cuMemMap(range.va, size, 0, allocation.0, 0) })
-            .map_err(|e| op_err("cuMemMap", e))?;
+        check("cuMemMap", unsafe { sys::cuMemMap(range.va, size, 0, allocation.0, 0) })?;
         let mapping = Mapping { va, size };
 
         let access = sys::CUmemAccessDesc {
-            location: prop.location,
+            location: layout.prop.location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: the range is mapped; one descriptor passed with count 1.
-        check(unsafe { sys::cuMemSetAccess(mapping.va, size, &access, 1) })
-            .map_err(|e| op_err("cuMemSetAccess", e))?;
+        check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(mapping.va, size, &access, 1) })?;
 
-        // A missing dma-buf (closed-source kernel module, old kernel) only
-        // rules out queue binding, not sharing: keep the reason for the binder.
-        let dmabuf = export_dmabuf(mapping.va, size);
-        if let Err(e) = &dmabuf {
-            tracing::warn!(gpu = %dev.pci, error = %e, "no dma-buf for the pool; queue binding will fail");
-        }
+        let dmabuf = dev.export_dmabuf(mapping.va, size);
         Ok(VmmPool {
             dmabuf,
             mapping,
@@ -166,24 +117,10 @@ impl VmmPool {
     }
 }
 
-/// `cuMemGetHandleForAddressRange(DMA_BUF_FD)` over a mapped range.
-pub(crate) fn export_dmabuf(va: sys::CUdeviceptr, size: usize) -> Result<OwnedFd, String> {
-    let mut raw_fd: i32 = -1;
-    let kind = sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
-    // SAFETY: for DMA_BUF_FD the driver writes an int through the pointer; the
-    // range is mapped and accessible on the current context's device.
-    check(unsafe { sys::cuMemGetHandleForAddressRange((&mut raw_fd as *mut i32).cast(), va, size, kind, 0) })
-        .map_err(|e| format!("cuMemGetHandleForAddressRange: {e}"))?;
-    owned_fd(raw_fd, "cuMemGetHandleForAddressRange")
-}
-
 impl Drop for VmmPool {
     fn drop(&mut self) {
-        // Runs before the fields drop: the unmap/free/release calls below need
-        // this device's context current on whatever thread drops the pool.
-        if let Err(e) = self.dev.ctx.make_current() {
-            tracing::warn!(gpu = %self.dev.pci, error = %e, "cuCtxSetCurrent before freeing the pool failed");
-        }
+        // Runs before the fields drop, which free driver objects.
+        self.dev.enter_for_drop();
     }
 }
 
