@@ -111,7 +111,7 @@ pub struct Flags {
     /// Host tuning: "--verbose INITCWND RTO_MIN_MS QUICKACK"; empty disables tuning.
     #[arg(long = "setup_param", default_value = "--verbose 128 2 0", allow_hyphen_values = true, value_parser = parse_setup_param)]
     pub setup_param: SetupParam,
-    /// Run <path>/setup.sh and <path>/teardown.sh instead of native host tuning.
+    /// Run DIR/setup.sh and DIR/teardown.sh instead of native host tuning.
     #[arg(long = "tuning_script_path")]
     pub tuning_script_path: Option<PathBuf>,
     /// Exit when the last registered application disconnects.
@@ -178,7 +178,7 @@ pub struct Flags {
     /// Simulated NIC fault OP:ERRNO:PROB (repeatable), e.g. add_rule:EBUSY:0.1.
     #[arg(long = "sim_fault", action = ArgAction::Append)]
     pub sim_fault: Vec<Fault>,
-    /// Simulated NIC delay OP:DELAY[:IFNAME] for every call of OP, on every NIC or
+    /// Simulated NIC delay OP:DELAY or OP:DELAY:IFNAME for every call of OP, on every NIC or
     /// only IFNAME (repeatable); DELAY in milliseconds or with a unit, e.g.
     /// del_rule:50, del_rule:50ms, add_rule:200us, add_rule:1000:eth1.
     #[arg(long = "sim_delay", action = ArgAction::Append)]

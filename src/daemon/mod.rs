@@ -1,6 +1,6 @@
 //! The lifecycle: lock the socket folder → claim the NICs → start (prime →
-//! allocate → bind → serve, see [`startup`]) → ready; then wait for a reason
-//! to stop, and restore everything ([`teardown`]).
+//! allocate → bind → serve, see `startup.rs`) → ready; then wait for a reason
+//! to stop, and restore everything (`teardown.rs`).
 //!
 //! [`run`] takes everything from its caller: the configuration, the backends
 //! it programs NICs and allocates pools through, and the future whose end

@@ -14,7 +14,7 @@ const FORCE_GRACE: Duration = Duration::from_secs(1);
 
 /// Installs the handlers now (signals that arrive during startup are kept)
 /// and returns a future that resolves, with its cause, at the first signal.
-/// From then on a further signal, after [`FORCE_GRACE`], exits the process
+/// From then on a further signal, after `FORCE_GRACE` (1 s), exits the process
 /// with status 1 without finishing the restore.
 pub fn shutdown_on_signals() -> std::io::Result<impl Future<Output = String>> {
     let mut term = signal(SignalKind::terminate())?;

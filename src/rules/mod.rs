@@ -1,7 +1,7 @@
 //! Rule bookkeeping: which flows are steered where, in which slot.
 //!
-//! [`flow`] validates requests into exact flow keys; [`table`] is the pure
-//! per-NIC bookkeeping (slots, queue loads, flows); [`engine`] applies it to a
+//! [`flow`] validates requests into exact flow keys; `table` is the pure
+//! per-NIC bookkeeping (slots, queue loads, flows); `engine` applies it to a
 //! NIC through [`crate::nic::NicControl`], rolling back on failure.
 
 pub(crate) mod engine;

@@ -1,5 +1,5 @@
 //! The client-facing endpoints: one `UnixListener` per socket file,
-//! one task per connection, a connection budget ([`budget::ConnBudget`]) bounding them.
+//! one task per connection, a connection budget (`ConnBudget`) bounding them.
 
 pub mod accept_backoff;
 pub(crate) mod budget;
