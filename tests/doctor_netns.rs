@@ -11,7 +11,7 @@ use std::process::Command;
 
 use nix::sched::{setns, CloneFlags};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
-use tcpx_rxdm::nic::NicControl;
+use tcpx_rxdm::nic::NicSetup;
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("these tests need iproute2 (`ip`)");

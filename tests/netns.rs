@@ -21,7 +21,9 @@ use tcpx_rxdm::host::tuning::{HostTuning, TuningParams, TuningPlan};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
 use tcpx_rxdm::nic::family::{probe_family, DriverFamily};
 use tcpx_rxdm::nic::monitor::spawn_link_monitor;
-use tcpx_rxdm::nic::{FlowSpec, NicControl, NicEvent, NicOp, FEATURE_NTUPLE, STAT_RESET_CNT};
+use tcpx_rxdm::nic::{
+    FlowSpec, NicControl, NicEvent, NicInfo, NicOp, NicSetup, RuleControl, FEATURE_NTUPLE, STAT_RESET_CNT,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

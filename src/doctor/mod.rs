@@ -1020,7 +1020,7 @@ mod tests {
     use crate::nic::NicOp;
 
     use crate::nic::sim::{SimDriver, SimNic};
-    use crate::nic::FlowSpec;
+    use crate::nic::{FlowSpec, NicSetup, RuleControl};
 
     fn flags() -> Flags {
         Flags::parse_args(

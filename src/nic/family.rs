@@ -1,5 +1,5 @@
 //! Driver family probe: how a NIC does header split, decided from
-//! what the driver reports, over any [`NicControl`] backend.
+//! what the driver reports, over any [`NicSetup`] backend.
 //!
 //! Prime uses the result so:
 //! - [`DriverFamily::PrivFlags`]: header split off at prime, the
@@ -17,7 +17,7 @@
 use nix::errno::Errno;
 
 use super::{
-    DataSplit, NicControl, NicResult, RxRing, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER, PRIV_STRICT_HEADER_SPLIT,
+    DataSplit, NicResult, NicSetup, RxRing, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER, PRIV_STRICT_HEADER_SPLIT,
 };
 
 pub const FALLBACK_RING_SMALL: u32 = 512;
@@ -43,7 +43,7 @@ pub enum DriverFamily {
 /// Probes `ifname`: private flags first, then rings `tcp-data-split`, then
 /// ring sizes. EOPNOTSUPP at a step means "not this family"; any other error
 /// is returned (naming the op that failed).
-pub fn probe_family(nic: &dyn NicControl, ifname: &str) -> NicResult<DriverFamily> {
+pub fn probe_family(nic: &(impl NicSetup + ?Sized), ifname: &str) -> NicResult<DriverFamily> {
     let flags = nic.priv_flags(ifname)?;
     let has = |name: &str| flags.iter().any(|(n, _)| n == name);
     if has(PRIV_HEADER_SPLIT) {
@@ -81,13 +81,15 @@ mod tests {
         }
     }
 
-    /// A NIC whose private flags are empty and whose rings answer as given.
+    /// A driver whose private flags lack header split, whose rings answer
+    /// as given, and which supports nothing else the probe does not read.
     struct Upstream(NicResult<DataSplit>, NicResult<RxRing>);
 
-    impl NicControl for Upstream {
-        fn backend(&self) -> &'static str {
-            "test"
-        }
+    fn unsupported(ifname: &str, op: NicOp) -> NicError {
+        NicError::new(ifname, op, Errno::EOPNOTSUPP)
+    }
+
+    impl NicSetup for Upstream {
         fn priv_flags(&self, _: &str) -> NicResult<Vec<(String, bool)>> {
             Ok(vec![("some-other-flag".into(), true)])
         }
@@ -97,53 +99,29 @@ mod tests {
         fn rx_ring(&self, _: &str) -> NicResult<RxRing> {
             self.1.clone()
         }
-        fn ifindex(&self, _: &str) -> NicResult<u32> {
-            unimplemented!()
+        fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {
+            Err(unsupported(ifname, NicOp::GetRss))
         }
-        fn addresses(&self, _: &str) -> NicResult<Vec<std::net::IpAddr>> {
-            unimplemented!()
+        fn set_rss_table(&self, ifname: &str, _: &[u32]) -> NicResult<()> {
+            Err(unsupported(ifname, NicOp::SetRss))
         }
-        fn channels(&self, _: &str) -> NicResult<u32> {
-            unimplemented!()
+        fn feature(&self, ifname: &str, _: &str) -> NicResult<bool> {
+            Err(unsupported(ifname, NicOp::GetFeature))
         }
-        fn add_rule(&self, _: &str, _: &crate::nic::FlowSpec, _: u32, _: u32) -> NicResult<()> {
-            unimplemented!()
+        fn set_feature(&self, ifname: &str, _: &str, _: bool) -> NicResult<()> {
+            Err(unsupported(ifname, NicOp::SetFeature))
         }
-        fn del_rule(&self, _: &str, _: u32) -> NicResult<()> {
-            unimplemented!()
+        fn set_priv_flag(&self, ifname: &str, _: &str, _: bool) -> NicResult<()> {
+            Err(unsupported(ifname, NicOp::SetPrivFlag))
         }
-        fn list_rules(&self, _: &str) -> NicResult<Vec<crate::nic::NicRule>> {
-            unimplemented!()
-        }
-        fn rule_capacity(&self, _: &str) -> NicResult<u32> {
-            unimplemented!()
-        }
-        fn rss_table(&self, _: &str) -> NicResult<Vec<u32>> {
-            unimplemented!()
-        }
-        fn set_rss_table(&self, _: &str, _: &[u32]) -> NicResult<()> {
-            unimplemented!()
-        }
-        fn feature(&self, _: &str, _: &str) -> NicResult<bool> {
-            unimplemented!()
-        }
-        fn set_feature(&self, _: &str, _: &str, _: bool) -> NicResult<()> {
-            unimplemented!()
-        }
-        fn set_priv_flag(&self, _: &str, _: &str, _: bool) -> NicResult<()> {
-            unimplemented!()
-        }
-        fn set_tcp_data_split(&self, _: &str, _: bool) -> NicResult<()> {
-            unimplemented!()
-        }
-        fn stat(&self, _: &str, _: &str) -> NicResult<Option<u64>> {
-            unimplemented!()
+        fn set_tcp_data_split(&self, ifname: &str, _: bool) -> NicResult<()> {
+            Err(unsupported(ifname, NicOp::SetTcpDataSplit))
         }
     }
 
     #[test]
     fn rings_then_ring_size_then_nothing() {
-        let unsupported = |op| NicError::new("eth1", op, Errno::EOPNOTSUPP);
+        let unsupported = |op| unsupported("eth1", op);
         let nic = Upstream(Ok(DataSplit::Disabled), Ok(SIM_RX_RING));
         assert_eq!(probe_family(&nic, "eth1").unwrap(), DriverFamily::Rings { start: DataSplit::Disabled });
         let nic = Upstream(Ok(DataSplit::Unknown), Ok(SIM_RX_RING));

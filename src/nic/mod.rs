@@ -154,10 +154,9 @@ pub struct RxRing {
     pub max: u32,
 }
 
-/// Everything the daemon needs from a NIC. Implemented by the ethtool backend
-/// (real hardware) and the simulated NIC.
-pub trait NicControl: Send + Sync {
-    /// Backend name for logs and `/debug/config`.
+/// What a NIC is and reports: its index, addresses, queues and driver stats.
+pub trait NicInfo {
+    /// Backend name, for logs and `/debug/config`.
     fn backend(&self) -> &'static str;
 
     fn ifindex(&self, ifname: &str) -> NicResult<u32>;
@@ -165,7 +164,12 @@ pub trait NicControl: Send + Sync {
     fn addresses(&self, ifname: &str) -> NicResult<Vec<IpAddr>>;
     /// Number of combined (or rx) channels currently configured.
     fn channels(&self, ifname: &str) -> NicResult<u32>;
+    /// One driver statistic by name (e.g. `reset_cnt`); `None` if the driver has no such stat.
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>>;
+}
 
+/// The NIC's flow-steering rule table (ntuple rules).
+pub trait RuleControl {
     /// Inserts a rule steering `flow` to `queue` at slot `loc`.
     fn add_rule(&self, ifname: &str, flow: &FlowSpec, queue: u32, loc: u32) -> NicResult<()>;
     fn del_rule(&self, ifname: &str, loc: u32) -> NicResult<()>;
@@ -177,7 +181,11 @@ pub trait NicControl: Send + Sync {
     fn slot_in_use(&self, ifname: &str, loc: u32) -> NicResult<bool> {
         Ok(self.list_rules(ifname)?.iter().any(|r| r.loc == loc))
     }
+}
 
+/// The settings prime changes and restore puts back: RSS, features,
+/// private flags, header split and ring sizes.
+pub trait NicSetup {
     /// The RSS indirection table.
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>>;
     fn set_rss_table(&self, ifname: &str, table: &[u32]) -> NicResult<()>;
@@ -196,11 +204,8 @@ pub trait NicControl: Send + Sync {
     fn tcp_data_split(&self, ifname: &str) -> NicResult<DataSplit>;
     fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()>;
 
-    /// One driver statistic by name (e.g. `reset_cnt`); `None` if the driver has no such stat.
-    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>>;
-
     /// RX ring size, for the ring-size fallback of drivers without header
-    /// split (§6.3). Backends without ring control report EOPNOTSUPP.
+    /// split. Backends without ring control report EOPNOTSUPP.
     fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {
         Err(NicError::new(ifname, NicOp::GetRing, Errno::EOPNOTSUPP))
     }
@@ -208,6 +213,13 @@ pub trait NicControl: Send + Sync {
         Err(NicError::new(ifname, NicOp::SetRing, Errno::EOPNOTSUPP))
     }
 }
+
+/// Everything the daemon needs from a NIC. Implemented by the ethtool backend
+/// (real hardware) and the simulated NIC, through the three traits above;
+/// code that needs only one of them takes only that one.
+pub trait NicControl: NicInfo + RuleControl + NicSetup + Send + Sync {}
+
+impl<T: NicInfo + RuleControl + NicSetup + Send + Sync> NicControl for T {}
 
 /// A link-level event on a managed NIC, fed to the daemon by a monitor.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! Priming and restoring a NIC, generic
-//! over [`NicControl`]. Every change is recorded with the value it replaced;
+//! over [`NicControl`]; the steps after priming need only [`NicSetup`]. Every change is recorded with the value it replaced;
 //! restore undoes them in reverse, so the NIC ends exactly as it was read, and
 //! a failed start rolls back what it had applied.
 
@@ -74,7 +74,12 @@ pub struct PrimedNic {
 }
 
 impl PrimedNic {
-    fn run(&mut self, nic: &dyn NicControl, step: &'static str, change: Change) -> Result<(), PrimeError> {
+    fn run(
+        &mut self,
+        nic: &(impl NicSetup + ?Sized),
+        step: &'static str,
+        change: Change,
+    ) -> Result<(), PrimeError> {
         let ifname = self.ifname.clone();
         let err = |source| PrimeError { ifname: ifname.clone(), step, source };
         match change {
@@ -119,7 +124,7 @@ impl PrimedNic {
     }
 
     /// Turns header split on (strict where the driver has it), after pools are bound.
-    pub fn enable_header_split(&mut self, nic: &dyn NicControl) -> Result<(), PrimeError> {
+    pub fn enable_header_split(&mut self, nic: &(impl NicSetup + ?Sized)) -> Result<(), PrimeError> {
         match self.header_split {
             HeaderSplit::PrivFlags => self
                 .run(nic, "enable header split", Change::PrivFlag(PRIV_HEADER_SPLIT, true))
@@ -139,7 +144,7 @@ impl PrimedNic {
     }
 
     /// Undoes every change in reverse order, attempting all of them; idempotent.
-    pub fn restore(&mut self, nic: &dyn NicControl) -> Vec<PrimeError> {
+    pub fn restore(&mut self, nic: &(impl NicSetup + ?Sized)) -> Vec<PrimeError> {
         let mut errors = Vec::new();
         while let Some(u) = self.undo.pop() {
             let ifname = self.ifname.as_str();

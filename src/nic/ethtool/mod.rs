@@ -19,7 +19,9 @@ use nix::errno::Errno;
 
 use self::genl::Channels;
 use self::ioctl::{EthtoolIoctl, EthtoolRxnfc, ETH_SS_STATS, RX_CLS_LOC_SPECIAL};
-use super::{DataSplit, FlowSpec, NicControl, NicError, NicOp, NicResult, NicRule, RxRing};
+use super::{
+    DataSplit, FlowSpec, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup, RuleControl, RxRing,
+};
 use crate::netlink::genl::resolve_family;
 use crate::netlink::rtnl;
 use crate::netlink::{NlConn, NlError, NlRequest};
@@ -154,7 +156,7 @@ impl EthtoolNic {
     }
 }
 
-impl NicControl for EthtoolNic {
+impl NicInfo for EthtoolNic {
     fn backend(&self) -> &'static str {
         "ethtool"
     }
@@ -188,6 +190,28 @@ impl NicControl for EthtoolNic {
         self.channel_counts(ifname).map(|c| c.rx_queues())
     }
 
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
+        let Some(count) = self.ioctl.sset_count(ifname, ETH_SS_STATS).map_err(err)? else {
+            return Ok(None);
+        };
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTRINGS)");
+        let names = self.ioctl.strings(ifname, ETH_SS_STATS, count).map_err(err)?;
+        let Some(idx) = names.iter().position(|n| n == name) else {
+            return Ok(None);
+        };
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
+        let values = self.ioctl.stats(ifname, count).map_err(err)?;
+        // Stat names and values come from two calls; a count change in
+        // between (driver reconfigured) makes the index meaningless.
+        if values.len() != names.len() {
+            return Err(NicError::new(ifname, NicOp::Stat, Errno::EAGAIN).with_detail("stat count changed"));
+        }
+        Ok(values.get(idx).copied())
+    }
+}
+
+impl RuleControl for EthtoolNic {
     fn add_rule(&self, ifname: &str, flow: &FlowSpec, queue: u32, loc: u32) -> NicResult<()> {
         let mut nfc = rxnfc::insert(flow, queue, loc);
         self.rxnfc(ifname, NicOp::AddRule, "ntuple rule insertion (ETHTOOL_SRXCLSRLINS)", &mut nfc)
@@ -235,7 +259,9 @@ impl NicControl for EthtoolNic {
             Err(e) => Err(io_err(ifname, NicOp::ListRules, "ntuple rule (ETHTOOL_GRXCLSRULE)")(e)),
         }
     }
+}
 
+impl NicSetup for EthtoolNic {
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {
         self.ioctl.rss_get(ifname).map_err(io_err(
             ifname,
@@ -307,26 +333,6 @@ impl NicControl for EthtoolNic {
     fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()> {
         self.ask(ifname, NicOp::SetTcpDataSplit, genl::rings_set_data_split(self.family, ifname, on))
             .map(drop)
-    }
-
-    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
-        let Some(count) = self.ioctl.sset_count(ifname, ETH_SS_STATS).map_err(err)? else {
-            return Ok(None);
-        };
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTRINGS)");
-        let names = self.ioctl.strings(ifname, ETH_SS_STATS, count).map_err(err)?;
-        let Some(idx) = names.iter().position(|n| n == name) else {
-            return Ok(None);
-        };
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
-        let values = self.ioctl.stats(ifname, count).map_err(err)?;
-        // Stat names and values come from two calls; a count change in
-        // between (driver reconfigured) makes the index meaningless.
-        if values.len() != names.len() {
-            return Err(NicError::new(ifname, NicOp::Stat, Errno::EAGAIN).with_detail("stat count changed"));
-        }
-        Ok(values.get(idx).copied())
     }
 
     fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {

@@ -117,7 +117,7 @@ mod tests {
 
     use super::*;
     use crate::nic::sim::test_flow as flow;
-    use crate::nic::{NicControl, ALL_OPS, FEATURE_NTUPLE};
+    use crate::nic::{NicInfo, NicSetup, RuleControl, ALL_OPS, FEATURE_NTUPLE};
 
     #[test]
     fn faults_fire_by_nth_and_probability() {

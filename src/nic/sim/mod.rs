@@ -1,4 +1,4 @@
-//! The simulated NIC: a real [`NicControl`] backend with its own
+//! The simulated NIC: a real [`NicControl`](super::NicControl) backend with its own
 //! state, limits and failure modes, used by the embedded default run and by
 //! the behaviour tests. Not a mock: it enforces what a driver enforces.
 //!
@@ -23,8 +23,8 @@ pub use self::errno::errno_from_name;
 use self::faults::FaultState;
 pub use self::faults::{Fault, FaultParseError, SimDelay, Trigger};
 use super::{
-    DataSplit, FlowSpec, NicControl, NicError, NicOp, NicResult, NicRule, RxRing, ALL_OPS, FEATURE_NTUPLE,
-    PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER, PRIV_STRICT_HEADER_SPLIT, STAT_RESET_CNT,
+    DataSplit, FlowSpec, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup, RuleControl, RxRing,
+    ALL_OPS, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER, PRIV_STRICT_HEADER_SPLIT, STAT_RESET_CNT,
 };
 
 pub const SIM_CHANNELS: u32 = 16;
@@ -136,7 +136,7 @@ impl SimNic {
     }
 }
 
-impl NicControl for SimNic {
+impl NicInfo for SimNic {
     fn backend(&self) -> &'static str {
         "sim"
     }
@@ -153,6 +153,12 @@ impl NicControl for SimNic {
         self.with(ifname, NicOp::Channels, |s| Ok(s.channels))
     }
 
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
+        self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
+    }
+}
+
+impl RuleControl for SimNic {
     fn add_rule(&self, ifname: &str, flow: &FlowSpec, queue: u32, loc: u32) -> NicResult<()> {
         self.with(ifname, NicOp::AddRule, |s| {
             if !s.features.get(FEATURE_NTUPLE).copied().unwrap_or(false) {
@@ -206,7 +212,9 @@ impl NicControl for SimNic {
     fn slot_in_use(&self, ifname: &str, loc: u32) -> NicResult<bool> {
         self.with(ifname, NicOp::ListRules, |s| Ok(matches!(s.rules.get(loc as usize), Some(Some(_)))))
     }
+}
 
+impl NicSetup for SimNic {
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {
         self.with(ifname, NicOp::GetRss, |s| Ok(s.rss.clone()))
     }
@@ -262,10 +270,6 @@ impl NicControl for SimNic {
             s.data_split = if on { DataSplit::Enabled } else { DataSplit::Disabled };
             Ok(())
         })
-    }
-
-    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
-        self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
     }
 
     fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {
