@@ -184,7 +184,7 @@ pub async fn run(flags: Flags) -> Result<(), DaemonError> {
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
     // Held until the process exits; claimed before anything touches a NIC.
     let _claims = crate::nic::claim::claim_managed(
-        backends.nic.backend(),
+        backends.nic.capabilities(),
         flags.claim_sim_nics,
         topo.nics.iter().map(|n| n.ifname.as_str()),
     )
@@ -335,7 +335,7 @@ fn start_link_monitor(
     topo: &Topology,
     events: &mpsc::UnboundedSender<NicEvent>,
 ) -> Result<Option<MonitorHandle>, DaemonError> {
-    if b.nic.backend() != "ethtool" {
+    if !b.nic.capabilities().link_events {
         return Ok(None);
     }
     let ifnames = topo.nics.iter().map(|n| n.ifname.clone()).collect();
@@ -548,7 +548,7 @@ async fn start(
     }
     tracing::info!(elapsed_ms = ms(t), "header split enabled");
 
-    if b.nic.backend() == "ethtool" {
+    if b.nic.capabilities().host_tuning {
         let t = Instant::now();
         node.tuning = apply_host_tuning(flags);
         tracing::info!(elapsed_ms = ms(t), "host tuning applied");

@@ -154,10 +154,37 @@ pub struct RxRing {
     pub max: u32,
 }
 
+/// What a NIC backend can do. Callers decide on these, never on
+/// [`NicInfo::backend`], so that a new backend (or a test double) only has
+/// to say what it supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct NicCapabilities {
+    /// The kernel reports link and address changes of these NICs, so the
+    /// link monitor can run.
+    pub link_events: bool,
+    /// The NICs are the host's own, so tuning the host's TCP stack for them
+    /// means something.
+    pub host_tuning: bool,
+    /// The NICs are simulated: no hardware is touched, and claims on them
+    /// never block a daemon on real NICs.
+    pub simulated: bool,
+}
+
+impl NicCapabilities {
+    /// Real NICs of this host.
+    pub const HARDWARE: NicCapabilities =
+        NicCapabilities { link_events: true, host_tuning: true, simulated: false };
+    /// Simulated NICs: no kernel events, nothing of the host's to tune.
+    pub const SIMULATED: NicCapabilities =
+        NicCapabilities { link_events: false, host_tuning: false, simulated: true };
+}
+
 /// What a NIC is and reports: its index, addresses, queues and driver stats.
 pub trait NicInfo {
-    /// Backend name, for logs and `/debug/config`.
+    /// Backend name, for logs and `/debug/config` only.
     fn backend(&self) -> &'static str;
+    /// What this backend can do.
+    fn capabilities(&self) -> NicCapabilities;
 
     fn ifindex(&self, ifname: &str) -> NicResult<u32>;
     /// Addresses currently configured on the interface.

@@ -20,7 +20,8 @@ use nix::errno::Errno;
 use self::genl::Channels;
 use self::ioctl::{EthtoolIoctl, EthtoolRxnfc, ETH_SS_STATS, RX_CLS_LOC_SPECIAL};
 use super::{
-    DataSplit, FlowSpec, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup, RuleControl, RxRing,
+    DataSplit, FlowSpec, NicCapabilities, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup,
+    RuleControl, RxRing,
 };
 use crate::netlink::genl::resolve_family;
 use crate::netlink::rtnl;
@@ -159,6 +160,10 @@ impl EthtoolNic {
 impl NicInfo for EthtoolNic {
     fn backend(&self) -> &'static str {
         "ethtool"
+    }
+
+    fn capabilities(&self) -> NicCapabilities {
+        NicCapabilities::HARDWARE
     }
 
     fn ifindex(&self, ifname: &str) -> NicResult<u32> {

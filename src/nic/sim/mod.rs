@@ -23,8 +23,9 @@ pub use self::errno::errno_from_name;
 use self::faults::FaultState;
 pub use self::faults::{Fault, FaultParseError, SimDelay, Trigger};
 use super::{
-    DataSplit, FlowSpec, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup, RuleControl, RxRing,
-    ALL_OPS, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER, PRIV_STRICT_HEADER_SPLIT, STAT_RESET_CNT,
+    DataSplit, FlowSpec, NicCapabilities, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup,
+    RuleControl, RxRing, ALL_OPS, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER,
+    PRIV_STRICT_HEADER_SPLIT, STAT_RESET_CNT,
 };
 
 pub const SIM_CHANNELS: u32 = 16;
@@ -139,6 +140,10 @@ impl SimNic {
 impl NicInfo for SimNic {
     fn backend(&self) -> &'static str {
         "sim"
+    }
+
+    fn capabilities(&self) -> NicCapabilities {
+        NicCapabilities::SIMULATED
     }
 
     fn ifindex(&self, ifname: &str) -> NicResult<u32> {
