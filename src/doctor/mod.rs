@@ -22,9 +22,8 @@ use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind, SetupParam};
 use crate::config::presets::{self, Source};
 use crate::gpu::binder::BinderKind;
 use crate::nic::ethtool::EthtoolNic;
-use crate::nic::family::{probe_family, DriverFamily};
 use crate::nic::sim::SimNic;
-use crate::nic::{DataSplit, NicControl, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, STAT_RESET_CNT};
+use crate::nic::{DataSplit, HeaderSplit, NicControl, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, STAT_RESET_CNT};
 use crate::types::topology::Topology;
 
 /// The mark of one check.
@@ -369,7 +368,7 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
         r.add(s, "driver", Status::Pass, line, None);
     }
 
-    match probe_family(nic, ifname) {
+    match HeaderSplit::probe(nic, ifname) {
         Ok(f) => header_split_lines(r, ctx, s, ifname, &f),
         Err(e) => r.add(s, "header split", Status::Fail, format!("probing the driver failed: {e}"), None),
     }
@@ -529,10 +528,10 @@ fn driver_line(sysfs: &Path, class: &Path) -> String {
     }
 }
 
-fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &DriverFamily) {
+fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &HeaderSplit) {
     let running = ctx.daemon_on_these_nics().is_some();
     let (family_status, family, on) = match f {
-        DriverFamily::PrivFlags { flags, strict, max_rx_buffer } => {
+        HeaderSplit::PrivFlags { flags, strict, max_rx_buffer } => {
             let mut extra = Vec::new();
             if *strict {
                 extra.push("strict");
@@ -544,10 +543,10 @@ fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &Driv
             let also = if extra.is_empty() { String::new() } else { format!("; also {}", extra.join(", ")) };
             (Status::Pass, format!("private flags ({PRIV_HEADER_SPLIT}{also})"), Some(on))
         }
-        DriverFamily::Rings { start } => {
+        HeaderSplit::DataSplit { start } => {
             (Status::Pass, "rings tcp-data-split (upstream)".to_string(), Some(*start == DataSplit::Enabled))
         }
-        DriverFamily::RingSizeFallback { start } => (
+        HeaderSplit::RingSizeFallback { start } => (
             Status::Warn,
             format!(
                 "no header-split control; rx ring {} of {} is resized after binding instead (works only where the driver rebuilds its page pools)",
@@ -555,7 +554,7 @@ fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &Driv
             ),
             None,
         ),
-        DriverFamily::NoHeaderSplit => (Status::Fail, "none: no private flags, no tcp-data-split, no ring control".into(), None),
+        HeaderSplit::Unsupported => (Status::Fail, "none: no private flags, no tcp-data-split, no ring control".into(), None),
     };
     let fix = (family_status == Status::Fail).then(|| {
         "GPUDirect-TCPX needs header split: gVNIC (gve) on a COS image with the TCPX driver, or a driver with rings tcp-data-split".to_string()
@@ -590,9 +589,9 @@ fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &Driv
 }
 
 /// The `ethtool` command that turns header split off by hand.
-fn undo_header_split(ifname: &str, f: &DriverFamily) -> String {
+fn undo_header_split(ifname: &str, f: &HeaderSplit) -> String {
     match f {
-        DriverFamily::Rings { .. } => format!("ethtool -G {ifname} tcp-data-split off"),
+        HeaderSplit::DataSplit { .. } => format!("ethtool -G {ifname} tcp-data-split off"),
         _ => format!("ethtool --set-priv-flags {ifname} {PRIV_HEADER_SPLIT} off"),
     }
 }

@@ -8,7 +8,7 @@
 
 pub mod claim;
 pub mod ethtool;
-pub mod family;
+mod header_split;
 pub mod monitor;
 pub mod prime;
 pub mod sim;
@@ -19,6 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use nix::errno::Errno;
 use serde::Serialize;
 
+pub use self::header_split::HeaderSplit;
 pub use crate::types::flow::FlowSpec;
 
 /// One steering rule as the NIC reports it.
