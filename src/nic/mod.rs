@@ -11,6 +11,7 @@ pub mod ethtool;
 mod header_split;
 pub mod monitor;
 pub mod prime;
+mod recording;
 pub mod sim;
 
 use std::fmt;
@@ -20,6 +21,7 @@ use nix::errno::Errno;
 use serde::Serialize;
 
 pub use self::header_split::HeaderSplit;
+pub use self::recording::{NicCall, RecordingNic};
 pub use crate::types::flow::FlowSpec;
 
 /// One steering rule as the NIC reports it.
