@@ -219,6 +219,11 @@ pub fn c_string(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
+/// The native-endian u32 at the start of `bytes`, if there are four bytes.
+pub fn ne_u32(bytes: &[u8]) -> Option<u32> {
+    bytes.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+}
+
 // ---- attribute encoding ----------------------------------------------------
 
 /// An attribute with a raw payload.
@@ -299,7 +304,7 @@ impl AttrSet {
     }
 
     pub fn u32(&self, t: u16) -> Option<u32> {
-        self.get(t).and_then(|p| p.get(..4)).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+        self.get(t).and_then(ne_u32)
     }
 
     pub fn string(&self, t: u16) -> Option<String> {

@@ -223,7 +223,7 @@ fn run<N: NicInfo + ?Sized>(
                 match dump_links() {
                     Ok(links) => {
                         for l in links {
-                            ev.extend(state.on_message(rtnl::RTM_NEWLINK, &link_payload(&l)));
+                            ev.extend(state.on_link(false, &l));
                         }
                     }
                     Err(e) => error!(error = %e, "link monitor cannot resync link state"),
@@ -244,27 +244,27 @@ fn run<N: NicInfo + ?Sized>(
     }
 }
 
-/// A minimal RTM_NEWLINK payload for a link state read from a dump (resync).
-fn link_payload(l: &LinkMsg) -> Vec<u8> {
-    use crate::netlink::{attr_str, attr_u8, attrs_bytes};
-    let mut p = vec![0u8; 16];
-    p[4..8].copy_from_slice(&l.index.to_ne_bytes());
-    p[8..12].copy_from_slice(&l.flags.to_ne_bytes());
-    let mut attrs = Vec::new();
-    if let Some(n) = &l.name {
-        attrs.push(attr_str(rtnl::IFLA_IFNAME, n));
-    }
-    if let Some(s) = l.operstate {
-        attrs.push(attr_u8(rtnl::IFLA_OPERSTATE, s));
-    }
-    p.extend(attrs_bytes(attrs));
-    p
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::nic::sim::SimNic;
+
+    /// A minimal RTM_NEWLINK payload carrying `l`, as the kernel would multicast it.
+    fn link_payload(l: &LinkMsg) -> Vec<u8> {
+        use crate::netlink::{attr_str, attr_u8, attrs_bytes};
+        let mut p = vec![0u8; 16];
+        p[4..8].copy_from_slice(&l.index.to_ne_bytes());
+        p[8..12].copy_from_slice(&l.flags.to_ne_bytes());
+        let mut attrs = Vec::new();
+        if let Some(n) = &l.name {
+            attrs.push(attr_str(rtnl::IFLA_IFNAME, n));
+        }
+        if let Some(s) = l.operstate {
+            attrs.push(attr_u8(rtnl::IFLA_OPERSTATE, s));
+        }
+        p.extend(attrs_bytes(attrs));
+        p
+    }
 
     fn link(index: u32, up: bool, operstate: u8, name: &str) -> LinkMsg {
         LinkMsg { index, flags: u32::from(up), name: Some(name.into()), operstate: Some(operstate) }

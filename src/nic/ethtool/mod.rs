@@ -71,6 +71,13 @@ fn io_err<'a>(ifname: &'a str, op: NicOp, what: &'a str) -> impl FnOnce(Errno) -
     }
 }
 
+/// Locks one of the netlink sockets. A panic while holding the lock cannot
+/// leave the socket half-used in a way the next request does not recover
+/// from (stale replies are skipped by sequence number).
+fn unpoisoned(conn: &Mutex<NlConn>) -> MutexGuard<'_, NlConn> {
+    conn.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl EthtoolNic {
     /// Opens the sockets and resolves the ethtool family, in the calling
     /// thread's network namespace.
@@ -89,10 +96,7 @@ impl EthtoolNic {
     }
 
     fn genl(&self) -> MutexGuard<'_, NlConn> {
-        // A panic while holding the lock cannot leave the socket half-used in
-        // a way the next request does not recover from (stale replies are
-        // skipped by sequence number).
-        self.genl.lock().unwrap_or_else(|p| p.into_inner())
+        unpoisoned(&self.genl)
     }
 
     fn ask(&self, ifname: &str, op: NicOp, req: NlRequest) -> NicResult<Vec<Vec<u8>>> {
@@ -174,12 +178,7 @@ impl NicInfo for EthtoolNic {
     fn addresses(&self, ifname: &str) -> NicResult<Vec<IpAddr>> {
         let index = self.ifindex(ifname).map_err(|e| NicError { op: NicOp::Addresses, ..e })?;
         let err = |e: NlError| nl_err(ifname, NicOp::Addresses, e);
-        let replies = self
-            .route
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .transact(&rtnl::getaddr_dump())
-            .map_err(err)?;
+        let replies = unpoisoned(&self.route).transact(&rtnl::getaddr_dump()).map_err(err)?;
         let mut out = Vec::new();
         for r in replies {
             if let Some(a) = rtnl::parse_addr(&r).map_err(err)? {
