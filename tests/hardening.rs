@@ -257,7 +257,7 @@ fn ethtool_daemon_refuses_a_claimed_nic_in_its_netns() {
         s.spawn(|| {
             let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
             nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            tcpx_rxdm::nic::claim::NicClaim::acquire("nic", "eth1").unwrap()
+            tcpx_rxdm::nic::NicClaim::acquire("nic", "eth1").unwrap()
         })
         .join()
         .unwrap()

@@ -19,10 +19,9 @@ use nix::errno::Errno;
 use nix::sched::{setns, CloneFlags};
 use tcpx_rxdm::host::tuning::{HostTuning, TuningParams, TuningPlan};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
-use tcpx_rxdm::nic::monitor::spawn_link_monitor;
 use tcpx_rxdm::nic::{
-    FlowSpec, HeaderSplit, NicControl, NicEvent, NicInfo, NicOp, NicSetup, RuleControl, FEATURE_NTUPLE,
-    STAT_RESET_CNT,
+    spawn_link_monitor, FlowSpec, HeaderSplit, NicControl, NicEvent, NicInfo, NicOp, NicSetup, RuleControl,
+    FEATURE_NTUPLE, STAT_RESET_CNT,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());

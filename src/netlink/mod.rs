@@ -6,7 +6,7 @@
 //! Requests are built as [`NlRequest`] values so that tests can compare the
 //! exact bytes that go to the kernel.
 
-pub mod genl;
+pub(crate) mod genl;
 pub mod rtnl;
 
 use std::io::Cursor;

@@ -6,11 +6,11 @@
 //! FIFO lock (`server::rule_workers`): other requests for that NIC wait without
 //! holding a thread, but a slow driver call holds the worker that makes it.
 
-pub mod claim;
+pub(crate) mod claim;
 pub mod ethtool;
 mod header_split;
-pub mod monitor;
-pub mod prime;
+pub(crate) mod monitor;
+pub(crate) mod prime;
 mod recording;
 pub mod sim;
 
@@ -20,7 +20,9 @@ use std::net::{IpAddr, SocketAddr};
 use nix::errno::Errno;
 use serde::Serialize;
 
+pub use self::claim::{ClaimError, NicClaim};
 pub use self::header_split::HeaderSplit;
+pub use self::monitor::{spawn_link_monitor, MonitorError, MonitorHandle};
 pub use self::recording::{NicCall, RecordingNic};
 pub use crate::types::flow::FlowSpec;
 

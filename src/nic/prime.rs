@@ -127,11 +127,6 @@ impl PrimedNic {
         }
         errors
     }
-
-    /// Changes still to undo (for tests and `/debug/config`).
-    pub fn pending_restores(&self) -> usize {
-        self.undo.len()
-    }
 }
 
 enum Change {
@@ -272,6 +267,6 @@ mod tests {
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].step, "restore RSS table");
         assert!(!nic.feature("eth1", FEATURE_NTUPLE).unwrap(), "later steps still ran");
-        assert_eq!(p.pending_restores(), 0);
+        assert_eq!(p.undo.len(), 0);
     }
 }

@@ -6,10 +6,10 @@
 //! Sockets are opened in [`EthtoolNic::open`] and belong to the network
 //! namespace of the thread that opened them.
 
-pub mod bitset;
+pub(crate) mod bitset;
 pub mod genl;
-pub mod ioctl;
-pub mod rxnfc;
+pub(crate) mod ioctl;
+mod rxnfc;
 
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard, OnceLock};
