@@ -65,6 +65,8 @@ pub enum TuningError {
     Netlink(#[source] NlError),
     #[error("route {route}: {source}")]
     Route { route: String, source: NlError },
+    #[error("{}: {source}", script.display())]
+    ScriptStart { script: PathBuf, source: io::Error },
     #[error("{}: {detail}", script.display())]
     Script { script: PathBuf, detail: String },
 }
@@ -311,14 +313,19 @@ impl Drop for HostTuning {
 }
 
 fn run_script(script: &Path, args: &[String]) -> Result<(), TuningError> {
-    let err = |detail: String| TuningError::Script { script: script.to_path_buf(), detail };
-    let out = Command::new(script).args(args).output().map_err(|e| err(e.to_string()))?;
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .map_err(|source| TuningError::ScriptStart { script: script.to_path_buf(), source })?;
     let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
     info!(script = %script.display(), stdout = %text(&out.stdout), stderr = %text(&out.stderr), "tuning script ran");
     if out.status.success() {
         Ok(())
     } else {
-        Err(err(format!("{}; stderr: {}", out.status, text(&out.stderr))))
+        Err(TuningError::Script {
+            script: script.to_path_buf(),
+            detail: format!("{}; stderr: {}", out.status, text(&out.stderr)),
+        })
     }
 }
 

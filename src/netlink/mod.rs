@@ -9,8 +9,9 @@
 pub(crate) mod genl;
 pub mod rtnl;
 
-use std::io::Cursor;
+use std::io::{self, Cursor};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::Arc;
 
 use neli::consts::nl::{NlmF, Nlmsg, NlmsgerrAttr};
 use neli::consts::socket::NlFamily;
@@ -31,9 +32,13 @@ pub const NLA_F_NESTED: u16 = 1 << 15;
 #[derive(Debug, thiserror::Error)]
 pub enum NlError {
     #[error("netlink socket: {0}")]
-    Socket(String, Errno),
+    Socket(#[source] Arc<io::Error>),
     #[error("kernel: {errno}{}", msg.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
     Kernel { errno: Errno, msg: Option<String> },
+    /// A message neli could not encode or decode.
+    #[error("malformed netlink message: {0}")]
+    Codec(#[source] SocketError),
+    /// A message that decoded but does not hold what it should.
     #[error("malformed netlink message: {0}")]
     Malformed(String),
 }
@@ -42,8 +47,9 @@ impl NlError {
     /// The errno this failure maps to for [`super::NicError`].
     pub fn errno(&self) -> Errno {
         match self {
-            NlError::Socket(_, e) | NlError::Kernel { errno: e, .. } => *e,
-            NlError::Malformed(_) => Errno::EPROTO,
+            NlError::Socket(io) => io.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO),
+            NlError::Kernel { errno, .. } => *errno,
+            NlError::Codec(_) | NlError::Malformed(_) => Errno::EPROTO,
         }
     }
 
@@ -63,10 +69,8 @@ impl NlError {
 impl From<SocketError> for NlError {
     fn from(e: SocketError) -> Self {
         match e {
-            SocketError::Io(io) => {
-                NlError::Socket(io.to_string(), io.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO))
-            }
-            other => NlError::Malformed(other.to_string()),
+            SocketError::Io(io) => NlError::Socket(io),
+            other => NlError::Codec(other),
         }
     }
 }
