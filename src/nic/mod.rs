@@ -1,5 +1,8 @@
-//! NIC control: the [`NicControl`] trait the daemon programs NICs through, the
-//! backends behind it, and prime/restore built on top of it.
+//! NIC control: the traits the daemon programs NICs through ([`NicInfo`],
+//! [`RuleControl`] and [`NicSetup`], together [`NicControl`]), what a backend
+//! can do ([`NicCapabilities`]), the backends (`ethtool` for real NICs, `sim`),
+//! a recording test double ([`RecordingNic`]), and what is built on top:
+//! header-split probing, prime/restore, claims and the link monitor.
 //!
 //! Backends are synchronous: every call is one short kernel round trip (an ioctl
 //! or a netlink request). Rule calls run on a runtime worker inside that NIC's
@@ -162,7 +165,7 @@ pub struct RxRing {
 /// What a NIC backend can do. Callers decide on these, never on
 /// [`NicInfo::backend`], so that a new backend (or a test double) only has
 /// to say what it supports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NicCapabilities {
     /// The kernel reports link and address changes of these NICs, so the
     /// link monitor can run.
