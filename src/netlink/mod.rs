@@ -44,7 +44,7 @@ pub enum NlError {
 }
 
 impl NlError {
-    /// The errno this failure maps to for [`super::NicError`].
+    /// The errno this failure maps to, for the NIC layer's errors.
     pub fn errno(&self) -> Errno {
         match self {
             NlError::Socket(io) => io.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO),

@@ -1,6 +1,6 @@
 //! ethtool generic netlink: the message and attribute numbers we use (from the
 //! kernel's uapi `ethtool_netlink_generated.h`), request builders and reply
-//! parsers over [`crate::netlink::genl`]. Pure: no sockets here, so every request
+//! parsers over `crate::netlink::genl`. Pure: no sockets here, so every request
 //! is golden-byte tested.
 
 use neli::genl::Nlattr;
