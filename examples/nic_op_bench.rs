@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{setns, CloneFlags};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
-use tcpx_rxdm::nic::{FlowSpec, NicControl};
+use tcpx_rxdm::nic::{FlowSpec, RuleControl};
 
 fn ip(args: &[&str]) {
     let st = Command::new("ip").args(args).status().expect("run ip");

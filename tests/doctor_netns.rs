@@ -11,7 +11,7 @@ mod common;
 
 use common::netns::{veth_topology, Netns};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
-use tcpx_rxdm::nic::NicControl;
+use tcpx_rxdm::nic::NicSetup;
 
 /// A namespace holding `eth1` ↔ `eth1p` (4 queues each), up, with an
 /// address on eth1, hence a main-table route whose metrics the check reads.

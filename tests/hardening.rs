@@ -186,7 +186,7 @@ fn simulated_nics_are_not_claimed_by_default() {
 fn ethtool_daemon_refuses_a_claimed_nic_in_its_netns() {
     let ns = Netns::with_veth("claim");
     // The claim socket belongs to the namespace it was created in.
-    let claim = ns.run(|| tcpx_rxdm::nic::claim::NicClaim::acquire("nic", "eth1").unwrap());
+    let claim = ns.run(|| tcpx_rxdm::nic::NicClaim::acquire("nic", "eth1").unwrap());
     let uds = tempfile::tempdir().unwrap();
     let daemon = || {
         let out = ns

@@ -20,9 +20,10 @@ use common::netns::{veth_topology, Netns};
 use nix::errno::Errno;
 use tcpx_rxdm::host::tuning::{HostTuning, TuningParams, TuningPlan};
 use tcpx_rxdm::nic::ethtool::EthtoolNic;
-use tcpx_rxdm::nic::family::{probe_family, DriverFamily};
-use tcpx_rxdm::nic::monitor::spawn_link_monitor;
-use tcpx_rxdm::nic::{FlowSpec, NicControl, NicEvent, NicOp, FEATURE_NTUPLE, STAT_RESET_CNT};
+use tcpx_rxdm::nic::{
+    spawn_link_monitor, FlowSpec, HeaderSplit, NicControl, NicEvent, NicInfo, NicOp, NicSetup, RuleControl,
+    FEATURE_NTUPLE, STAT_RESET_CNT,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -77,7 +78,7 @@ fn netns_features_channels_and_stats_on_veth() {
         assert!(nic.priv_flags("eth1").unwrap().is_empty());
         assert_eq!(nic.tcp_data_split("eth1").unwrap_err().errno, Errno::EOPNOTSUPP);
         assert_eq!(nic.rx_ring("eth1").unwrap_err().errno, Errno::EOPNOTSUPP);
-        assert_eq!(probe_family(&nic, "eth1").unwrap(), DriverFamily::NoHeaderSplit);
+        assert_eq!(HeaderSplit::probe(&nic, "eth1").unwrap(), HeaderSplit::Unsupported);
         let e = nic.set_priv_flag("eth1", "enable-header-split", true).unwrap_err();
         assert_eq!((e.op, e.errno), (NicOp::SetPrivFlag, Errno::EOPNOTSUPP));
         let e = nic.set_tcp_data_split("eth1", true).unwrap_err();

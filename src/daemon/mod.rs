@@ -98,7 +98,7 @@ pub async fn run(
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
     // Held until the process exits; claimed before anything touches a NIC.
     let _claims = crate::nic::claim::claim_managed(
-        backends.nic.capabilities().simulated,
+        backends.nic.capabilities(),
         flags.claim_sim_nics,
         config.topology.nics.iter().map(|n| n.ifname.as_str()),
     )?;

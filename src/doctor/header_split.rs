@@ -2,13 +2,12 @@
 //! whether header split is on now.
 
 use super::{Ctx, Report, Status};
-use crate::nic::family::DriverFamily;
-use crate::nic::{DataSplit, PRIV_HEADER_SPLIT};
+use crate::nic::{DataSplit, HeaderSplit, PRIV_HEADER_SPLIT};
 
-pub(super) fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &DriverFamily) {
+pub(super) fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &str, f: &HeaderSplit) {
     let running = ctx.daemon_on_these_nics().is_some();
     let (family_status, family, on) = match f {
-        DriverFamily::PrivFlags { flags, strict, max_rx_buffer } => {
+        HeaderSplit::PrivFlags { flags, strict, max_rx_buffer } => {
             let mut extra = Vec::new();
             if *strict {
                 extra.push("strict");
@@ -20,10 +19,10 @@ pub(super) fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &st
             let also = if extra.is_empty() { String::new() } else { format!("; also {}", extra.join(", ")) };
             (Status::Pass, format!("private flags ({PRIV_HEADER_SPLIT}{also})"), Some(on))
         }
-        DriverFamily::Rings { start } => {
+        HeaderSplit::DataSplit { start } => {
             (Status::Pass, "rings tcp-data-split (upstream)".to_string(), Some(*start == DataSplit::Enabled))
         }
-        DriverFamily::RingSizeFallback { start } => (
+        HeaderSplit::RingSizeFallback { start } => (
             Status::Warn,
             format!(
                 "no header-split control; rx ring {} of {} is resized after binding instead (works only where the driver rebuilds its page pools)",
@@ -31,7 +30,7 @@ pub(super) fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &st
             ),
             None,
         ),
-        DriverFamily::NoHeaderSplit => (Status::Fail, "none: no private flags, no tcp-data-split, no ring control".into(), None),
+        HeaderSplit::Unsupported => (Status::Fail, "none: no private flags, no tcp-data-split, no ring control".into(), None),
     };
     let fix = (family_status == Status::Fail).then(|| {
         "GPUDirect-TCPX needs header split: gVNIC (gve) on a COS image with the TCPX driver, or a driver with rings tcp-data-split".to_string()
@@ -66,9 +65,9 @@ pub(super) fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &st
 }
 
 /// The `ethtool` command that turns header split off by hand.
-fn undo_header_split(ifname: &str, f: &DriverFamily) -> String {
+fn undo_header_split(ifname: &str, f: &HeaderSplit) -> String {
     match f {
-        DriverFamily::Rings { .. } => format!("ethtool -G {ifname} tcp-data-split off"),
+        HeaderSplit::DataSplit { .. } => format!("ethtool -G {ifname} tcp-data-split off"),
         _ => format!("ethtool --set-priv-flags {ifname} {PRIV_HEADER_SPLIT} off"),
     }
 }

@@ -9,9 +9,8 @@ use nix::errno::Errno;
 use super::header_split::header_split_lines;
 use super::{ranges, Ctx, Report, Status};
 use crate::nic::ethtool::EthtoolNic;
-use crate::nic::family::probe_family;
 use crate::nic::sim::SimNic;
-use crate::nic::{NicControl, FEATURE_NTUPLE, STAT_RESET_CNT};
+use crate::nic::{HeaderSplit, NicControl, FEATURE_NTUPLE, STAT_RESET_CNT};
 use crate::types::topology::Topology;
 
 pub(super) fn check_nics(r: &mut Report, ctx: &Ctx) {
@@ -101,7 +100,7 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
         r.add(s, "driver", Status::Pass, line, None);
     }
 
-    match probe_family(nic, ifname) {
+    match HeaderSplit::probe(nic, ifname) {
         Ok(f) => header_split_lines(r, ctx, s, ifname, &f),
         Err(e) => r.add(s, "header split", Status::Fail, format!("probing the driver failed: {e}"), None),
     }
@@ -271,7 +270,7 @@ mod tests {
     use crate::nic::PRIV_HEADER_SPLIT;
 
     use crate::nic::sim::{SimDriver, SimNic};
-    use crate::nic::FlowSpec;
+    use crate::nic::{FlowSpec, NicSetup, RuleControl};
 
     fn flags() -> Flags {
         Flags::parse_args(

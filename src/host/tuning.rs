@@ -65,6 +65,8 @@ pub enum TuningError {
     Netlink(#[source] NlError),
     #[error("route {route}: {source}")]
     Route { route: String, source: NlError },
+    #[error("{}: {source}", script.display())]
+    ScriptStart { script: PathBuf, source: io::Error },
     #[error("{}: {detail}", script.display())]
     Script { script: PathBuf, detail: String },
 }
@@ -98,6 +100,14 @@ pub fn sysctl_dir(procfs_root: &Path) -> PathBuf {
     }
 }
 
+/// Every file native tuning sets, under these roots, with its target.
+fn knobs(procfs_root: &Path, sysfs_root: &Path) -> impl Iterator<Item = (PathBuf, Target)> {
+    let sys = sysctl_dir(procfs_root);
+    let files = SYSCTLS.iter().map(move |(p, v)| (sys.join(p), *v));
+    let hystart = std::iter::once((sysfs_root.join(HYSTART_DETECT.0), HYSTART_DETECT.1));
+    files.chain(hystart)
+}
+
 /// One host knob the native tuning sets: where it lives, what it holds now
 /// (`None`: the file does not exist here) and what the daemon would write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,11 +122,7 @@ pub struct KnobState {
 
 /// Reads (never writes) every sysctl and module parameter native tuning sets.
 pub fn knob_states(procfs_root: &Path, sysfs_root: &Path) -> Vec<KnobState> {
-    let sys = sysctl_dir(procfs_root);
-    let files = SYSCTLS.iter().map(|(p, v)| (sys.join(p), *v));
-    let hystart = std::iter::once((sysfs_root.join(HYSTART_DETECT.0), HYSTART_DETECT.1));
-    files
-        .chain(hystart)
+    knobs(procfs_root, sysfs_root)
         .map(|(path, target)| {
             let current = std::fs::read_to_string(&path).ok().map(|s| normalize(&s));
             let (want, ok) = match target {
@@ -173,10 +179,7 @@ impl HostTuning {
                 }
             }
             TuningPlan::Native { procfs_root, sysfs_root } => {
-                let sys = sysctl_dir(procfs_root);
-                let files = SYSCTLS.iter().map(|(p, v)| (sys.join(p), *v));
-                let hystart = std::iter::once((sysfs_root.join(HYSTART_DETECT.0), HYSTART_DETECT.1));
-                for (path, target) in files.chain(hystart) {
+                for (path, target) in knobs(procfs_root, sysfs_root) {
                     if let Err(e) = t.set_file(&path, target) {
                         errors.push(e);
                     }
@@ -310,14 +313,19 @@ impl Drop for HostTuning {
 }
 
 fn run_script(script: &Path, args: &[String]) -> Result<(), TuningError> {
-    let err = |detail: String| TuningError::Script { script: script.to_path_buf(), detail };
-    let out = Command::new(script).args(args).output().map_err(|e| err(e.to_string()))?;
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .map_err(|source| TuningError::ScriptStart { script: script.to_path_buf(), source })?;
     let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
     info!(script = %script.display(), stdout = %text(&out.stdout), stderr = %text(&out.stderr), "tuning script ran");
     if out.status.success() {
         Ok(())
     } else {
-        Err(err(format!("{}; stderr: {}", out.status, text(&out.stderr))))
+        Err(TuningError::Script {
+            script: script.to_path_buf(),
+            detail: format!("{}; stderr: {}", out.status, text(&out.stderr)),
+        })
     }
 }
 

@@ -6,11 +6,12 @@
 //! Requests are built as [`NlRequest`] values so that tests can compare the
 //! exact bytes that go to the kernel.
 
-pub mod genl;
+pub(crate) mod genl;
 pub mod rtnl;
 
-use std::io::Cursor;
+use std::io::{self, Cursor};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::Arc;
 
 use neli::consts::nl::{NlmF, Nlmsg, NlmsgerrAttr};
 use neli::consts::socket::NlFamily;
@@ -31,19 +32,24 @@ pub const NLA_F_NESTED: u16 = 1 << 15;
 #[derive(Debug, thiserror::Error)]
 pub enum NlError {
     #[error("netlink socket: {0}")]
-    Socket(String, Errno),
+    Socket(#[source] Arc<io::Error>),
     #[error("kernel: {errno}{}", msg.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
     Kernel { errno: Errno, msg: Option<String> },
+    /// A message neli could not encode or decode.
+    #[error("malformed netlink message: {0}")]
+    Codec(#[source] SocketError),
+    /// A message that decoded but does not hold what it should.
     #[error("malformed netlink message: {0}")]
     Malformed(String),
 }
 
 impl NlError {
-    /// The errno this failure maps to for [`super::NicError`].
+    /// The errno this failure maps to, for the NIC layer's errors.
     pub fn errno(&self) -> Errno {
         match self {
-            NlError::Socket(_, e) | NlError::Kernel { errno: e, .. } => *e,
-            NlError::Malformed(_) => Errno::EPROTO,
+            NlError::Socket(io) => io.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO),
+            NlError::Kernel { errno, .. } => *errno,
+            NlError::Codec(_) | NlError::Malformed(_) => Errno::EPROTO,
         }
     }
 
@@ -63,10 +69,8 @@ impl NlError {
 impl From<SocketError> for NlError {
     fn from(e: SocketError) -> Self {
         match e {
-            SocketError::Io(io) => {
-                NlError::Socket(io.to_string(), io.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO))
-            }
-            other => NlError::Malformed(other.to_string()),
+            SocketError::Io(io) => NlError::Socket(io),
+            other => NlError::Codec(other),
         }
     }
 }
@@ -219,6 +223,11 @@ pub fn c_string(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
+/// The native-endian u32 at the start of `bytes`, if there are four bytes.
+pub fn ne_u32(bytes: &[u8]) -> Option<u32> {
+    bytes.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+}
+
 // ---- attribute encoding ----------------------------------------------------
 
 /// An attribute with a raw payload.
@@ -299,7 +308,7 @@ impl AttrSet {
     }
 
     pub fn u32(&self, t: u16) -> Option<u32> {
-        self.get(t).and_then(|p| p.get(..4)).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+        self.get(t).and_then(ne_u32)
     }
 
     pub fn string(&self, t: u16) -> Option<String> {

@@ -9,7 +9,7 @@ use neli::consts::nl::NlmF;
 use neli::consts::rtnl::{RtAddrFamily, RtScope, RtTable, Rtn, Rtprot};
 use neli::rtnl::{IfaddrmsgBuilder, IfinfomsgBuilder, RtmsgBuilder};
 
-use super::{attr, attrs_bytes, to_bytes, AttrSet, NlError, NlRequest};
+use super::{attr, attrs_bytes, ne_u32, to_bytes, AttrSet, NlError, NlRequest};
 
 pub const RTM_NEWLINK: u16 = 16;
 pub const RTM_DELLINK: u16 = 17;
@@ -164,10 +164,7 @@ impl Route {
 
     /// `RTA_TABLE` when present (tables ≥ 256 only fit there), else `rtm_table`.
     pub fn table(&self) -> u32 {
-        self.get(RTA_TABLE)
-            .and_then(|b| b.get(..4))
-            .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
-            .unwrap_or(u32::from(self.header[4]))
+        self.get(RTA_TABLE).and_then(ne_u32).unwrap_or(u32::from(self.header[4]))
     }
 
     pub fn route_type(&self) -> u8 {
@@ -190,10 +187,7 @@ impl Route {
 
     /// A u32 metric (`RTAX_INITCWND` …), if set.
     pub fn metric(&self, t: u16) -> Option<u32> {
-        self.metrics()
-            .into_iter()
-            .find(|(ty, _)| *ty == t)
-            .and_then(|(_, p)| p.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))))
+        self.metrics().into_iter().find(|(ty, _)| *ty == t).and_then(|(_, p)| ne_u32(&p))
     }
 
     /// The same route with the u32 metrics in `set` replaced or added.
@@ -232,8 +226,7 @@ impl Route {
     /// `dst/len` (or `default`) and the output interface index, for logs.
     pub fn describe(&self) -> String {
         let dst = self.get(RTA_DST).and_then(|b| ip_from(self.family(), b));
-        let oif =
-            self.get(RTA_OIF).and_then(|b| b.get(..4)).map(|b| u32::from_ne_bytes(b.try_into().expect("4")));
+        let oif = self.get(RTA_OIF).and_then(ne_u32);
         let dst = match dst {
             Some(ip) => format!("{ip}/{}", self.header[1]),
             None => "default".to_string(),

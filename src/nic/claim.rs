@@ -25,6 +25,8 @@ use nix::sys::socket::{
     SockFlag, SockType, UnixAddr,
 };
 
+use super::NicCapabilities;
+
 /// Prefix of every claim name.
 pub const CLAIM_PREFIX: &str = "tcpx-rxdm";
 
@@ -130,17 +132,18 @@ pub fn claim_all<'a>(
     ifnames.into_iter().map(|n| NicClaim::acquire(kind, n)).collect()
 }
 
-/// The daemon's claims for `ifnames` on NIC backend `backend`: real NICs
-/// always, simulated ones only with `claim_sim`. Empty when nothing is claimed.
+/// The daemon's claims for `ifnames` on a NIC backend that can do `nic`:
+/// real NICs always, simulated ones only with `claim_sim`. Empty when
+/// nothing is claimed.
 pub fn claim_managed<'a>(
-    simulated: bool,
+    nic: NicCapabilities,
     claim_sim: bool,
     ifnames: impl IntoIterator<Item = &'a str>,
 ) -> Result<Vec<NicClaim>, ClaimError> {
-    match simulated {
-        true if !claim_sim => Ok(Vec::new()),
-        true => claim_all("sim", ifnames),
-        false => claim_all("nic", ifnames),
+    match (nic.simulated, claim_sim) {
+        (true, false) => Ok(Vec::new()),
+        (true, true) => claim_all("sim", ifnames),
+        (false, _) => claim_all("nic", ifnames),
     }
 }
 
@@ -185,6 +188,17 @@ mod tests {
         drop(held);
         let both = claim_all("nic", [a.as_str(), b.as_str()]).unwrap();
         assert_eq!(both.len(), 2);
+    }
+
+    #[test]
+    fn managed_claims_follow_the_backend_capabilities() {
+        let nic = unique("e");
+        assert!(claim_managed(NicCapabilities::SIMULATED, false, [nic.as_str()]).unwrap().is_empty());
+        let sim = claim_managed(NicCapabilities::SIMULATED, true, [nic.as_str()]).unwrap();
+        assert!(matches!(NicClaim::acquire("sim", &nic), Err(ClaimError::Held { .. })), "claimed as sim");
+        let real = claim_managed(NicCapabilities::HARDWARE, false, [nic.as_str()]).unwrap();
+        assert!(matches!(NicClaim::acquire("nic", &nic), Err(ClaimError::Held { .. })), "claimed as nic");
+        assert_eq!((sim.len(), real.len()), (1, 1));
     }
 
     #[test]

@@ -1,16 +1,20 @@
-//! NIC control: the [`NicControl`] trait the daemon programs NICs through, the
-//! backends behind it, and prime/restore built on top of it.
+//! NIC control: the traits the daemon programs NICs through ([`NicInfo`],
+//! [`RuleControl`] and [`NicSetup`], together [`NicControl`]), what a backend
+//! can do ([`NicCapabilities`]), the backends (`ethtool` for real NICs, `sim`),
+//! a recording test double ([`RecordingNic`]), and what is built on top:
+//! header-split probing, prime/restore, claims and the link monitor.
 //!
 //! Backends are synchronous: every call is one short kernel round trip (an ioctl
 //! or a netlink request). Rule calls run on a runtime worker inside that NIC's
-//! FIFO lock (`server::rule_threads`): other requests for that NIC wait without
+//! FIFO lock (`server::rule_workers`): other requests for that NIC wait without
 //! holding a thread, but a slow driver call holds the worker that makes it.
 
-pub mod claim;
+pub(crate) mod claim;
 pub mod ethtool;
-pub mod family;
-pub mod monitor;
-pub mod prime;
+mod header_split;
+pub(crate) mod monitor;
+pub(crate) mod prime;
+mod recording;
 pub mod sim;
 
 use std::fmt;
@@ -19,6 +23,10 @@ use std::net::{IpAddr, SocketAddr};
 use nix::errno::Errno;
 use serde::Serialize;
 
+pub use self::claim::{ClaimError, NicClaim};
+pub use self::header_split::HeaderSplit;
+pub use self::monitor::{spawn_link_monitor, MonitorError, MonitorHandle};
+pub use self::recording::{NicCall, RecordingNic};
 pub use crate::types::flow::FlowSpec;
 
 /// One steering rule as the NIC reports it.
@@ -154,24 +162,49 @@ pub struct RxRing {
     pub max: u32,
 }
 
-/// Everything the daemon needs from a NIC. Implemented by the ethtool backend
-/// (real hardware) and the simulated NIC.
-pub trait NicControl: Send + Sync {
-    /// Backend name for logs and `/debug/config`.
-    fn backend(&self) -> &'static str;
+/// What a NIC backend can do. Callers decide on these, never on
+/// [`NicInfo::backend`], so that a new backend (or a test double) only has
+/// to say what it supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NicCapabilities {
+    /// The kernel reports link and address changes of these NICs, so the
+    /// link monitor can run.
+    pub link_events: bool,
+    /// The NICs are the host's own, so tuning the host's TCP stack for them
+    /// means something.
+    pub host_tuning: bool,
+    /// The NICs are simulated: no hardware is touched, and claims on them
+    /// never block a daemon on real NICs.
+    pub simulated: bool,
+}
 
-    /// What the backend can do (TEMPORARY shim until the NIC trait split lands).
-    fn capabilities(&self) -> NicCapabilities {
-        let real = self.backend() == "ethtool";
-        NicCapabilities { link_events: real, host_tuning: real, simulated: self.backend() == "sim" }
-    }
+impl NicCapabilities {
+    /// Real NICs of this host.
+    pub const HARDWARE: NicCapabilities =
+        NicCapabilities { link_events: true, host_tuning: true, simulated: false };
+    /// Simulated NICs: no kernel events, nothing of the host's to tune.
+    pub const SIMULATED: NicCapabilities =
+        NicCapabilities { link_events: false, host_tuning: false, simulated: true };
+}
+
+/// What a NIC is and reports: its index, addresses, queues and driver stats.
+pub trait NicInfo {
+    /// Backend name, for logs and `/debug/config` only.
+    fn backend(&self) -> &'static str;
+    /// What this backend can do.
+    fn capabilities(&self) -> NicCapabilities;
 
     fn ifindex(&self, ifname: &str) -> NicResult<u32>;
     /// Addresses currently configured on the interface.
     fn addresses(&self, ifname: &str) -> NicResult<Vec<IpAddr>>;
     /// Number of combined (or rx) channels currently configured.
     fn channels(&self, ifname: &str) -> NicResult<u32>;
+    /// One driver statistic by name (e.g. `reset_cnt`); `None` if the driver has no such stat.
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>>;
+}
 
+/// The NIC's flow-steering rule table (ntuple rules).
+pub trait RuleControl {
     /// Inserts a rule steering `flow` to `queue` at slot `loc`.
     fn add_rule(&self, ifname: &str, flow: &FlowSpec, queue: u32, loc: u32) -> NicResult<()>;
     fn del_rule(&self, ifname: &str, loc: u32) -> NicResult<()>;
@@ -183,7 +216,11 @@ pub trait NicControl: Send + Sync {
     fn slot_in_use(&self, ifname: &str, loc: u32) -> NicResult<bool> {
         Ok(self.list_rules(ifname)?.iter().any(|r| r.loc == loc))
     }
+}
 
+/// The settings prime changes and restore puts back: RSS, features,
+/// private flags, header split and ring sizes.
+pub trait NicSetup {
     /// The RSS indirection table.
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>>;
     fn set_rss_table(&self, ifname: &str, table: &[u32]) -> NicResult<()>;
@@ -202,11 +239,8 @@ pub trait NicControl: Send + Sync {
     fn tcp_data_split(&self, ifname: &str) -> NicResult<DataSplit>;
     fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()>;
 
-    /// One driver statistic by name (e.g. `reset_cnt`); `None` if the driver has no such stat.
-    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>>;
-
     /// RX ring size, for the ring-size fallback of drivers without header
-    /// split (§6.3). Backends without ring control report EOPNOTSUPP.
+    /// split. Backends without ring control report EOPNOTSUPP.
     fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {
         Err(NicError::new(ifname, NicOp::GetRing, Errno::EOPNOTSUPP))
     }
@@ -215,13 +249,12 @@ pub trait NicControl: Send + Sync {
     }
 }
 
-/// What a backend can do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NicCapabilities {
-    pub link_events: bool,
-    pub host_tuning: bool,
-    pub simulated: bool,
-}
+/// Everything the daemon needs from a NIC. Implemented by the ethtool backend
+/// (real hardware) and the simulated NIC, through the three traits above;
+/// code that needs only one of them takes only that one.
+pub trait NicControl: NicInfo + RuleControl + NicSetup + Send + Sync {}
+
+impl<T: NicInfo + RuleControl + NicSetup + Send + Sync> NicControl for T {}
 
 /// A link-level event on a managed NIC, fed to the daemon by a monitor.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, error, info, warn};
 
-use super::{NicControl, NicError, NicEvent, STAT_RESET_CNT};
+use super::{NicError, NicEvent, NicInfo, STAT_RESET_CNT};
 use crate::netlink::rtnl::{self, LinkMsg, IF_OPER_UP};
 use crate::netlink::{NlConn, NlError};
 
@@ -78,9 +78,9 @@ struct Managed {
 }
 
 /// The monitor's state machine, apart from the socket so tests can feed it.
-pub(crate) struct MonitorState {
+pub(crate) struct MonitorState<N: ?Sized> {
     by_index: HashMap<u32, Managed>,
-    nic: Arc<dyn NicControl>,
+    nic: Arc<N>,
 }
 
 fn oper_up(link: &LinkMsg) -> bool {
@@ -88,13 +88,9 @@ fn oper_up(link: &LinkMsg) -> bool {
     matches!(link.operstate, None | Some(0) | Some(IF_OPER_UP))
 }
 
-impl MonitorState {
+impl<N: NicInfo + ?Sized> MonitorState<N> {
     /// Resolves each managed NIC's index and reads its starting state.
-    pub(crate) fn new(
-        ifnames: &[String],
-        nic: Arc<dyn NicControl>,
-        links: &[LinkMsg],
-    ) -> Result<Self, NicError> {
+    pub(crate) fn new(ifnames: &[String], nic: Arc<N>, links: &[LinkMsg]) -> Result<Self, NicError> {
         let mut by_index = HashMap::new();
         for name in ifnames {
             let index = nic.ifindex(name)?;
@@ -177,9 +173,9 @@ fn dump_links() -> Result<Vec<LinkMsg>, NlError> {
 /// Starts the monitor for `ifnames` on its own thread, in the calling
 /// thread's network namespace. Events go to `events` until the handle is
 /// stopped or dropped, or the receiver goes away.
-pub fn spawn_link_monitor(
+pub fn spawn_link_monitor<N: NicInfo + Send + Sync + ?Sized + 'static>(
     ifnames: Vec<String>,
-    nic: Arc<dyn NicControl>,
+    nic: Arc<N>,
     events: UnboundedSender<NicEvent>,
 ) -> Result<MonitorHandle, MonitorError> {
     // Subscribe first, then read the starting state: nothing falls in between.
@@ -196,7 +192,12 @@ pub fn spawn_link_monitor(
     Ok(MonitorHandle { stop, thread: Some(thread) })
 }
 
-fn run(conn: NlConn, stop: std::os::fd::OwnedFd, mut state: MonitorState, events: UnboundedSender<NicEvent>) {
+fn run<N: NicInfo + ?Sized>(
+    conn: NlConn,
+    stop: std::os::fd::OwnedFd,
+    mut state: MonitorState<N>,
+    events: UnboundedSender<NicEvent>,
+) {
     loop {
         let mut fds =
             [PollFd::new(conn.as_fd(), PollFlags::POLLIN), PollFd::new(stop.as_fd(), PollFlags::POLLIN)];
@@ -222,7 +223,7 @@ fn run(conn: NlConn, stop: std::os::fd::OwnedFd, mut state: MonitorState, events
                 match dump_links() {
                     Ok(links) => {
                         for l in links {
-                            ev.extend(state.on_message(rtnl::RTM_NEWLINK, &link_payload(&l)));
+                            ev.extend(state.on_link(false, &l));
                         }
                     }
                     Err(e) => error!(error = %e, "link monitor cannot resync link state"),
@@ -243,27 +244,27 @@ fn run(conn: NlConn, stop: std::os::fd::OwnedFd, mut state: MonitorState, events
     }
 }
 
-/// A minimal RTM_NEWLINK payload for a link state read from a dump (resync).
-fn link_payload(l: &LinkMsg) -> Vec<u8> {
-    use crate::netlink::{attr_str, attr_u8, attrs_bytes};
-    let mut p = vec![0u8; 16];
-    p[4..8].copy_from_slice(&l.index.to_ne_bytes());
-    p[8..12].copy_from_slice(&l.flags.to_ne_bytes());
-    let mut attrs = Vec::new();
-    if let Some(n) = &l.name {
-        attrs.push(attr_str(rtnl::IFLA_IFNAME, n));
-    }
-    if let Some(s) = l.operstate {
-        attrs.push(attr_u8(rtnl::IFLA_OPERSTATE, s));
-    }
-    p.extend(attrs_bytes(attrs));
-    p
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::nic::sim::SimNic;
+
+    /// A minimal RTM_NEWLINK payload carrying `l`, as the kernel would multicast it.
+    fn link_payload(l: &LinkMsg) -> Vec<u8> {
+        use crate::netlink::{attr_str, attr_u8, attrs_bytes};
+        let mut p = vec![0u8; 16];
+        p[4..8].copy_from_slice(&l.index.to_ne_bytes());
+        p[8..12].copy_from_slice(&l.flags.to_ne_bytes());
+        let mut attrs = Vec::new();
+        if let Some(n) = &l.name {
+            attrs.push(attr_str(rtnl::IFLA_IFNAME, n));
+        }
+        if let Some(s) = l.operstate {
+            attrs.push(attr_u8(rtnl::IFLA_OPERSTATE, s));
+        }
+        p.extend(attrs_bytes(attrs));
+        p
+    }
 
     fn link(index: u32, up: bool, operstate: u8, name: &str) -> LinkMsg {
         LinkMsg { index, flags: u32::from(up), name: Some(name.into()), operstate: Some(operstate) }

@@ -1,47 +1,13 @@
-//! Priming and restoring a NIC, generic
-//! over [`NicControl`]. Every change is recorded with the value it replaced;
-//! restore undoes them in reverse, so the NIC ends exactly as it was read, and
-//! a failed start rolls back what it had applied.
+//! Priming and restoring a NIC, generic over [`NicControl`]; the steps after
+//! priming need only [`NicSetup`]. Every change is recorded with the value it
+//! replaced; restore undoes them in reverse, so the NIC ends exactly as it was
+//! read, and a failed start rolls back what it had applied.
 
-use super::family::{probe_family, DriverFamily, FALLBACK_RING_LARGE, FALLBACK_RING_SMALL};
-use super::*;
-
-/// How this driver turns header split on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum HeaderSplit {
-    /// gve with private flags (`enable-header-split`, ...).
-    PrivFlags,
-    /// Upstream rings `tcp-data-split`.
-    DataSplit,
-    /// Neither, but ring sizes are settable: resize the ring after binding so
-    /// the driver rebuilds its page pools over the bound memory.
-    RingSizeFallback,
-    /// No header split control at all.
-    Unsupported,
-}
-
-impl HeaderSplit {
-    /// Short name for metrics labels and reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            HeaderSplit::PrivFlags => "priv_flags",
-            HeaderSplit::DataSplit => "tcp_data_split",
-            HeaderSplit::RingSizeFallback => "ring_size_fallback",
-            HeaderSplit::Unsupported => "none",
-        }
-    }
-}
-
-impl From<&DriverFamily> for HeaderSplit {
-    fn from(f: &DriverFamily) -> Self {
-        match f {
-            DriverFamily::PrivFlags { .. } => HeaderSplit::PrivFlags,
-            DriverFamily::Rings { .. } => HeaderSplit::DataSplit,
-            DriverFamily::RingSizeFallback { .. } => HeaderSplit::RingSizeFallback,
-            DriverFamily::NoHeaderSplit => HeaderSplit::Unsupported,
-        }
-    }
-}
+use super::header_split::{HeaderSplit, FALLBACK_RING_LARGE, FALLBACK_RING_SMALL};
+use super::{
+    DataSplit, NicControl, NicError, NicSetup, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER,
+    PRIV_STRICT_HEADER_SPLIT,
+};
 
 /// One applied change and the value it replaced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +40,12 @@ pub struct PrimedNic {
 }
 
 impl PrimedNic {
-    fn run(&mut self, nic: &dyn NicControl, step: &'static str, change: Change) -> Result<(), PrimeError> {
+    fn run(
+        &mut self,
+        nic: &(impl NicSetup + ?Sized),
+        step: &'static str,
+        change: Change,
+    ) -> Result<(), PrimeError> {
         let ifname = self.ifname.clone();
         let err = |source| PrimeError { ifname: ifname.clone(), step, source };
         match change {
@@ -119,9 +90,9 @@ impl PrimedNic {
     }
 
     /// Turns header split on (strict where the driver has it), after pools are bound.
-    pub fn enable_header_split(&mut self, nic: &dyn NicControl) -> Result<(), PrimeError> {
+    pub fn enable_header_split(&mut self, nic: &(impl NicSetup + ?Sized)) -> Result<(), PrimeError> {
         match self.header_split {
-            HeaderSplit::PrivFlags => self
+            HeaderSplit::PrivFlags { .. } => self
                 .run(nic, "enable header split", Change::PrivFlag(PRIV_HEADER_SPLIT, true))
                 .and_then(|_| {
                     self.run(
@@ -130,8 +101,8 @@ impl PrimedNic {
                         Change::PrivFlag(PRIV_STRICT_HEADER_SPLIT, true),
                     )
                 }),
-            HeaderSplit::DataSplit => self.run(nic, "enable tcp-data-split", Change::DataSplit(true)),
-            HeaderSplit::RingSizeFallback => self
+            HeaderSplit::DataSplit { .. } => self.run(nic, "enable tcp-data-split", Change::DataSplit(true)),
+            HeaderSplit::RingSizeFallback { .. } => self
                 .run(nic, "shrink rx ring (fallback)", Change::RxRing(FALLBACK_RING_SMALL))
                 .and_then(|_| self.run(nic, "grow rx ring (fallback)", Change::RxRing(FALLBACK_RING_LARGE))),
             HeaderSplit::Unsupported => Ok(()),
@@ -139,7 +110,7 @@ impl PrimedNic {
     }
 
     /// Undoes every change in reverse order, attempting all of them; idempotent.
-    pub fn restore(&mut self, nic: &dyn NicControl) -> Vec<PrimeError> {
+    pub fn restore(&mut self, nic: &(impl NicSetup + ?Sized)) -> Vec<PrimeError> {
         let mut errors = Vec::new();
         while let Some(u) = self.undo.pop() {
             let ifname = self.ifname.as_str();
@@ -155,11 +126,6 @@ impl PrimedNic {
             }
         }
         errors
-    }
-
-    /// Changes still to undo (for tests and `/debug/config`).
-    pub fn pending_restores(&self) -> usize {
-        self.undo.len()
     }
 }
 
@@ -178,8 +144,7 @@ pub fn prime(nic: &dyn NicControl, ifname: &str, rss_set_size: u32) -> Result<Pr
     let err = |step, source| PrimeError { ifname: ifname.to_string(), step, source };
     let channels = nic.channels(ifname).map_err(|e| err("read channels", e))?;
     let rule_capacity = nic.rule_capacity(ifname).map_err(|e| err("read rule capacity", e))?;
-    let family = probe_family(nic, ifname).map_err(|e| err("probe driver family", e))?;
-    let header_split = HeaderSplit::from(&family);
+    let header_split = HeaderSplit::probe(nic, ifname).map_err(|e| err("probe driver family", e))?;
     let mut primed =
         PrimedNic { ifname: ifname.to_string(), header_split, channels, rule_capacity, undo: Vec::new() };
     let result = (|| {
@@ -187,8 +152,8 @@ pub fn prime(nic: &dyn NicControl, ifname: &str, rss_set_size: u32) -> Result<Pr
         if ntuple_on {
             primed.run(nic, "flush stale rules (ntuple off)", Change::Feature(FEATURE_NTUPLE, false))?;
         }
-        match header_split {
-            HeaderSplit::PrivFlags => {
+        match primed.header_split {
+            HeaderSplit::PrivFlags { .. } => {
                 primed.run(
                     nic,
                     "disable strict header split",
@@ -197,8 +162,10 @@ pub fn prime(nic: &dyn NicControl, ifname: &str, rss_set_size: u32) -> Result<Pr
                 primed.run(nic, "disable header split", Change::PrivFlag(PRIV_HEADER_SPLIT, false))?;
                 primed.run(nic, "enable max rx buffer size", Change::PrivFlag(PRIV_MAX_RX_BUFFER, true))?;
             }
-            HeaderSplit::DataSplit => primed.run(nic, "disable tcp-data-split", Change::DataSplit(false))?,
-            HeaderSplit::RingSizeFallback | HeaderSplit::Unsupported => {}
+            HeaderSplit::DataSplit { .. } => {
+                primed.run(nic, "disable tcp-data-split", Change::DataSplit(false))?
+            }
+            HeaderSplit::RingSizeFallback { .. } | HeaderSplit::Unsupported => {}
         }
         primed.run(nic, "enable ntuple", Change::Feature(FEATURE_NTUPLE, true))?;
         primed.run(nic, "set RSS equal", Change::RssEqual(rss_set_size))
@@ -216,8 +183,11 @@ pub fn prime(nic: &dyn NicControl, ifname: &str, rss_set_size: u32) -> Result<Pr
 
 #[cfg(test)]
 mod tests {
+    use nix::errno::Errno;
+
     use super::*;
     use crate::nic::sim::SimNic;
+    use crate::nic::{FlowSpec, NicOp, RuleControl};
 
     fn state(nic: &SimNic) -> (bool, Vec<(String, bool)>, DataSplit, Vec<u32>) {
         (
@@ -238,7 +208,7 @@ mod tests {
         nic.set_priv_flag("eth1", PRIV_MAX_RX_BUFFER, true).unwrap();
         let before = state(&nic);
         let mut p = prime(&nic, "eth1", 8).unwrap();
-        assert_eq!(p.header_split, HeaderSplit::PrivFlags);
+        assert_eq!(p.header_split.name(), "priv_flags");
         assert!(nic.list_rules("eth1").unwrap().is_empty(), "stale rules flushed");
         assert!(nic.feature("eth1", FEATURE_NTUPLE).unwrap());
         assert!(nic.rss_table("eth1").unwrap().iter().all(|&q| q < 8));
@@ -253,19 +223,19 @@ mod tests {
     fn every_driver_family_primes_enables_and_restores() {
         use crate::nic::sim::SimDriver;
         for (driver, family) in [
-            (SimDriver::GvePrivFlags, HeaderSplit::PrivFlags),
-            (SimDriver::UpstreamRings, HeaderSplit::DataSplit),
-            (SimDriver::RingSizeOnly, HeaderSplit::RingSizeFallback),
+            (SimDriver::GvePrivFlags, "priv_flags"),
+            (SimDriver::UpstreamRings, "tcp_data_split"),
+            (SimDriver::RingSizeOnly, "ring_size_fallback"),
         ] {
             let nic = SimNic::new(&["eth1"]);
             nic.model_driver("eth1", driver);
             let before = (state(&nic), nic.rx_ring("eth1").unwrap());
             let mut p = prime(&nic, "eth1", 8).unwrap();
-            assert_eq!(p.header_split, family);
+            assert_eq!(p.header_split.name(), family);
             p.enable_header_split(&nic).unwrap();
             match family {
-                HeaderSplit::DataSplit => assert_eq!(nic.tcp_data_split("eth1").unwrap(), DataSplit::Enabled),
-                HeaderSplit::RingSizeFallback => {
+                "tcp_data_split" => assert_eq!(nic.tcp_data_split("eth1").unwrap(), DataSplit::Enabled),
+                "ring_size_fallback" => {
                     assert_eq!(nic.rx_ring("eth1").unwrap().current, FALLBACK_RING_LARGE);
                     assert_eq!(nic.calls(NicOp::SetRing), 2, "shrink then grow");
                 }
@@ -297,6 +267,6 @@ mod tests {
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].step, "restore RSS table");
         assert!(!nic.feature("eth1", FEATURE_NTUPLE).unwrap(), "later steps still ran");
-        assert_eq!(p.pending_restores(), 0);
+        assert_eq!(p.undo.len(), 0);
     }
 }

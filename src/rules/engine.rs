@@ -193,7 +193,7 @@ impl NicRuleEngine {
 mod tests {
     use super::*;
     use crate::nic::sim::SimNic;
-    use crate::nic::{NicOp, FEATURE_NTUPLE};
+    use crate::nic::{NicOp, NicSetup, RuleControl, FEATURE_NTUPLE};
     use proptest::prelude::*;
 
     fn flow(i: u16) -> FlowSpec {

@@ -7,13 +7,10 @@ use neli::types::Buffer;
 
 use crate::netlink::{attr_flag, attr_nest, attr_str, AttrSet, NlError};
 
-pub const A_BITSET_NOMASK: u16 = 1;
 pub const A_BITSET_SIZE: u16 = 2;
 pub const A_BITSET_BITS: u16 = 3;
 pub const A_BITSET_VALUE: u16 = 4;
-pub const A_BITSET_MASK: u16 = 5;
 pub const A_BITSET_BITS_BIT: u16 = 1;
-pub const A_BITSET_BIT_INDEX: u16 = 1;
 pub const A_BITSET_BIT_NAME: u16 = 2;
 pub const A_BITSET_BIT_VALUE: u16 = 3;
 
@@ -66,6 +63,10 @@ pub fn decode_verbose(set: &AttrSet) -> Result<Vec<(String, bool)>, NlError> {
 mod tests {
     use super::*;
     use crate::netlink::{attr, attr_u32, attrs_bytes};
+
+    // Attributes only the kernel's replies carry.
+    const A_BITSET_NOMASK: u16 = 1;
+    const A_BITSET_BIT_INDEX: u16 = 1;
 
     #[test]
     fn encode_one_golden_bytes() {

@@ -1,6 +1,6 @@
 //! ethtool generic netlink: the message and attribute numbers we use (from the
 //! kernel's uapi `ethtool_netlink_generated.h`), request builders and reply
-//! parsers over [`crate::netlink::genl`]. Pure: no sockets here, so every request
+//! parsers over `crate::netlink::genl`. Pure: no sockets here, so every request
 //! is golden-byte tested.
 
 use neli::genl::Nlattr;
@@ -29,7 +29,6 @@ pub const MSG_CHANNELS_SET: u8 = 18;
 
 // Every request's first attribute is its header nest (ETHTOOL_A_*_HEADER = 1).
 pub const A_HEADER: u16 = 1;
-pub const A_HEADER_DEV_INDEX: u16 = 1;
 pub const A_HEADER_DEV_NAME: u16 = 2;
 pub const A_HEADER_FLAGS: u16 = 3;
 pub const FLAG_COMPACT_BITSETS: u32 = 1;
@@ -55,8 +54,7 @@ pub const A_PRIVFLAGS_FLAGS: u16 = 2;
 pub const A_RINGS_RX_MAX: u16 = 2;
 pub const A_RINGS_RX: u16 = 6;
 pub const A_RINGS_TCP_DATA_SPLIT: u16 = 11;
-/// `enum ethtool_tcp_data_split`.
-pub const TCP_DATA_SPLIT_UNKNOWN: u8 = 0;
+/// `enum ethtool_tcp_data_split`; its 0 (unknown) reads as [`DataSplit::Unknown`] like any other value.
 pub const TCP_DATA_SPLIT_DISABLED: u8 = 1;
 pub const TCP_DATA_SPLIT_ENABLED: u8 = 2;
 

@@ -10,6 +10,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use nix::errno::Errno;
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
 
+use crate::netlink::c_string;
+use crate::types::ifname::{ifname_field, IFNAMSIZ};
+
 pub const SIOCETHTOOL: u32 = 0x8946;
 
 pub const ETHTOOL_GDRVINFO: u32 = 0x03;
@@ -30,8 +33,6 @@ pub const ETH_SS_STATS: u32 = 1;
 pub const ETH_GSTRING_LEN: usize = 32;
 /// Flag in GRXCLSRLCNT's `data`: the driver accepts special locations.
 pub const RX_CLS_LOC_SPECIAL: u64 = 0x8000_0000;
-use crate::types::ifname::ifname_field;
-pub use crate::types::ifname::IFNAMSIZ;
 
 /// `struct ethtool_flow_ext`: 20 bytes.
 #[repr(C)]
@@ -151,10 +152,7 @@ impl EthtoolIoctl {
         // SAFETY: the kernel copies sizeof(struct ethtool_drvinfo) = 196
         // bytes in and out; `buf` has exactly that size.
         unsafe { self.raw(ifname, buf.as_mut_ptr().cast())? };
-        let field = |i: usize| {
-            let b = &buf[4 + 32 * i..4 + 32 * (i + 1)];
-            String::from_utf8_lossy(&b[..b.iter().position(|&c| c == 0).unwrap_or(32)]).into_owned()
-        };
+        let field = |i: usize| c_string(&buf[4 + 32 * i..4 + 32 * (i + 1)]);
         Ok([field(0), field(1), field(2), field(3)])
     }
 
@@ -210,7 +208,7 @@ impl EthtoolIoctl {
         let len = (buf[2] as usize).min(cap);
         let bytes: Vec<u8> =
             buf[3..3 + len * ETH_GSTRING_LEN / 4].iter().flat_map(|w| w.to_ne_bytes()).collect();
-        Ok(bytes.chunks(ETH_GSTRING_LEN).map(crate::netlink::c_string).collect())
+        Ok(bytes.chunks(ETH_GSTRING_LEN).map(c_string).collect())
     }
 
     /// The driver's statistics (`count` from [`Self::sset_count`] of ETH_SS_STATS).

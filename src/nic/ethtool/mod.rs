@@ -6,10 +6,10 @@
 //! Sockets are opened in [`EthtoolNic::open`] and belong to the network
 //! namespace of the thread that opened them.
 
-pub mod bitset;
+pub(crate) mod bitset;
 pub mod genl;
-pub mod ioctl;
-pub mod rxnfc;
+pub(crate) mod ioctl;
+mod rxnfc;
 
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -19,7 +19,10 @@ use nix::errno::Errno;
 
 use self::genl::Channels;
 use self::ioctl::{EthtoolIoctl, EthtoolRxnfc, ETH_SS_STATS, RX_CLS_LOC_SPECIAL};
-use super::{DataSplit, FlowSpec, NicControl, NicError, NicOp, NicResult, NicRule, RxRing};
+use super::{
+    DataSplit, FlowSpec, NicCapabilities, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup,
+    RuleControl, RxRing,
+};
 use crate::netlink::genl::resolve_family;
 use crate::netlink::rtnl;
 use crate::netlink::{NlConn, NlError, NlRequest};
@@ -68,6 +71,13 @@ fn io_err<'a>(ifname: &'a str, op: NicOp, what: &'a str) -> impl FnOnce(Errno) -
     }
 }
 
+/// Locks one of the netlink sockets. A panic while holding the lock cannot
+/// leave the socket half-used in a way the next request does not recover
+/// from (stale replies are skipped by sequence number).
+fn unpoisoned(conn: &Mutex<NlConn>) -> MutexGuard<'_, NlConn> {
+    conn.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl EthtoolNic {
     /// Opens the sockets and resolves the ethtool family, in the calling
     /// thread's network namespace.
@@ -86,10 +96,7 @@ impl EthtoolNic {
     }
 
     fn genl(&self) -> MutexGuard<'_, NlConn> {
-        // A panic while holding the lock cannot leave the socket half-used in
-        // a way the next request does not recover from (stale replies are
-        // skipped by sequence number).
-        self.genl.lock().unwrap_or_else(|p| p.into_inner())
+        unpoisoned(&self.genl)
     }
 
     fn ask(&self, ifname: &str, op: NicOp, req: NlRequest) -> NicResult<Vec<Vec<u8>>> {
@@ -154,9 +161,13 @@ impl EthtoolNic {
     }
 }
 
-impl NicControl for EthtoolNic {
+impl NicInfo for EthtoolNic {
     fn backend(&self) -> &'static str {
         "ethtool"
+    }
+
+    fn capabilities(&self) -> NicCapabilities {
+        NicCapabilities::HARDWARE
     }
 
     fn ifindex(&self, ifname: &str) -> NicResult<u32> {
@@ -167,12 +178,7 @@ impl NicControl for EthtoolNic {
     fn addresses(&self, ifname: &str) -> NicResult<Vec<IpAddr>> {
         let index = self.ifindex(ifname).map_err(|e| NicError { op: NicOp::Addresses, ..e })?;
         let err = |e: NlError| nl_err(ifname, NicOp::Addresses, e);
-        let replies = self
-            .route
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .transact(&rtnl::getaddr_dump())
-            .map_err(err)?;
+        let replies = unpoisoned(&self.route).transact(&rtnl::getaddr_dump()).map_err(err)?;
         let mut out = Vec::new();
         for r in replies {
             if let Some(a) = rtnl::parse_addr(&r).map_err(err)? {
@@ -188,6 +194,28 @@ impl NicControl for EthtoolNic {
         self.channel_counts(ifname).map(|c| c.rx_queues())
     }
 
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
+        let Some(count) = self.ioctl.sset_count(ifname, ETH_SS_STATS).map_err(err)? else {
+            return Ok(None);
+        };
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTRINGS)");
+        let names = self.ioctl.strings(ifname, ETH_SS_STATS, count).map_err(err)?;
+        let Some(idx) = names.iter().position(|n| n == name) else {
+            return Ok(None);
+        };
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
+        let values = self.ioctl.stats(ifname, count).map_err(err)?;
+        // Stat names and values come from two calls; a count change in
+        // between (driver reconfigured) makes the index meaningless.
+        if values.len() != names.len() {
+            return Err(NicError::new(ifname, NicOp::Stat, Errno::EAGAIN).with_detail("stat count changed"));
+        }
+        Ok(values.get(idx).copied())
+    }
+}
+
+impl RuleControl for EthtoolNic {
     fn add_rule(&self, ifname: &str, flow: &FlowSpec, queue: u32, loc: u32) -> NicResult<()> {
         let mut nfc = rxnfc::insert(flow, queue, loc);
         self.rxnfc(ifname, NicOp::AddRule, "ntuple rule insertion (ETHTOOL_SRXCLSRLINS)", &mut nfc)
@@ -235,7 +263,9 @@ impl NicControl for EthtoolNic {
             Err(e) => Err(io_err(ifname, NicOp::ListRules, "ntuple rule (ETHTOOL_GRXCLSRULE)")(e)),
         }
     }
+}
 
+impl NicSetup for EthtoolNic {
     fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {
         self.ioctl.rss_get(ifname).map_err(io_err(
             ifname,
@@ -307,26 +337,6 @@ impl NicControl for EthtoolNic {
     fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()> {
         self.ask(ifname, NicOp::SetTcpDataSplit, genl::rings_set_data_split(self.family, ifname, on))
             .map(drop)
-    }
-
-    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
-        let Some(count) = self.ioctl.sset_count(ifname, ETH_SS_STATS).map_err(err)? else {
-            return Ok(None);
-        };
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTRINGS)");
-        let names = self.ioctl.strings(ifname, ETH_SS_STATS, count).map_err(err)?;
-        let Some(idx) = names.iter().position(|n| n == name) else {
-            return Ok(None);
-        };
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
-        let values = self.ioctl.stats(ifname, count).map_err(err)?;
-        // Stat names and values come from two calls; a count change in
-        // between (driver reconfigured) makes the index meaningless.
-        if values.len() != names.len() {
-            return Err(NicError::new(ifname, NicOp::Stat, Errno::EAGAIN).with_detail("stat count changed"));
-        }
-        Ok(values.get(idx).copied())
     }
 
     fn rx_ring(&self, ifname: &str) -> NicResult<RxRing> {

@@ -11,10 +11,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::ioctl::{EthtoolRxFlowSpec, EthtoolRxnfc};
+use super::ioctl::{EthtoolRxFlowSpec, EthtoolRxnfc, ETHTOOL_SRXCLSRLINS};
 use crate::nic::{FlowSpec, NicRule};
+use crate::types::flow::{TCP_V4_FLOW, TCP_V6_FLOW};
 
-pub use crate::types::flow::{TCP_V4_FLOW, TCP_V6_FLOW};
 /// High bits of `flow_type` that qualify it (FLOW_EXT, FLOW_MAC_EXT, FLOW_RSS).
 pub const FLOW_TYPE_FLAGS: u32 = 0x8000_0000 | 0x4000_0000 | 0x2000_0000;
 
@@ -54,7 +54,7 @@ fn v6(ip: IpAddr) -> Ipv6Addr {
 /// The request inserting `flow` → `queue` at `loc` (ETHTOOL_SRXCLSRLINS).
 pub fn insert(flow: &FlowSpec, queue: u32, loc: u32) -> EthtoolRxnfc {
     let fs = flow_spec(flow, queue, loc);
-    EthtoolRxnfc { cmd: super::ioctl::ETHTOOL_SRXCLSRLINS, flow_type: fs.flow_type, fs, ..Default::default() }
+    EthtoolRxnfc { cmd: ETHTOOL_SRXCLSRLINS, flow_type: fs.flow_type, fs, ..Default::default() }
 }
 
 /// A rule read back from the NIC, if it is a TCP flow rule (others are not ours).
