@@ -136,7 +136,7 @@ impl Startup<'_> {
         let stopping = Arc::new(AtomicBool::new(false));
         for (ni, (n, p)) in topo.nics.iter().zip(&node.primed).enumerate() {
             for (gi, g) in n.gpus.iter().enumerate() {
-                let pool = node.pools.iter().find(|(pci, _)| *pci == g.pci).map(|(_, p)| p.clone());
+                let pool = node.pools.iter().find(|(pci, _)| *pci == g.pci).map(|(_, p)| Arc::downgrade(p));
                 gpus.insert(g.pci, GpuEntry { nic: ni, index: gi, queues: g.queues.clone(), pool });
             }
             let capacity = topo.max_rx_rules.min(p.rule_capacity);

@@ -225,7 +225,7 @@ fn pool_for(
     if endpoint_gpu.is_some_and(|e| e != gpu) {
         return None;
     }
-    state.gpus.get(&gpu)?.pool.clone()
+    state.gpus.get(&gpu)?.pool.as_ref()?.upgrade()
 }
 
 fn count(state: &ServerState, kind: &str, code: StatusCode) {

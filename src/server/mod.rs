@@ -17,7 +17,7 @@ pub mod status;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch, Notify};
@@ -75,7 +75,9 @@ pub struct GpuEntry {
     /// Index of the GPU within its NIC.
     pub index: usize,
     pub queues: Vec<u32>,
-    pub pool: Option<Arc<dyn RxPool>>,
+    /// The daemon's teardown owns the pool: it is freed right after its
+    /// binding ends, even while a task still holds this state.
+    pub pool: Option<Weak<dyn RxPool>>,
 }
 
 /// Registered applications.

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -154,8 +154,8 @@ pub async fn status_json(state: &ServerState) -> Value {
                 "gpu": pci.to_string(),
                 "nic": state.rule_threads.get(g.nic).map(|t| t.ifname.clone()),
                 "queues": g.queues,
-                "size_bytes": g.pool.as_ref().map(|p| p.size()),
-                "pool": g.pool.as_ref().map(|p| p.describe()),
+                "size_bytes": g.pool.as_ref().and_then(Weak::upgrade).map(|p| p.size()),
+                "pool": g.pool.as_ref().and_then(Weak::upgrade).map(|p| p.describe()),
             })
         })
         .collect();
