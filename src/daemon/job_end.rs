@@ -23,9 +23,18 @@ pub enum JobEndError {
     #[error("--shutdown_file {path}: its folder {dir} does not exist")]
     NoFolder { path: PathBuf, dir: PathBuf },
     #[error("--shutdown_file {path}: removing a stale file left by an earlier job: {err}")]
-    RemoveStale { path: PathBuf, err: std::io::Error },
+    RemoveStale {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("--shutdown_file {path}: watching {dir} with inotify: {err}")]
-    Watch { path: PathBuf, dir: PathBuf, err: nix::errno::Errno },
+    Watch {
+        path: PathBuf,
+        dir: PathBuf,
+        #[source]
+        err: nix::errno::Errno,
+    },
 }
 
 struct InotifyFd(Inotify);

@@ -35,7 +35,11 @@ pub enum ClaimError {
     #[error("NIC {ifname} is already managed by another tcpx-rxdm ({holder}); refusing to manage it too")]
     Held { ifname: String, holder: String },
     #[error("claiming NIC {ifname}: {err}")]
-    Os { ifname: String, err: Errno },
+    Os {
+        ifname: String,
+        #[source]
+        err: Errno,
+    },
 }
 
 /// One claimed NIC; the claim lasts as long as this value.

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 
-use crate::nic::FlowSpec;
+use crate::types::flow::{as_v6, FlowSpec};
 
 /// Exact-match flow key as stored: 38 bytes instead of two `SocketAddr`s (64),
 /// which matters at 100 000 rules.
@@ -20,13 +20,7 @@ impl From<&FlowSpec> for FlowKey {
         let (sport, dport) = (f.src.port(), f.dst.port());
         match (f.src.ip(), f.dst.ip()) {
             (IpAddr::V4(s), IpAddr::V4(d)) => FlowKey::V4 { src: s.octets(), dst: d.octets(), sport, dport },
-            (s, d) => {
-                let v6 = |ip: IpAddr| match ip {
-                    IpAddr::V4(a) => a.to_ipv6_mapped(),
-                    IpAddr::V6(a) => a,
-                };
-                FlowKey::V6 { src: v6(s).octets(), dst: v6(d).octets(), sport, dport }
-            }
+            (s, d) => FlowKey::V6 { src: as_v6(s).octets(), dst: as_v6(d).octets(), sport, dport },
         }
     }
 }

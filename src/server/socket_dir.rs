@@ -15,19 +15,45 @@ pub const LOCK_FILE: &str = ".rxdm.lock";
 #[derive(Debug, thiserror::Error)]
 pub enum SocketDirError {
     #[error("creating socket folder {path}: {err}")]
-    CreateDir { path: PathBuf, err: std::io::Error },
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("opening lock file {path}: {err}")]
-    OpenLock { path: PathBuf, err: std::io::Error },
+    OpenLock {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("another tcpx-rxdm{holder} already serves {dir}; refusing to start a second one")]
     Locked { dir: PathBuf, holder: String },
     #[error("locking {path}: {err}")]
-    Lock { path: PathBuf, err: nix::errno::Errno },
+    Lock {
+        path: PathBuf,
+        #[source]
+        err: nix::errno::Errno,
+    },
     #[error("{path} exists and is not a socket; refusing to replace it")]
     NotASocket { path: PathBuf },
     #[error("binding {path}: {err}")]
-    Bind { path: PathBuf, err: std::io::Error },
-    #[error("setting mode/group of {path}: {err}")]
-    Permissions { path: PathBuf, err: String },
+    Bind {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("setting the group of {path}: {err}")]
+    Chown {
+        path: PathBuf,
+        #[source]
+        err: nix::errno::Errno,
+    },
+    #[error("setting the mode of {path}: {err}")]
+    Chmod {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("--socket_group {0:?}: no such group")]
     UnknownGroup(String),
 }
@@ -184,11 +210,11 @@ impl SocketDir {
         let listener =
             UnixListener::bind(&path).map_err(|err| SocketDirError::Bind { path: path.clone(), err })?;
         self.sockets.push(path.clone());
-        let perr = |err: String| SocketDirError::Permissions { path: path.clone(), err };
         if let Some(gid) = self.gid {
-            chown(&path, None, Some(gid)).map_err(|e| perr(e.to_string()))?;
+            chown(&path, None, Some(gid)).map_err(|err| SocketDirError::Chown { path: path.clone(), err })?;
         }
-        fs::set_permissions(&path, fs::Permissions::from_mode(self.mode)).map_err(|e| perr(e.to_string()))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(self.mode))
+            .map_err(|err| SocketDirError::Chmod { path: path.clone(), err })?;
         Ok(listener)
     }
 

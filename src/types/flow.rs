@@ -1,6 +1,6 @@
 //! TCP flows as NICs match them.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// ethtool `flow_type` of a TCP over IPv4 rule.
 pub const TCP_V4_FLOW: u32 = 1;
@@ -18,5 +18,14 @@ pub struct FlowSpec {
 impl FlowSpec {
     pub fn is_v6(&self) -> bool {
         self.dst.is_ipv6()
+    }
+}
+
+/// `ip` as IPv6: a v4 address becomes v4-mapped (`::ffff:a.b.c.d`). Flows
+/// whose two ends differ in family are keyed and programmed this way.
+pub fn as_v6(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
     }
 }

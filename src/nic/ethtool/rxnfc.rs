@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::ioctl::{EthtoolRxFlowSpec, EthtoolRxnfc, ETHTOOL_SRXCLSRLINS};
 use crate::nic::{FlowSpec, NicRule};
-use crate::types::flow::{TCP_V4_FLOW, TCP_V6_FLOW};
+use crate::types::flow::{as_v6, TCP_V4_FLOW, TCP_V6_FLOW};
 
 /// High bits of `flow_type` that qualify it (FLOW_EXT, FLOW_MAC_EXT, FLOW_RSS).
 pub const FLOW_TYPE_FLAGS: u32 = 0x8000_0000 | 0x4000_0000 | 0x2000_0000;
@@ -34,21 +34,14 @@ pub fn flow_spec(flow: &FlowSpec, queue: u32, loc: u32) -> EthtoolRxFlowSpec {
             // Mixed families cannot come from a real socket; map both to v6
             // (a v4 address becomes v4-mapped) so the driver decides.
             fs.flow_type = TCP_V6_FLOW;
-            fs.h_u[0..16].copy_from_slice(&v6(s).octets());
-            fs.h_u[16..32].copy_from_slice(&v6(d).octets());
+            fs.h_u[0..16].copy_from_slice(&as_v6(s).octets());
+            fs.h_u[16..32].copy_from_slice(&as_v6(d).octets());
             fs.h_u[32..34].copy_from_slice(&flow.src.port().to_be_bytes());
             fs.h_u[34..36].copy_from_slice(&flow.dst.port().to_be_bytes());
             fs.m_u[0..36].fill(0xff);
         }
     }
     fs
-}
-
-fn v6(ip: IpAddr) -> Ipv6Addr {
-    match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped(),
-        IpAddr::V6(a) => a,
-    }
 }
 
 /// The request inserting `flow` → `queue` at `loc` (ETHTOOL_SRXCLSRLINS).
