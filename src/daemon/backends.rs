@@ -13,6 +13,7 @@ use crate::nic::NicControl;
 use crate::types::pci::PciAddr;
 use crate::types::topology::Topology;
 
+use super::error::FlagError;
 use super::{Config, DaemonError};
 
 /// What the daemon programs and allocates through. `main` picks the real
@@ -40,11 +41,7 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
     if flags.nic_backend == NicBackendKind::Auto && !use_sim {
         let class_net = flags.sysfs_root().join("class/net");
         if let Some(n) = topo.nics.iter().find(|n| !class_net.join(&n.ifname).exists()) {
-            return Err(DaemonError::Flags(format!(
-                "--nic_backend=auto: interface {} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
-                n.ifname,
-                class_net.display()
-            )));
+            return Err(FlagError::NicNotFound { ifname: n.ifname.clone(), class_net }.into());
         }
     }
     // Before the NIC backend: a sim topology may be re-placed onto real GPUs.
@@ -55,23 +52,17 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
         GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto")?),
     };
     if flags.gpu_shmem_type == ShmemType::File && !alloc.supports(ShmemType::File) {
-        return Err(DaemonError::Flags(format!(
-            "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {} (--gpu_backend=cuda)",
-            alloc.backend()
-        )));
+        return Err(FlagError::ShmemFileNeedsCuda { backend: alloc.backend() }.into());
     }
     if (!flags.sim_fault.is_empty() || !flags.sim_delay.is_empty()) && !use_sim {
-        return Err(DaemonError::Flags("--sim_fault and --sim_delay need --nic_backend=sim".into()));
+        return Err(FlagError::SimFlagsNeedSim.into());
     }
     if let Some(d) = flags
         .sim_delay
         .iter()
         .find(|d| d.ifname.as_ref().is_some_and(|i| !topo.nics.iter().any(|n| &n.ifname == i)))
     {
-        return Err(DaemonError::Flags(format!(
-            "--sim_delay: {} is not a NIC of the topology",
-            d.ifname.as_deref().unwrap_or_default()
-        )));
+        return Err(FlagError::SimDelayUnknownNic(d.ifname.clone().unwrap_or_default()).into());
     }
     let nic: Arc<dyn NicControl> = if use_sim {
         let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();

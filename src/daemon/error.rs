@@ -34,7 +34,7 @@ pub enum DaemonError {
     Topology(#[from] ConfigError),
     /// A flag asks for something the chosen backends cannot do.
     #[error("{0}")]
-    Flags(String),
+    Flags(#[from] FlagError),
     #[error("{0}")]
     SocketGroup(#[source] SocketDirError),
     #[error("--gpu_backend={flag}: {source}")]
@@ -92,6 +92,24 @@ pub enum DaemonError {
     NicFailed(StopReason),
 }
 
+/// Flags that cannot work together, or with this node.
+#[derive(Debug, thiserror::Error)]
+pub enum FlagError {
+    #[error(
+        "--nic_backend=auto: interface {ifname} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
+        class_net.display()
+    )]
+    NicNotFound { ifname: String, class_net: std::path::PathBuf },
+    #[error(
+        "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {backend} (--gpu_backend=cuda)"
+    )]
+    ShmemFileNeedsCuda { backend: &'static str },
+    #[error("--sim_fault and --sim_delay need --nic_backend=sim")]
+    SimFlagsNeedSim,
+    #[error("--sim_delay: {0} is not a NIC of the topology")]
+    SimDelayUnknownNic(String),
+}
+
 impl DaemonError {
     /// The process exit status for this error.
     pub fn exit_code(&self) -> u8 {
@@ -136,7 +154,7 @@ mod tests {
 
     #[test]
     fn configuration_errors_exit_2_and_the_rest_1() {
-        assert_eq!(DaemonError::Flags("x".into()).exit_code(), 2);
+        assert_eq!(DaemonError::Flags(FlagError::SimFlagsNeedSim).exit_code(), 2);
         assert_eq!(DaemonError::Topology(ConfigError::ManualWithoutTopology).exit_code(), 2);
         let nic = NicError::new("eth1", NicOp::SetFeature, Errno::EPERM);
         let prime = PrimeError { ifname: "eth1".into(), step: "ntuple on", source: nic.clone() };
