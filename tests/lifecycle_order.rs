@@ -409,3 +409,16 @@ fn a_rule_endpoint_that_cannot_open_undoes_everything() {
         "the failure came after header split (4 NICs, 2 flags each)"
     );
 }
+
+#[test]
+fn a_pool_endpoint_that_cannot_open_undoes_everything_before_header_split() {
+    let node = node(&[]);
+    std::fs::create_dir(node.dir.path().join(format!("get_gpu_fd_{}", common::GPU_ETH2))).unwrap();
+    let entries = fails_and_rolls_back(node, Refused::Nothing, |e| matches!(e, DaemonError::Endpoint(_)));
+    assert!(
+        !nic_changes(&entries).iter().any(|(_, c)| is_header_split_on(c)),
+        "pool endpoints open before header split is turned on"
+    );
+    let binds = gpu_calls(&entries).iter().filter(|(_, c)| matches!(c, GpuCall::Bind { .. })).count();
+    assert_eq!(binds, 8, "every pool was bound before the endpoints opened");
+}
