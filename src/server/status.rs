@@ -150,12 +150,13 @@ pub async fn status_json(state: &ServerState) -> Value {
         .gpus
         .iter()
         .map(|(pci, g)| {
+            let pool = g.pool.as_ref().and_then(Weak::upgrade);
             json!({
                 "gpu": pci.to_string(),
                 "nic": state.rule_threads.get(g.nic).map(|t| t.ifname.clone()),
                 "queues": g.queues,
-                "size_bytes": g.pool.as_ref().and_then(Weak::upgrade).map(|p| p.size()),
-                "pool": g.pool.as_ref().and_then(Weak::upgrade).map(|p| p.describe()),
+                "size_bytes": pool.as_ref().map(|p| p.size()),
+                "pool": pool.as_ref().map(|p| p.describe()),
             })
         })
         .collect();
