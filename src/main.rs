@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     // Files we create are private unless made otherwise (socket files get --socket_mode).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 
-    let workers = std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2);
+    let workers = tcpx_rxdm::server::rule_io::worker_threads();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -99,6 +99,11 @@ struct Args {
     /// `--requests` at the first `--clients` value.
     #[arg(long)]
     target: Option<PathBuf>,
+    /// Another daemon build measured in the same rounds, interleaved with
+    /// `--bin` and the floor (repeatable): to compare builds side by side.
+    /// Printed, not written to the document.
+    #[arg(long)]
+    also: Vec<PathBuf>,
     /// Internal: serve the floor on this socket path (the benchmark starts itself so).
     #[arg(long, hide = true)]
     serve_floor: Option<PathBuf>,
@@ -301,6 +306,8 @@ struct FloorRow {
     clients: usize,
     ours: Measure,
     floor: Measure,
+    /// The `--also` builds, in their order.
+    also: Vec<Measure>,
 }
 
 struct ScaleRow {
@@ -372,43 +379,70 @@ fn main() {
         r.startup = Some((p50, t[0], *t.last().unwrap(), t.len()));
     }
 
-    // 2. Ours against the floor, interleaved, fresh servers each round.
-    let mut per: BTreeMap<usize, (Vec<Measure>, Vec<Measure>)> = BTreeMap::new();
+    // 2. Ours against the floor (and any --also builds), interleaved, fresh
+    // servers each round, the order rotating from one client count to the next.
+    let n_servers = 2 + a.also.len();
+    let mut per: BTreeMap<usize, Vec<Vec<Measure>>> = BTreeMap::new();
+    let mut also_errors = Errors::new();
     for round in 0..a.rounds as usize {
-        let (daemon, _) = start_daemon(&a.bin, &[]);
-        let floor = start_floor();
+        let mut servers = vec![start_daemon(&a.bin, &[]).0, start_floor()];
+        servers.extend(a.also.iter().map(|b| start_daemon(b, &[]).0));
         let mut flows = Flows(0);
-        // Warm both up (page faults, first connections); not counted.
+        // Warm them up (page faults, first connections); not counted.
         let warm = flows.frames(a.requests.min(1000), &nic_targets());
-        measure(&daemon, 8, &warm, &mut r.ours_errors);
-        measure(&floor, 8, &warm, &mut r.floor_errors);
+        for s in &servers {
+            measure(s, 8, &warm, &mut Errors::new());
+        }
         for (ci, &c) in a.clients.iter().enumerate() {
             let reqs = flows.frames(a.requests, &nic_targets());
-            let (ours, fl) = if (round + ci) % 2 == 0 {
-                let o = measure(&daemon, c, &reqs, &mut r.ours_errors);
-                (o, measure(&floor, c, &reqs, &mut r.floor_errors))
-            } else {
-                let f = measure(&floor, c, &reqs, &mut r.floor_errors);
-                (measure(&daemon, c, &reqs, &mut r.ours_errors), f)
-            };
+            let mut got: Vec<Option<Measure>> = vec![None; n_servers];
+            for k in 0..n_servers {
+                let i = (round + ci + k) % n_servers;
+                let errors = match i {
+                    0 => &mut r.ours_errors,
+                    1 => &mut r.floor_errors,
+                    _ => &mut also_errors,
+                };
+                got[i] = Some(measure(&servers[i], c, &reqs, errors));
+            }
+            let got: Vec<Measure> = got.into_iter().map(|m| m.expect("every server measured")).collect();
+            let (ours, fl) = (&got[0], &got[1]);
+            let also: String = got[2..]
+                .iter()
+                .enumerate()
+                .map(|(j, m)| format!(", also{} {:>7.0}/s p50 {:>7.1} µs", j + 1, m.rate, us(m.p50)))
+                .collect();
             println!(
-                "round {}/{} {c:>3} clients: ours {:>7.0}/s p50 {:>7.1} µs, floor {:>7.0}/s p50 {:>7.1} µs{}",
+                "round {}/{} {c:>3} clients: ours {:>7.0}/s p50 {:>7.1} µs, floor {:>7.0}/s p50 {:>7.1} µs{also}{}",
                 round + 1,
                 a.rounds,
                 ours.rate,
                 us(ours.p50),
                 fl.rate,
                 us(fl.p50),
-                err_note(ours.errors + fl.errors)
+                err_note(got.iter().map(|m| m.errors).sum())
             );
-            let e = per.entry(c).or_default();
-            e.0.push(ours);
-            e.1.push(fl);
+            let e = per.entry(c).or_insert_with(|| vec![Vec::new(); n_servers]);
+            for (i, m) in got.into_iter().enumerate() {
+                e[i].push(m);
+            }
         }
     }
     for &c in &a.clients {
-        let (o, f) = &per[&c];
-        r.rows.push(FloorRow { clients: c, ours: best(o).unwrap(), floor: best(f).unwrap() });
+        let rounds = &per[&c];
+        r.rows.push(FloorRow {
+            clients: c,
+            ours: best(&rounds[0]).unwrap(),
+            floor: best(&rounds[1]).unwrap(),
+            also: rounds[2..].iter().map(|m| best(m).unwrap()).collect(),
+        });
+    }
+    if !a.also.is_empty() {
+        print_also(&a, &r.rows);
+        if !also_errors.is_empty() {
+            println!("--also builds had errors: {also_errors:?}");
+            std::process::exit(1);
+        }
     }
 
     // 3. NIC scaling under a slow add_rule.
@@ -482,6 +516,28 @@ fn main() {
     }
     if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() {
         std::process::exit(1);
+    }
+}
+
+/// The `--also` comparison: each build's rate and p50 against the floor's and `--bin`'s.
+fn print_also(a: &Args, rows: &[FloorRow]) {
+    println!("\nbuilds side by side (best of {} interleaved rounds; ratio to the floor):", a.rounds);
+    let mut names = vec![format!("--bin {}", a.bin.display())];
+    names.extend(a.also.iter().enumerate().map(|(j, b)| format!("also{} {}", j + 1, b.display())));
+    for row in rows {
+        let all = std::iter::once(&row.ours).chain(&row.also);
+        for (name, m) in names.iter().zip(all) {
+            println!(
+                "  {:>3} clients  {name}: {:>7.0}/s ({:.2}), p50 {:>7.1} µs ({:+.1} µs), p99 {:>7.1} µs, CPU {} µs/rule",
+                row.clients,
+                m.rate,
+                m.rate / row.floor.rate,
+                us(m.p50),
+                us(m.p50) - us(row.floor.p50),
+                us(m.p99),
+                cpu(m.cpu_us)
+            );
+        }
     }
 }
 

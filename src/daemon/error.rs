@@ -80,6 +80,11 @@ pub enum DaemonError {
     },
     #[error("{0}")]
     Endpoint(#[source] SocketDirError),
+    #[error("starting the rule endpoints' I/O threads: {source}")]
+    RuleIo {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("header split on {0}")]
     HeaderSplit(#[source] PrimeError),
     #[error("link monitor: {0}")]

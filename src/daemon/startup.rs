@@ -230,9 +230,21 @@ impl Startup<'_> {
 
     fn open_rule_endpoints(&self, node: &mut Node, state: &Arc<ServerState>) -> Result<(), DaemonError> {
         let t = Instant::now();
-        for ep in
-            [Endpoint::RuleManager, Endpoint::RuleUninstall, Endpoint::QueueIdsByGpu, Endpoint::Registry]
-        {
+        let mut rule_listeners = Vec::new();
+        for ep in [Endpoint::RuleManager, Endpoint::RuleUninstall] {
+            let l = node.dir.bind(&ep.socket_name()).map_err(DaemonError::Endpoint)?;
+            let socket = l.into_std().map_err(|source| DaemonError::RuleIo { source })?;
+            rule_listeners.push(server::rule_io::Listener { socket, endpoint: ep });
+        }
+        server::rule_io::spawn(
+            rule_listeners,
+            server::rule_io::worker_threads(),
+            state.clone(),
+            self.shutdown.clone(),
+            self.done.clone(),
+        )
+        .map_err(|source| DaemonError::RuleIo { source })?;
+        for ep in [Endpoint::QueueIdsByGpu, Endpoint::Registry] {
             self.open(node, state, ep)?;
         }
         for p in &node.primed {

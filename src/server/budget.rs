@@ -64,6 +64,23 @@ impl ConnBudget {
         p
     }
 
+    /// A permit for one connection to `endpoint` if one is free now.
+    pub fn try_acquire(&self, endpoint: Endpoint) -> Option<OwnedSemaphorePermit> {
+        let p = if long_lived(endpoint) {
+            self.reserved.clone().try_acquire_owned().or_else(|_| self.shared.clone().try_acquire_owned())
+        } else {
+            self.shared.clone().try_acquire_owned()
+        };
+        let p = p.ok()?;
+        self.peak.fetch_max(self.open(), Ordering::Relaxed);
+        Some(p)
+    }
+
+    /// Whether [`Self::try_acquire`] would find a permit for `endpoint` now.
+    pub fn has_room(&self, endpoint: Endpoint) -> bool {
+        self.shared.available_permits() > 0 || (long_lived(endpoint) && self.reserved.available_permits() > 0)
+    }
+
     async fn acquire_inner(&self, endpoint: Endpoint) -> OwnedSemaphorePermit {
         if !long_lived(endpoint) {
             return self.shared.clone().acquire_owned().await.expect("never closed");
@@ -150,6 +167,22 @@ mod tests {
         drop(held.remove(0));
         let p = tokio::time::timeout(Duration::from_millis(50), b.acquire(Endpoint::GpuMetadata(gpu))).await;
         assert!(p.is_ok());
+    }
+
+    #[test]
+    fn try_acquire_keeps_the_same_shares() {
+        let b = ConnBudget::new(8, None);
+        let rules: Vec<_> =
+            (0..6).map(|_| b.try_acquire(Endpoint::RuleManager).expect("shared part")).collect();
+        assert!(!b.has_room(Endpoint::RuleUninstall));
+        assert!(b.try_acquire(Endpoint::RuleUninstall).is_none(), "rule connections stay out of the reserve");
+        assert!(b.has_room(Endpoint::Registry));
+        let reg = b.try_acquire(Endpoint::Registry).expect("reserved part");
+        assert_eq!((b.open(), b.take_peak()), (7, 7));
+        drop(rules);
+        drop(reg);
+        assert!(b.has_room(Endpoint::RuleManager));
+        assert_eq!(b.open(), 0);
     }
 
     #[test]

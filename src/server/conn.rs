@@ -1,5 +1,7 @@
-//! One client connection: read frames, answer each in order, close on
-//! malformed input. A truncated frame only ends its own connection.
+//! One client connection on the runtime (queue, registry and pool endpoints;
+//! the rule endpoints have threads of their own, see `rule_io`): read
+//! frames, answer each in order, close on malformed input. A truncated frame
+//! only ends its own connection.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
@@ -8,14 +10,14 @@ use std::sync::Arc;
 use sendfd::SendWithFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
-use super::handlers::{self, ConnContext, Reply, RuleStart};
-use super::rule_threads::Requester;
+use super::handlers::{self, ConnContext, Reply};
 use super::{Endpoint, ServerState};
 use crate::gpu::RxPool;
 use crate::types::status::StatusCode;
 use crate::wire::frame;
+use crate::wire::proto::UnixSocketProto;
 
 /// The byte that carries an fd (any single byte does).
 const FD_CARRIER: [u8; 1] = [0];
@@ -60,8 +62,9 @@ fn tracks_client(endpoint: Endpoint) -> bool {
     )
 }
 
-fn shutting_down() -> Reply {
-    Reply::Message(frame::error(StatusCode::Unavailable, "the daemon is shutting down"))
+/// The reply to a request that arrives once shutdown has begun.
+pub fn shutting_down() -> UnixSocketProto {
+    frame::error(StatusCode::Unavailable, "the daemon is shutting down")
 }
 
 /// Serves requests in order. Every request read gets exactly one reply before
@@ -82,9 +85,6 @@ async fn run(
     let serves_through_shutdown = endpoint == Endpoint::Registry;
     let idle_limit = state.conn_limit.idle_limit(endpoint);
     let mut last_request = tokio::time::Instant::now();
-    // A rule request whose reply its NIC's thread writes: settled before
-    // anything else is written or the connection closes.
-    let mut handed: Option<oneshot::Receiver<Option<Vec<u8>>>> = None;
     loop {
         match frame::parse(&buf) {
             Ok(Some((msg, used))) => {
@@ -92,31 +92,13 @@ async fn run(
                 last_request = tokio::time::Instant::now();
                 // A large frame grew the buffer: give the memory back.
                 super::memory::shrink_buffer(&mut buf);
-                settle(stream, &mut handed).await?;
                 let reply = if stopping && !serves_through_shutdown {
-                    shutting_down()
+                    Reply::Message(shutting_down())
                 } else {
                     if ctx.requester.is_none() && tracks_client(endpoint) {
                         ctx.requester = Some(state.clients.requester(stream.as_fd()));
                     }
-                    let install = endpoint == Endpoint::RuleManager;
-                    if install || endpoint == Endpoint::RuleUninstall {
-                        let who = if install {
-                            ctx.requester.clone().unwrap_or_default()
-                        } else {
-                            Requester::default()
-                        };
-                        match handlers::start_rule(state, msg, install, who, stream.as_fd()) {
-                            RuleStart::Handed(rx) => {
-                                handed = Some(rx);
-                                continue;
-                            }
-                            RuleStart::Answered(reply) => reply,
-                            RuleStart::General(msg) => handlers::handle(endpoint, msg, state, ctx).await,
-                        }
-                    } else {
-                        handlers::handle(endpoint, msg, state, ctx).await
-                    }
+                    handlers::handle(endpoint, msg, state, ctx).await
                 };
                 let close = matches!(reply, Reply::Close(_));
                 write_reply(stream, reply).await?;
@@ -127,18 +109,16 @@ async fn run(
             }
             Ok(None) => {}
             Err(e) => {
-                settle(stream, &mut handed).await?;
                 write_reply(stream, Reply::Close(frame::error(StatusCode::InvalidArgument, e.to_string())))
                     .await?;
                 return Ok(());
             }
         }
         if stopping && !serves_through_shutdown {
-            settle(stream, &mut handed).await?;
             if !buf.is_empty() {
                 // Part of a request arrived: answer it rather than leave the
                 // client waiting on a closed socket.
-                write_reply(stream, shutting_down()).await?;
+                write_reply(stream, Reply::Message(shutting_down())).await?;
             }
             return Ok(());
         }
@@ -154,7 +134,6 @@ async fn run(
                 continue;
             }
             _ = super::budget::idle_expired(idle_limit, last_request) => {
-                settle(stream, &mut handed).await?;
                 // No request pending: nothing owed. Part of a frame: an error reply.
                 if let (false, Some(limit)) = (buf.is_empty(), idle_limit) {
                     write_reply(stream, Reply::Close(super::budget::incomplete_reply(&buf, limit))).await?;
@@ -164,28 +143,11 @@ async fn run(
             r = stream.read_buf(&mut buf) => r?,
         };
         if n == 0 {
-            // The client may have only shut its sending side: its reply still goes out.
-            settle(stream, &mut handed).await?;
             if !buf.is_empty() {
                 tracing::debug!(endpoint = endpoint.kind(), pending = buf.len(), "client closed mid-frame");
             }
             return Ok(());
         }
-    }
-}
-
-/// Waits for a handed-over rule request's reply to be written, and writes
-/// what its NIC thread could not.
-async fn settle(
-    stream: &mut UnixStream,
-    handed: &mut Option<oneshot::Receiver<Option<Vec<u8>>>>,
-) -> io::Result<()> {
-    let Some(rx) = handed.take() else { return Ok(()) };
-    match rx.await {
-        Ok(None) => Ok(()),
-        Ok(Some(rest)) => stream.write_all(&rest).await,
-        // The NIC thread is gone (never during normal operation): still a reply.
-        Err(_) => write_reply(stream, shutting_down()).await,
     }
 }
 

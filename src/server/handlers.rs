@@ -9,7 +9,8 @@ use crate::gpu::RxPool;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
-use crate::server::rule_threads::{Requester, SocketReply};
+use crate::server::rule_io::Handoff;
+use crate::server::rule_threads::{Job, Requester, SocketReply};
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 use crate::wire::frame;
@@ -60,21 +61,21 @@ pub async fn handle(
 pub enum RuleStart {
     /// Answered here (bad input, no such GPU, ...).
     Answered(Reply),
-    /// Handed to a NIC thread, which writes the reply itself; the receiver
-    /// yields what it could not write at once.
-    Handed(tokio::sync::oneshot::Receiver<Option<Vec<u8>>>),
-    /// Needs the general path (an uninstall that asks every NIC).
+    /// For NIC `nic`'s thread, which writes the reply to the client itself.
+    Handed { nic: usize, job: Job },
+    /// Needs the general path (an uninstall that asks every NIC): [`rule`].
     General(UnixSocketProto),
 }
 
-/// Starts a rule request on `sock`'s connection so that its NIC's thread
-/// writes the reply: the connection's task is not woken for it.
+/// Starts a rule request on `conn` so that its NIC's thread writes the
+/// reply: the connection's thread is not woken for it. The caller hands the
+/// job over (batched with others) and calls [`Handoff::begin`](super::rule_io::Handoff) first.
 pub fn start_rule(
     state: &ServerState,
     msg: UnixSocketProto,
     install: bool,
     who: Requester,
-    sock: std::os::fd::BorrowedFd<'_>,
+    conn: &Arc<Handoff>,
 ) -> RuleStart {
     let started = Instant::now();
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
@@ -94,21 +95,17 @@ pub fn start_rule(
         Err(_) if !install => return RuleStart::General(msg),
         Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
     };
-    let sock = match sock.try_clone_to_owned() {
-        Ok(s) => s,
-        Err(_) => return RuleStart::General(msg),
-    };
-    let (done, rx) = tokio::sync::oneshot::channel();
-    let to = SocketReply { sock, op, started, done };
-    if install {
-        state.rule_threads[nic].install_to(req.flow, gpu, req.queue, who, to);
+    let to = SocketReply { conn: conn.clone(), op, started };
+    let job = if install {
+        Job::install_to(req.flow, gpu, req.queue, who, to)
     } else {
-        state.rule_threads[nic].uninstall_to(req.flow, to);
-    }
-    RuleStart::Handed(rx)
+        Job::uninstall_to(req.flow, to)
+    };
+    RuleStart::Handed { nic, job }
 }
 
-async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Requester) -> Reply {
+/// A rule request answered on the runtime (the NIC threads still do the NIC work).
+pub async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Requester) -> Reply {
     let started = Instant::now();
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let (code, reply) = match msg.payload {

@@ -109,10 +109,14 @@ pub struct ClientTracker {
     no_peer_pidfd: AtomicBool,
     watches: AtomicU64,
     pidfds: AtomicU64,
+    /// The runtime the watches run on: connections are also identified on
+    /// threads outside it (the rule endpoints' I/O threads).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl ClientTracker {
-    /// The tracker and the receiving end of exited leases.
+    /// The tracker and the receiving end of exited leases. Called on the
+    /// runtime that is to watch the client processes.
     pub fn new(
         policy: LeasePolicy,
         metrics: Arc<Metrics>,
@@ -127,6 +131,7 @@ impl ClientTracker {
             no_peer_pidfd: AtomicBool::new(false),
             watches: AtomicU64::new(0),
             pidfds: AtomicU64::new(0),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         };
         (Arc::new(t), rx)
     }
@@ -267,7 +272,7 @@ impl ClientTracker {
 
     fn spawn_watch(self: &Arc<Self>, pidfd: OwnedFd, lease: Arc<Lease>) {
         let tracker = self.clone();
-        tokio::spawn(async move {
+        let watch = async move {
             // SAFETY: the AsyncFd takes ownership of `pidfd`, so the descriptor
             // stays open and names the same pidfd for the AsyncFd's whole life.
             match unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) } {
@@ -280,7 +285,11 @@ impl ClientTracker {
                 }
             }
             tracker.exited(&lease);
-        });
+        };
+        match &self.runtime {
+            Some(rt) => drop(rt.spawn(watch)),
+            None => drop(tokio::spawn(watch)),
+        }
     }
 
     fn exited(&self, lease: &Lease) {

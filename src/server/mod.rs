@@ -1,5 +1,7 @@
-//! The client-facing endpoints: one `UnixListener` per socket file,
-//! one task per connection, a connection budget (`ConnBudget`) bounding them.
+//! The client-facing endpoints: one `UnixListener` per socket file and a
+//! connection budget (`ConnBudget`) bounding them all. The rule endpoints are
+//! served by I/O threads of their own ([`rule_io`]); the others by one
+//! runtime task per connection.
 
 pub mod accept_backoff;
 pub(crate) mod budget;
@@ -10,6 +12,7 @@ pub(crate) mod http;
 pub(crate) mod leases;
 pub mod memory;
 mod peer;
+pub mod rule_io;
 pub mod rule_threads;
 pub(crate) mod socket_dir;
 pub mod status;

@@ -15,6 +15,9 @@ pub const HEADER_LEN: usize = 2;
 /// The exact success reply of the rule, registry and uninstall endpoints.
 pub const OK_REPLY: &[u8] = b"Ok.";
 
+/// [`ok`] framed: length 5, then field 1 (`raw_bytes`, length-delimited) of 3 bytes.
+pub const OK_FRAME: &[u8] = b"\x00\x05\x0a\x03Ok.";
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
     #[error("malformed protobuf: {0}")]
@@ -112,6 +115,7 @@ mod tests {
     fn ok_reply_bytes_are_exact() {
         // field 1 (raw_bytes), wire type 2, length 3, "Ok."; framed with length 5.
         assert_eq!(encode(&ok()).unwrap(), vec![0, 5, 0x0a, 3, b'O', b'k', b'.']);
+        assert_eq!(encode(&ok()).unwrap(), OK_FRAME);
     }
 
     #[test]

@@ -1,15 +1,15 @@
 //! Per-NIC rule threads: each NIC's rule operations run on that NIC's own
 //! thread, in arrival order, so a slow driver call (an admin queue, rtnl_lock
-//! contention) never holds an async runtime worker: other NICs, queries, pool
-//! fetches, HTTP probes and signals go on. The thread takes every queued
-//! request per wake-up, so under load one hand-off serves many requests.
+//! contention) never holds a thread that serves connections: other NICs,
+//! queries, pool fetches, HTTP probes and signals go on. Producers hand over
+//! whole batches and the thread takes every queued request per wake-up, so
+//! under load one hand-off serves many requests.
 //!
 //! Deletes the NIC refuses stay booked (bookkeeping always equals the NIC's
 //! table) and the thread retries them with backoff until the NIC confirms.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,8 +24,11 @@ use crate::rules::RuleFailure;
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 
+mod queue;
 mod thread;
 
+use super::rule_io::Handoff;
+use queue::JobQueue;
 use thread::{answer, booked_rule, NicThread};
 
 /// First wait before a refused delete is tried again; doubles up to [`RETRY_MAX`].
@@ -76,19 +79,18 @@ pub struct Requester {
     pub lease: Option<Arc<dyn LeaseState>>,
 }
 
-/// Where a rule request's answer goes when the NIC thread writes it to the
-/// client's socket itself (no wake-up of the connection's task per request).
+/// Where a rule request's answer goes: the NIC thread writes it to the
+/// client's socket itself (no wake-up of the connection's thread per request).
 pub struct SocketReply {
-    /// The client's socket (a duplicate: the connection may close meanwhile).
-    pub sock: std::os::fd::OwnedFd,
+    pub conn: Arc<Handoff>,
     pub op: RuleOp,
     pub started: Instant,
-    /// Bytes that could not be written at once (`None`: all were), for the
-    /// connection's task to send before anything else.
-    pub done: oneshot::Sender<Option<Vec<u8>>>,
 }
 
-enum Job {
+/// A unit of work for a NIC thread. Rule requests from clients are built
+/// with [`Job::install_to`] and [`Job::uninstall_to`] and handed over in
+/// batches with [`NicRuleThread::submit`].
+pub enum Job {
     InstallTo {
         flow: FlowSpec,
         gpu: usize,
@@ -127,6 +129,26 @@ enum Job {
     },
 }
 
+impl Job {
+    /// An install whose reply the NIC thread writes to the client.
+    pub fn install_to(flow: FlowSpec, gpu: usize, hint: Option<u32>, who: Requester, to: SocketReply) -> Job {
+        Job::InstallTo { flow, gpu, hint, who, to }
+    }
+
+    /// An uninstall whose reply the NIC thread writes to the client.
+    pub fn uninstall_to(flow: FlowSpec, to: SocketReply) -> Job {
+        Job::UninstallTo { flow, to }
+    }
+
+    /// Ends a job that will never run: a client still gets its reply; an
+    /// in-process caller sees its answer channel close.
+    fn abandon(self, metrics: Option<&Metrics>) {
+        if let Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } = self {
+            answer(to, Err(unavailable("the daemon is shutting down")), metrics);
+        }
+    }
+}
+
 /// The booked rules of one NIC, copied on its thread (no NIC call, no formatting).
 pub struct BookedCopy {
     pub capacity: u32,
@@ -135,13 +157,19 @@ pub struct BookedCopy {
     pub foreign_slots: Vec<u32>,
 }
 
-/// A handle to one NIC's rule thread. Dropping the last handle
-/// ends the thread once the jobs already queued are done.
+/// A handle to one NIC's rule thread. Dropping it ends the thread once the
+/// jobs already queued are done.
 pub struct NicRuleThread {
     pub ifname: String,
-    jobs: mpsc::Sender<Job>,
+    jobs: Arc<JobQueue<Job>>,
     nic: Arc<dyn NicControl>,
     gpu_names: Arc<[String]>,
+}
+
+impl Drop for NicRuleThread {
+    fn drop(&mut self) {
+        self.jobs.close();
+    }
 }
 
 fn unavailable(msg: &str) -> RuleFailure {
@@ -162,26 +190,25 @@ impl NicRuleThread {
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
         let gpu_names: Arc<[String]> = gpus.iter().map(|(p, _)| p.to_string()).collect();
-        let thread = NicThread {
-            engine: NicRuleEngine::new(ifname, capacity, &queues),
-            gpu_names: gpu_names.clone(),
-            queues: queues.concat(),
-            nic: nic.clone(),
+        let thread = NicThread::new(
+            NicRuleEngine::new(ifname, capacity, &queues),
+            gpu_names.clone(),
+            queues.concat(),
+            nic.clone(),
             metrics,
             stopping,
-            retry_wait: RETRY_FIRST,
-            retry_at: None,
-        };
+        );
         thread.reset_gauges();
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new().name(format!("nic-{ifname}")).spawn(move || thread.run(rx))?;
-        Ok(NicRuleThread { ifname: ifname.to_string(), jobs: tx, nic, gpu_names })
+        let jobs = Arc::new(JobQueue::new());
+        let queue = jobs.clone();
+        std::thread::Builder::new().name(format!("nic-{ifname}")).spawn(move || thread.run(&queue))?;
+        Ok(NicRuleThread { ifname: ifname.to_string(), jobs, nic, gpu_names })
     }
 
     /// Sends a job and waits for its answer without blocking the runtime.
     async fn ask<T>(&self, job: impl FnOnce(oneshot::Sender<T>) -> Job) -> Option<T> {
         let (tx, rx) = oneshot::channel();
-        self.jobs.send(job(tx)).ok()?;
+        self.jobs.push(job(tx)).ok()?;
         rx.await.ok()
     }
 
@@ -197,21 +224,13 @@ impl NicRuleThread {
             .unwrap_or_else(|| Err(unavailable("the daemon is shutting down")))
     }
 
-    /// Queues an install whose reply the NIC thread writes to the client itself.
-    pub fn install_to(&self, flow: FlowSpec, gpu: usize, hint: Option<u32>, who: Requester, to: SocketReply) {
-        if let Err(mpsc::SendError(Job::InstallTo { to, .. })) =
-            self.jobs.send(Job::InstallTo { flow, gpu, hint, who, to })
-        {
-            answer(to, Err(unavailable("the daemon is shutting down")), None);
-        }
-    }
-
-    /// Queues an uninstall whose reply the NIC thread writes to the client itself.
-    pub fn uninstall_to(&self, flow: FlowSpec, to: SocketReply) {
-        if let Err(mpsc::SendError(Job::UninstallTo { to, .. })) =
-            self.jobs.send(Job::UninstallTo { flow, to })
-        {
-            answer(to, Err(unavailable("the daemon is shutting down")), None);
+    /// Hands over every job of `batch` at once (one wake-up of the thread at
+    /// most), leaving `batch` empty with its capacity kept.
+    pub fn submit(&self, batch: &mut Vec<Job>) {
+        if self.jobs.push_all(batch).is_err() {
+            for job in batch.drain(..) {
+                job.abandon(None);
+            }
         }
     }
 
@@ -223,7 +242,7 @@ impl NicRuleThread {
 
     /// Queues the removal of every rule of `lease` (its process exited).
     pub fn reclaim(&self, lease: NonZeroU32) {
-        let _ = self.jobs.send(Job::Reclaim { lease, reply: None });
+        let _ = self.jobs.push(Job::Reclaim { lease, reply: None });
     }
 
     /// Like [`Self::reclaim`], answering how many rules were removed.
@@ -271,7 +290,7 @@ impl NicRuleThread {
     /// once, so that several NICs work in parallel.
     pub fn remove_all(&self, give_up_at: Instant) -> impl std::future::Future<Output = Vec<NicError>> {
         let (reply, rx) = oneshot::channel();
-        let sent = self.jobs.send(Job::RemoveAll { give_up_at, reply }).is_ok();
+        let sent = self.jobs.push(Job::RemoveAll { give_up_at, reply }).is_ok();
         async move {
             match sent {
                 true => rx.await.unwrap_or_default(),

@@ -2,12 +2,14 @@
 //! each queued job in arrival order, retries refused deletes with backoff,
 //! and writes each rule request's reply to the client's socket itself.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use prometheus::{Histogram, IntGauge};
 
 use crate::metrics::Metrics;
 use crate::nic::{FlowSpec, NicControl, NicError};
@@ -16,41 +18,95 @@ use crate::rules::table::{Owner, RuleEntry};
 use crate::rules::RuleFailure;
 use crate::types::status::StatusCode;
 
+use super::queue::Taken;
 use super::*;
+
+/// The metric series one NIC thread updates per request, resolved once
+/// (a label lookup hashes and locks).
+pub(super) struct Series {
+    add_latency: Histogram,
+    del_latency: Histogram,
+    installed: IntGauge,
+    pending: IntGauge,
+    foreign: IntGauge,
+    by_queue: HashMap<u32, IntGauge>,
+}
+
+impl Series {
+    fn new(metrics: &Metrics, ifname: &str, queues: &[u32]) -> Self {
+        Series {
+            add_latency: metrics.nic_op_latency.with_label_values(&["add_rule"]),
+            del_latency: metrics.nic_op_latency.with_label_values(&["del_rule"]),
+            installed: metrics.rules_installed.with_label_values(&[ifname]),
+            pending: metrics.rule_deletes_pending.with_label_values(&[ifname]),
+            foreign: metrics.foreign_slots.with_label_values(&[ifname]),
+            by_queue: queues
+                .iter()
+                .map(|q| (*q, metrics.rules_by_queue.with_label_values(&[ifname, &q.to_string()])))
+                .collect(),
+        }
+    }
+}
 
 /// The state owned by one NIC's thread.
 pub(super) struct NicThread {
-    pub(super) engine: NicRuleEngine,
-    pub(super) gpu_names: Arc<[String]>,
-    pub(super) queues: Vec<u32>,
-    pub(super) nic: Arc<dyn NicControl>,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) stopping: Arc<AtomicBool>,
-    pub(super) retry_wait: Duration,
+    engine: NicRuleEngine,
+    gpu_names: Arc<[String]>,
+    nic: Arc<dyn NicControl>,
+    metrics: Arc<Metrics>,
+    series: Series,
+    stopping: Arc<AtomicBool>,
+    retry_wait: Duration,
     /// When the next retry of refused deletes is due (none pending: `None`).
-    pub(super) retry_at: Option<Instant>,
+    retry_at: Option<Instant>,
+}
+
+/// Answers whatever is left in the queue when the thread ends, even by a
+/// panic, so that no client waits forever for a reply.
+struct AbandonOnExit<'a>(&'a JobQueue<Job>, Arc<Metrics>);
+
+impl Drop for AbandonOnExit<'_> {
+    fn drop(&mut self) {
+        for job in self.0.close_and_drain() {
+            job.abandon(Some(&self.1));
+        }
+    }
 }
 
 impl NicThread {
-    pub(super) fn run(mut self, jobs: mpsc::Receiver<Job>) {
+    pub(super) fn new(
+        engine: NicRuleEngine,
+        gpu_names: Arc<[String]>,
+        queues: Vec<u32>,
+        nic: Arc<dyn NicControl>,
+        metrics: Arc<Metrics>,
+        stopping: Arc<AtomicBool>,
+    ) -> Self {
+        let series = Series::new(&metrics, &engine.ifname, &queues);
+        NicThread {
+            engine,
+            gpu_names,
+            nic,
+            metrics,
+            series,
+            stopping,
+            retry_wait: RETRY_FIRST,
+            retry_at: None,
+        }
+    }
+
+    pub(super) fn run(mut self, jobs: &JobQueue<Job>) {
+        let _abandon = AbandonOnExit(jobs, self.metrics.clone());
+        let mut batch = Vec::new();
         loop {
-            let job = match self.retry_at {
-                None => match jobs.recv() {
-                    Ok(j) => Some(j),
-                    Err(_) => return,
-                },
-                Some(at) => match jobs.recv_timeout(at.saturating_duration_since(Instant::now())) {
-                    Ok(j) => Some(j),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                },
-            };
-            if let Some(job) = job {
-                self.handle(job);
-                // Everything that queued up meanwhile, before sleeping again.
-                while let Ok(job) = jobs.try_recv() {
-                    self.handle(job);
+            match jobs.take(&mut batch, self.retry_at) {
+                Taken::Jobs => {
+                    for job in batch.drain(..) {
+                        self.handle(job);
+                    }
                 }
+                Taken::Timeout => {}
+                Taken::Closed => return,
             }
             if self.retry_at.is_some_and(|at| Instant::now() >= at) {
                 self.retry();
@@ -137,16 +193,16 @@ impl NicThread {
         let t = Instant::now();
         let r = self.engine.install(self.nic.as_ref(), flow, gpu, hint, owner);
         if let Ok(Installed::New(e)) = &r {
-            self.metrics.nic_op_latency.with_label_values(&["add_rule"]).observe(t.elapsed().as_secs_f64());
-            self.metrics.rules_installed.with_label_values(&[self.ifname()]).inc();
-            self.queue_gauge(e.queue).inc();
+            self.series.add_latency.observe(t.elapsed().as_secs_f64());
+            self.series.installed.inc();
+            self.queue_add(e.queue, 1);
         }
         if let Err(RuleFailure { nic: Some(e), .. }) = &r {
             self.metrics.nic_op_failed(e);
         }
         let foreign = self.engine.rules().foreign_slots().len();
         if foreign != foreign_before {
-            self.metrics.foreign_slots.with_label_values(&[self.ifname()]).set(foreign as i64);
+            self.series.foreign.set(foreign as i64);
         }
         r
     }
@@ -156,10 +212,7 @@ impl NicThread {
         let r = self.engine.uninstall(self.nic.as_ref(), &flow);
         match &r {
             Ok(Some(e)) => {
-                self.metrics
-                    .nic_op_latency
-                    .with_label_values(&["del_rule"])
-                    .observe(t.elapsed().as_secs_f64());
+                self.series.del_latency.observe(t.elapsed().as_secs_f64());
                 self.removed(e);
             }
             Ok(None) => {}
@@ -174,8 +227,8 @@ impl NicThread {
     }
 
     fn removed(&self, e: &RuleEntry) {
-        self.metrics.rules_installed.with_label_values(&[self.ifname()]).dec();
-        self.queue_gauge(e.queue).dec();
+        self.series.installed.dec();
+        self.queue_add(e.queue, -1);
     }
 
     /// Updates gauges after a batch of deletes and schedules a retry for refusals.
@@ -190,20 +243,14 @@ impl NicThread {
         if !r.failed.is_empty() {
             self.schedule_retry();
         }
-        self.metrics
-            .rule_deletes_pending
-            .with_label_values(&[self.ifname()])
-            .set(self.engine.rules().pending_len() as i64);
+        self.series.pending.set(self.engine.rules().pending_len() as i64);
     }
 
     fn schedule_retry(&mut self) {
         if self.retry_at.is_none() {
             self.retry_at = Some(Instant::now() + self.retry_wait);
         }
-        self.metrics
-            .rule_deletes_pending
-            .with_label_values(&[self.ifname()])
-            .set(self.engine.rules().pending_len() as i64);
+        self.series.pending.set(self.engine.rules().pending_len() as i64);
     }
 
     fn retry(&mut self) {
@@ -226,10 +273,7 @@ impl NicThread {
                 tracing::info!(ifname = %self.ifname(), removed = r.removed.len(), "refused rule deletes went through on retry");
             }
         }
-        self.metrics
-            .rule_deletes_pending
-            .with_label_values(&[self.ifname()])
-            .set(self.engine.rules().pending_len() as i64);
+        self.series.pending.set(self.engine.rules().pending_len() as i64);
     }
 
     fn remove_all(&mut self, give_up_at: Instant) -> Vec<NicError> {
@@ -246,23 +290,28 @@ impl NicThread {
         self.retry_at = None;
         self.reset_gauges();
         let pending = self.engine.rules().len() as i64;
-        self.metrics.rules_installed.with_label_values(&[self.ifname()]).set(pending);
-        self.metrics.rule_deletes_pending.with_label_values(&[self.ifname()]).set(pending);
+        self.series.installed.set(pending);
+        self.series.pending.set(pending);
         failed
     }
 
     pub(super) fn reset_gauges(&self) {
-        let ifname = self.ifname();
-        self.metrics.rules_installed.with_label_values(&[ifname]).set(0);
-        self.metrics.rule_deletes_pending.with_label_values(&[ifname]).set(0);
-        self.metrics.foreign_slots.with_label_values(&[ifname]).set(0);
-        for q in &self.queues {
-            self.queue_gauge(*q).set(0);
+        self.series.installed.set(0);
+        self.series.pending.set(0);
+        self.series.foreign.set(0);
+        for g in self.series.by_queue.values() {
+            g.set(0);
         }
     }
 
-    fn queue_gauge(&self, q: u32) -> prometheus::IntGauge {
-        self.metrics.rules_by_queue.with_label_values(&[self.ifname(), &q.to_string()])
+    fn queue_add(&self, q: u32, delta: i64) {
+        match self.series.by_queue.get(&q) {
+            Some(g) => g.add(delta),
+            // A queue outside the topology's (not expected): its own series.
+            None => {
+                self.metrics.rules_by_queue.with_label_values(&[self.ifname(), &q.to_string()]).add(delta)
+            }
+        }
     }
 
     fn snapshot(&self) -> NicFlows {
@@ -288,29 +337,22 @@ impl NicThread {
 /// Writes a rule request's reply to the client's socket and counts it.
 pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Option<&Metrics>) {
     use crate::wire::frame;
-    let (code, msg) = match r {
-        Ok(()) => (StatusCode::Ok, frame::ok()),
+    let encoded;
+    let (code, bytes) = match r {
+        Ok(()) => (StatusCode::Ok, frame::OK_FRAME),
         Err(f) => {
             tracing::debug!(op = to.op.name(), code = f.code.name(), error = %f.message, "rule request failed");
-            (f.code, frame::error(f.code, f.message))
+            encoded = frame::encode(&frame::error(f.code, f.message)).unwrap_or_else(|e| {
+                frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
+                    .expect("a short reply fits")
+            });
+            (f.code, &encoded[..])
         }
     };
-    let bytes = frame::encode(&msg).unwrap_or_else(|e| {
-        frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
-            .expect("a short reply fits")
-    });
     if let Some(m) = metrics {
         m.rule_done(to.op, code, to.started.elapsed().as_secs_f64());
     }
-    // The socket is non-blocking: what does not fit now goes back to the
-    // connection's task; a client that left makes this fail harmlessly.
-    let flags = nix::sys::socket::MsgFlags::MSG_NOSIGNAL | nix::sys::socket::MsgFlags::MSG_DONTWAIT;
-    let rest = match nix::sys::socket::send(std::os::fd::AsRawFd::as_raw_fd(&to.sock), &bytes, flags) {
-        Ok(n) if n == bytes.len() => None,
-        Ok(n) => Some(bytes[n..].to_vec()),
-        Err(_) => Some(bytes),
-    };
-    let _ = to.done.send(rest);
+    to.conn.answer(bytes);
 }
 
 pub(super) fn booked_rule(gpu_names: &[String], f: &FlowSpec, e: &RuleEntry) -> BookedRule {

@@ -1,0 +1,344 @@
+//! One rule connection on its I/O thread: a state machine run on every
+//! readiness event, inbox hint, idle sweep and at shutdown. It keeps the
+//! guarantees of the other endpoints: requests are answered in order, every
+//! request read gets exactly one reply before the connection closes, malformed
+//! input gets INVALID_ARGUMENT and then the close, and after shutdown begins
+//! what was already sent is answered UNAVAILABLE.
+//!
+//! The connection is registered edge-triggered, so the machine remembers
+//! whether the socket may hold unread bytes (`may_read`) instead of being
+//! told again.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::EpollFlags;
+use nix::sys::socket::{send, MsgFlags};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::handoff::Handoff;
+use super::Cx;
+use crate::server::conn::shutting_down;
+use crate::server::handlers::{self, Reply, RuleStart};
+use crate::server::rule_threads::Requester;
+use crate::server::{budget, memory, Endpoint};
+use crate::types::status::StatusCode;
+use crate::wire::frame;
+use crate::wire::proto::UnixSocketProto;
+
+/// Bytes read from a client after shutdown began, at most: enough for every
+/// request a well-behaved client can have in flight.
+const SHUTDOWN_READ_LIMIT: usize = 256 * 1024;
+
+/// What the thread does with the connection after a run of the machine.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Wait for the next event or hint.
+    Keep,
+    /// Bytes are owed and the socket is full: also wait for writability.
+    WantWrite,
+    Close,
+}
+
+pub(super) struct Conn {
+    pub(super) shared: Arc<Handoff>,
+    /// Index of the listener it came from (its endpoint and metric series).
+    pub(super) listener: usize,
+    endpoint: Endpoint,
+    /// Received bytes not yet parsed.
+    buf: Vec<u8>,
+    /// Reply bytes owed to the client, not yet written.
+    out: Vec<u8>,
+    /// The client process, found at its first install.
+    requester: Option<Requester>,
+    last_request: Instant,
+    /// A request is with a NIC thread or a runtime task.
+    handed: bool,
+    /// The client has shut its sending side (read returned 0).
+    eof: bool,
+    /// The socket may hold bytes not read yet.
+    may_read: bool,
+    /// The peer's FIN has been seen by epoll: a read will end in EOF.
+    peer_shut: bool,
+    /// Close once `out` is written (after an error reply).
+    closing: bool,
+    /// Writability is also watched (set once, kept: the registration is edge-triggered).
+    pub(super) watching_out: bool,
+    read_after_stop: usize,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The end of the first whole frame in `buf`, if one has arrived.
+fn whole_frame(buf: &[u8]) -> Option<usize> {
+    let end = frame::HEADER_LEN + frame::body_len(buf)?;
+    (buf.len() >= end).then_some(end)
+}
+
+impl Conn {
+    pub(super) fn new(
+        shared: Arc<Handoff>,
+        listener: usize,
+        endpoint: Endpoint,
+        now: Instant,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
+        Conn {
+            shared,
+            listener,
+            endpoint,
+            buf: Vec::new(),
+            out: Vec::new(),
+            requester: None,
+            last_request: now,
+            handed: false,
+            eof: false,
+            may_read: false,
+            peer_shut: false,
+            closing: false,
+            watching_out: false,
+            read_after_stop: 0,
+            _permit: permit,
+        }
+    }
+
+    /// Notes what epoll reported.
+    pub(super) fn on_event(&mut self, ev: EpollFlags) {
+        let input =
+            EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP | EpollFlags::EPOLLERR;
+        if ev.intersects(input) {
+            self.may_read = true;
+        }
+        if ev.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
+            self.peer_shut = true;
+        }
+    }
+
+    /// Shutdown began: read what the client already sent, answer it, close.
+    pub(super) fn begin_stop(&mut self) {
+        self.may_read = true;
+    }
+
+    /// Whether the connection has gone `limit` without a complete request
+    /// (and nothing is in flight or owed).
+    pub(super) fn idle_for(&self, limit: Duration, now: Instant) -> bool {
+        !self.handed && self.out.is_empty() && !self.closing && now.duration_since(self.last_request) >= limit
+    }
+
+    /// Ends an idle connection: silently with nothing pending, with
+    /// INVALID_ARGUMENT naming the bytes received when part of a frame is.
+    pub(super) fn expire(&mut self, limit: Duration) {
+        if !self.buf.is_empty() {
+            self.reply(&budget::incomplete_reply(&self.buf, limit));
+        }
+        self.closing = true;
+    }
+
+    /// Runs the connection as far as it can go without waiting.
+    pub(super) fn drive(&mut self, cx: &mut Cx) -> Next {
+        loop {
+            if !self.out.is_empty() {
+                match self.write_out() {
+                    Ok(true) => {}
+                    Ok(false) => return Next::WantWrite,
+                    Err(_) => return Next::Close,
+                }
+            }
+            if self.closing {
+                return Next::Close;
+            }
+            if let Some(end) = whole_frame(&self.buf) {
+                // In order: the previous answer goes out first.
+                if !self.settle() {
+                    return Next::Keep;
+                }
+                if !self.out.is_empty() {
+                    continue;
+                }
+                match frame::parse(&self.buf[..end]) {
+                    Ok(Some((msg, used))) => {
+                        self.buf.drain(..used);
+                        memory::shrink_buffer(&mut self.buf);
+                        self.last_request = cx.now;
+                        self.serve(msg, cx);
+                    }
+                    Ok(None) => unreachable!("whole_frame found a whole frame"),
+                    Err(e) => {
+                        self.reply(&frame::error(StatusCode::InvalidArgument, e.to_string()));
+                        self.closing = true;
+                    }
+                }
+                continue;
+            }
+            if self.eof {
+                // The client may have only shut its sending side: its answer still goes out.
+                if !self.settle() {
+                    return Next::Keep;
+                }
+                if !self.out.is_empty() {
+                    continue;
+                }
+                if !self.buf.is_empty() {
+                    tracing::debug!(
+                        endpoint = self.endpoint.kind(),
+                        pending = self.buf.len(),
+                        "client closed mid-frame"
+                    );
+                }
+                return Next::Close;
+            }
+            if self.may_read && (!cx.stopping || self.read_after_stop < SHUTDOWN_READ_LIMIT) {
+                if self.read(cx).is_err() {
+                    // The client is gone (reset): nobody to answer. A NIC thread
+                    // still holding the socket writes into it harmlessly.
+                    return Next::Close;
+                }
+                continue;
+            }
+            if cx.stopping {
+                if !self.settle() {
+                    return Next::Keep;
+                }
+                if !self.out.is_empty() {
+                    continue;
+                }
+                if !self.buf.is_empty() {
+                    // Part of a request arrived: answer it rather than close on the client.
+                    self.buf.clear();
+                    self.reply(&shutting_down());
+                    self.closing = true;
+                    continue;
+                }
+                return Next::Close;
+            }
+            return Next::Keep;
+        }
+    }
+
+    /// One read into the thread's scratch buffer.
+    fn read(&mut self, cx: &mut Cx) -> io::Result<()> {
+        match nix::unistd::read(self.shared.sock(), &mut cx.scratch[..]) {
+            Ok(0) => {
+                self.eof = true;
+                self.may_read = false;
+            }
+            Ok(k) => {
+                self.buf.extend_from_slice(&cx.scratch[..k]);
+                if cx.stopping {
+                    self.read_after_stop += k;
+                }
+                // A short read emptied the socket: bytes arriving later raise a
+                // new edge. Unless the FIN is already there, to be read as EOF.
+                if k < cx.scratch.len() && !self.peer_shut {
+                    self.may_read = false;
+                }
+            }
+            Err(Errno::EAGAIN) => self.may_read = false,
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// `true` once no answer is in flight; what it could not write is now owed.
+    fn settle(&mut self) -> bool {
+        if !self.handed {
+            return true;
+        }
+        match self.shared.settle() {
+            None => false,
+            Some(rest) => {
+                self.handed = false;
+                self.out.extend_from_slice(&rest);
+                true
+            }
+        }
+    }
+
+    /// `Ok(true)` when everything owed is written, `Ok(false)` when the socket is full.
+    fn write_out(&mut self) -> io::Result<bool> {
+        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+        while !self.out.is_empty() {
+            match send(self.shared.sock().as_raw_fd(), &self.out, flags) {
+                Ok(n) => drop(self.out.drain(..n)),
+                Err(Errno::EAGAIN) => return Ok(false),
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        memory::shrink_buffer(&mut self.out);
+        Ok(true)
+    }
+
+    fn reply(&mut self, msg: &UnixSocketProto) {
+        if let Err(e) = frame::encode_into(msg, &mut self.out) {
+            // Still a reply: a client waits for one.
+            let fallback = frame::error(StatusCode::Internal, format!("reply not sent: {e}"));
+            frame::encode_into(&fallback, &mut self.out).expect("a short reply fits");
+        }
+    }
+
+    fn serve(&mut self, msg: UnixSocketProto, cx: &mut Cx) {
+        if cx.stopping {
+            self.reply(&shutting_down());
+            return;
+        }
+        let install = self.endpoint == Endpoint::RuleManager;
+        let who = if install {
+            let state = &cx.state;
+            self.requester.get_or_insert_with(|| state.clients.requester(self.shared.sock())).clone()
+        } else {
+            Requester::default()
+        };
+        match handlers::start_rule(&cx.state, msg, install, who.clone(), &self.shared) {
+            RuleStart::Answered(Reply::Message(m)) => self.reply(&m),
+            RuleStart::Answered(Reply::Close(m)) => {
+                self.reply(&m);
+                self.closing = true;
+            }
+            RuleStart::Answered(Reply::Fd(_)) => {
+                self.reply(&frame::error(StatusCode::Internal, "no file descriptor is served here"))
+            }
+            RuleStart::Handed { nic, job } => {
+                self.shared.begin();
+                self.handed = true;
+                cx.pending[nic].push(job);
+            }
+            RuleStart::General(msg) => {
+                self.shared.begin();
+                self.handed = true;
+                let (state, conn) = (cx.state.clone(), self.shared.clone());
+                cx.runtime.spawn(async move {
+                    let msg = match handlers::rule(&state, msg, install, who).await {
+                        Reply::Message(m) | Reply::Close(m) => m,
+                        Reply::Fd(_) => {
+                            frame::error(StatusCode::Internal, "no file descriptor is served here")
+                        }
+                    };
+                    let bytes = frame::encode(&msg).unwrap_or_else(|e| {
+                        frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
+                            .expect("a short reply fits")
+                    });
+                    conn.answer(&bytes);
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_frame_needs_the_header_and_the_body() {
+        assert_eq!(whole_frame(&[]), None);
+        assert_eq!(whole_frame(&[0]), None);
+        assert_eq!(whole_frame(&[0, 2, 1]), None);
+        assert_eq!(whole_frame(&[0, 2, 1, 2]), Some(4));
+        assert_eq!(whole_frame(&[0, 0, 9]), Some(2), "an empty body is a whole frame");
+        assert_eq!(whole_frame(frame::OK_FRAME), Some(7));
+    }
+}
