@@ -156,7 +156,7 @@ impl Startup<'_> {
         let (clients, exits) = ClientTracker::new(policy, self.metrics.clone());
         let idle = (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout));
         let state = Arc::new(ServerState {
-            gpus,
+            gpus: gpus.into_iter().collect(),
             rule_threads,
             addresses: Default::default(),
             registry: AppRegistry::default(),

@@ -1,7 +1,9 @@
 //! Pure per-NIC bookkeeping: rule slots (lowest free first), per-queue loads
 //! of each GPU, and the exact-flow index. No I/O.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap as FastMap, HashMapExt, HashSet as FastSet, HashSetExt};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 
@@ -171,11 +173,11 @@ pub enum Reserve {
 pub struct NicRules {
     slots: RuleSlots,
     gpus: Vec<QueueLoads>,
-    flows: HashMap<FlowKey, RuleEntry>,
+    flows: FastMap<FlowKey, RuleEntry>,
     /// Slots held by rules somebody else put on the NIC: never handed out.
     foreign: BTreeSet<u32>,
     /// Flows whose delete the NIC refused, to be retried.
-    pending: HashSet<FlowKey>,
+    pending: FastSet<FlowKey>,
 }
 
 impl NicRules {
@@ -183,9 +185,9 @@ impl NicRules {
         NicRules {
             slots: RuleSlots::new(capacity),
             gpus: gpu_queues.iter().map(|q| QueueLoads::new(q)).collect(),
-            flows: HashMap::new(),
+            flows: FastMap::new(),
             foreign: BTreeSet::new(),
-            pending: HashSet::new(),
+            pending: FastSet::new(),
         }
     }
 
@@ -318,7 +320,7 @@ impl NicRules {
     #[cfg(test)]
     pub fn check_consistency(&self) -> Result<(), String> {
         let mut locs = BTreeSet::new();
-        let mut loads: Vec<HashMap<u32, u32>> = vec![HashMap::new(); self.gpus.len()];
+        let mut loads: Vec<std::collections::HashMap<u32, u32>> = vec![Default::default(); self.gpus.len()];
         for (flow, e) in &self.flows {
             if !locs.insert(e.loc) {
                 return Err(format!("slot {} used twice", e.loc));

@@ -67,17 +67,19 @@ pub enum RuleStart {
     General(UnixSocketProto),
 }
 
-/// Starts a rule request on `conn` so that its NIC's thread writes the
-/// reply: the connection's thread is not woken for it. The caller hands the
-/// job over (batched with others) and calls [`Handoff::begin`](super::rule_io::Handoff) first.
+/// Starts a rule request on `conn`, `received` at that time, so that its
+/// NIC's thread writes the reply: the connection's thread is not woken for
+/// it. The caller hands the job over (batched with others) and calls
+/// [`Handoff::begin`](super::rule_io::Handoff) first.
 pub fn start_rule(
     state: &ServerState,
     msg: UnixSocketProto,
     install: bool,
     who: Requester,
     conn: &Arc<Handoff>,
+    received: Instant,
 ) -> RuleStart {
-    let started = Instant::now();
+    let started = received;
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let answered = |code: StatusCode, reply: Reply| {
         state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());

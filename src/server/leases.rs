@@ -19,7 +19,9 @@
 //! 6.5–6.8 with an invisible pid nothing identifies the process across
 //! connections, so each such connection keeps its own watch.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+
+use foldhash::HashMap;
 use std::num::NonZeroU32;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -17,7 +17,7 @@ pub mod rule_threads;
 pub(crate) mod socket_dir;
 pub mod status;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -135,8 +135,8 @@ impl ServerState {
         self.addresses.read().expect("address map lock").get(&ip.to_canonical()).copied()
     }
 
-    pub fn set_addresses(&self, map: HashMap<IpAddr, usize>) {
-        *self.addresses.write().expect("address map lock") = map;
+    pub fn set_addresses(&self, map: impl IntoIterator<Item = (IpAddr, usize)>) {
+        *self.addresses.write().expect("address map lock") = map.into_iter().collect();
     }
 }
 

@@ -25,7 +25,7 @@ impl SimNic {
     /// Adds a fault (from `--sim_fault` or a test).
     pub fn inject(&self, fault: Fault) {
         self.faults.lock().expect("sim fault lock").faults.push(fault);
-        self.armed.store(true, Ordering::SeqCst);
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Fails the `nth` (1-based, counted from now) call of `op` with `errno`.
@@ -33,26 +33,26 @@ impl SimNic {
         let mut f = self.faults.lock().expect("sim fault lock");
         let done = self.calls(op);
         f.faults.push(Fault { op, errno, trigger: Trigger::Nth(done + nth) });
-        self.armed.store(true, Ordering::SeqCst);
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Delays every call of `op`, on every NIC.
     pub fn delay(&self, op: NicOp, by: Duration) {
         self.faults.lock().expect("sim fault lock").delays.insert((op, None), by);
-        self.armed.store(true, Ordering::SeqCst);
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Delays every call of `op` on `ifname` only.
     pub fn delay_on(&self, ifname: &str, op: NicOp, by: Duration) {
         self.faults.lock().expect("sim fault lock").delays.insert((op, Some(ifname.to_string())), by);
-        self.armed.store(true, Ordering::SeqCst);
+        self.armed.store(true, Ordering::Release);
     }
 
     pub fn clear_faults(&self) {
         let mut f = self.faults.lock().expect("sim fault lock");
         f.faults.clear();
         f.delays.clear();
-        self.armed.store(false, Ordering::SeqCst);
+        self.armed.store(false, Ordering::Release);
     }
 
     /// How many times `op` was called on any NIC.

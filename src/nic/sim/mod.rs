@@ -11,7 +11,7 @@ mod errno;
 mod faults;
 mod rng;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -110,8 +110,8 @@ impl SimNic {
 
     /// Counts the call, applies delays, and returns an injected failure if one fires.
     fn enter(&self, ifname: &str, op: NicOp) -> NicResult<()> {
-        let n = self.calls[op as usize].fetch_add(1, Ordering::SeqCst) + 1;
-        if !self.armed.load(Ordering::SeqCst) {
+        let n = self.calls[op as usize].fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.armed.load(Ordering::Acquire) {
             return Ok(());
         }
         let (delay, fail) = self.faults.lock().expect("sim fault lock").on_call(ifname, op, n);

@@ -8,6 +8,14 @@
 //! The connection is registered edge-triggered, so the machine remembers
 //! whether the socket may hold unread bytes (`may_read`) instead of being
 //! told again.
+//!
+//! A lone request is *peeked*, not read, and its bytes are consumed only
+//! after its answer went out, by the read that finds the client's EOF. The
+//! kernel wakes a client blocked in `read()` whenever the server frees the
+//! client's sent data (the socket's write space grows), so reading a request
+//! before answering it costs the client a wake-up for nothing and a second one
+//! for the reply; a peek frees nothing. It costs no extra call: the bytes and
+//! the EOF come back from one read.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -16,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::epoll::EpollFlags;
-use nix::sys::socket::{send, MsgFlags};
+use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::handoff::Handoff;
@@ -65,6 +73,9 @@ pub(super) struct Conn {
     peer_shut: bool,
     /// Close once `out` is written (after an error reply).
     closing: bool,
+    /// Bytes at the head of the socket that were peeked and parsed already:
+    /// the next read drops them.
+    peeked: usize,
     /// Writability is also watched (set once, kept: the registration is edge-triggered).
     pub(super) watching_out: bool,
     read_after_stop: usize,
@@ -98,6 +109,7 @@ impl Conn {
             may_read: false,
             peer_shut: false,
             closing: false,
+            peeked: 0,
             watching_out: false,
             read_after_stop: 0,
             _permit: permit,
@@ -147,6 +159,7 @@ impl Conn {
                 }
             }
             if self.closing {
+                self.discard_peeked(cx);
                 return Next::Close;
             }
             if let Some(end) = whole_frame(&self.buf) {
@@ -190,6 +203,14 @@ impl Conn {
                 return Next::Close;
             }
             if self.may_read && (!cx.stopping || self.read_after_stop < SHUTDOWN_READ_LIMIT) {
+                if self.handed && self.peeked > 0 {
+                    // The request's bytes are still in the socket: consume them
+                    // only once it is answered (see the module's notes).
+                    if !self.settle() {
+                        return Next::Keep;
+                    }
+                    continue;
+                }
                 if self.read(cx).is_err() {
                     // The client is gone (reset): nobody to answer. A NIC thread
                     // still holding the socket writes into it harmlessly.
@@ -211,28 +232,49 @@ impl Conn {
                     self.closing = true;
                     continue;
                 }
+                self.discard_peeked(cx);
                 return Next::Close;
             }
             return Next::Keep;
         }
     }
 
-    /// One read into the thread's scratch buffer.
+    /// One read into the thread's scratch buffer; a lone whole request is
+    /// peeked instead (see the module's notes).
     fn read(&mut self, cx: &mut Cx) -> io::Result<()> {
+        if self.peeked == 0 && self.buf.is_empty() && !cx.stopping {
+            let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+            match recv(self.shared.sock().as_raw_fd(), &mut cx.scratch[..], flags) {
+                Ok(k) if k > 0 && whole_frame(&cx.scratch[..k]) == Some(k) => {
+                    self.peeked = k;
+                    self.buf.extend_from_slice(&cx.scratch[..k]);
+                    if !self.peer_shut {
+                        self.may_read = false;
+                    }
+                    return Ok(());
+                }
+                // Part of a frame, more than one, EOF or an error: an ordinary read says which.
+                _ => {}
+            }
+        }
         match nix::unistd::read(self.shared.sock(), &mut cx.scratch[..]) {
             Ok(0) => {
                 self.eof = true;
                 self.may_read = false;
             }
             Ok(k) => {
-                self.buf.extend_from_slice(&cx.scratch[..k]);
+                let skip = self.peeked.min(k);
+                self.peeked -= skip;
+                self.buf.extend_from_slice(&cx.scratch[skip..k]);
                 if cx.stopping {
                     self.read_after_stop += k;
                 }
                 // A short read emptied the socket: bytes arriving later raise a
-                // new edge. Unless the FIN is already there, to be read as EOF.
-                if k < cx.scratch.len() && !self.peer_shut {
+                // new edge. If epoll already saw the FIN, nothing can follow it:
+                // that was the end of the stream (no read just to get 0).
+                if k < cx.scratch.len() {
                     self.may_read = false;
+                    self.eof = self.peer_shut;
                 }
             }
             Err(Errno::EAGAIN) => self.may_read = false,
@@ -240,6 +282,19 @@ impl Conn {
             Err(e) => return Err(e.into()),
         }
         Ok(())
+    }
+
+    /// Consumes the peeked bytes before a close the daemon starts: closing a
+    /// Unix socket with unread bytes makes the client's next read fail with
+    /// ECONNRESET instead of seeing the end of the stream after its reply.
+    fn discard_peeked(&mut self, cx: &mut Cx) {
+        while self.peeked > 0 {
+            let n = self.peeked.min(cx.scratch.len());
+            match nix::unistd::read(self.shared.sock(), &mut cx.scratch[..n]) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => self.peeked -= k,
+            }
+        }
     }
 
     /// `true` once no answer is in flight; what it could not write is now owed.
@@ -292,7 +347,7 @@ impl Conn {
         } else {
             Requester::default()
         };
-        match handlers::start_rule(&cx.state, msg, install, who.clone(), &self.shared) {
+        match handlers::start_rule(&cx.state, msg, install, who.clone(), &self.shared, cx.now) {
             RuleStart::Answered(Reply::Message(m)) => self.reply(&m),
             RuleStart::Answered(Reply::Close(m)) => {
                 self.reply(&m);

@@ -283,8 +283,11 @@ impl IoThread {
         }
     }
 
+    /// How long to wait for events; from the time taken after the last wait
+    /// (a clock read per loop is enough: a deadline is at worst met late by
+    /// the time one batch took).
     fn timeout(&self) -> EpollTimeout {
-        let now = Instant::now();
+        let now = self.cx.now;
         let mut until: Option<Instant> = None;
         let mut sooner = |t: Instant| until = Some(until.map_or(t, |u| u.min(t)));
         if let Some(t) = self.resume_at {
@@ -408,11 +411,11 @@ impl IoThread {
             }
             self.listening = false;
         }
-        self.resume_at = Some(Instant::now() + pause);
+        self.resume_at = Some(self.cx.now + pause);
     }
 
     fn housekeeping(&mut self) {
-        let now = Instant::now();
+        let now = self.cx.now;
         if !self.cx.stopping && self.resume_at.is_some_and(|t| now >= t) {
             self.resume(now);
         }

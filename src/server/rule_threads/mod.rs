@@ -144,7 +144,7 @@ impl Job {
     /// in-process caller sees its answer channel close.
     fn abandon(self, metrics: Option<&Metrics>) {
         if let Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } = self {
-            answer(to, Err(unavailable("the daemon is shutting down")), metrics);
+            answer(to, Err(unavailable("the daemon is shutting down")), metrics, Instant::now());
         }
     }
 }

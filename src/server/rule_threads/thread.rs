@@ -59,6 +59,9 @@ pub(super) struct NicThread {
     retry_wait: Duration,
     /// When the next retry of refused deletes is due (none pending: `None`).
     retry_at: Option<Instant>,
+    /// When the last rule operation returned: the end of both its NIC
+    /// latency and its request's latency (one clock read for both).
+    done_at: Instant,
 }
 
 /// Answers whatever is left in the queue when the thread ends, even by a
@@ -92,6 +95,7 @@ impl NicThread {
             stopping,
             retry_wait: RETRY_FIRST,
             retry_at: None,
+            done_at: Instant::now(),
         }
     }
 
@@ -122,19 +126,25 @@ impl NicThread {
         let stopping = self.stopping.load(Ordering::Acquire);
         match job {
             Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } if stopping => {
-                answer(to, Err(unavailable("the daemon is shutting down")), Some(&self.metrics));
+                answer(
+                    to,
+                    Err(unavailable("the daemon is shutting down")),
+                    Some(&self.metrics),
+                    Instant::now(),
+                );
             }
             Job::InstallTo { flow, gpu, hint, who, to } => {
                 let r = if who.lease.as_ref().is_some_and(|l| !l.alive()) {
+                    self.done_at = Instant::now();
                     Err(unavailable("the requesting process has exited"))
                 } else {
                     self.install(flow, gpu, hint, who.owner).map(drop)
                 };
-                answer(to, r, Some(&self.metrics));
+                answer(to, r, Some(&self.metrics), self.done_at);
             }
             Job::UninstallTo { flow, to } => {
                 let r = self.uninstall(flow).map(drop);
-                answer(to, r, Some(&self.metrics));
+                answer(to, r, Some(&self.metrics), self.done_at);
             }
             Job::Install { reply, .. } if stopping => {
                 let _ = reply.send(Err(unavailable("the daemon is shutting down")));
@@ -192,8 +202,9 @@ impl NicThread {
         let foreign_before = self.engine.rules().foreign_slots().len();
         let t = Instant::now();
         let r = self.engine.install(self.nic.as_ref(), flow, gpu, hint, owner);
+        self.done_at = Instant::now();
         if let Ok(Installed::New(e)) = &r {
-            self.series.add_latency.observe(t.elapsed().as_secs_f64());
+            self.series.add_latency.observe((self.done_at - t).as_secs_f64());
             self.series.installed.inc();
             self.queue_add(e.queue, 1);
         }
@@ -210,9 +221,10 @@ impl NicThread {
     fn uninstall(&mut self, flow: FlowSpec) -> Result<Option<RuleEntry>, RuleFailure> {
         let t = Instant::now();
         let r = self.engine.uninstall(self.nic.as_ref(), &flow);
+        self.done_at = Instant::now();
         match &r {
             Ok(Some(e)) => {
-                self.series.del_latency.observe(t.elapsed().as_secs_f64());
+                self.series.del_latency.observe((self.done_at - t).as_secs_f64());
                 self.removed(e);
             }
             Ok(None) => {}
@@ -334,8 +346,9 @@ impl NicThread {
     }
 }
 
-/// Writes a rule request's reply to the client's socket and counts it.
-pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Option<&Metrics>) {
+/// Writes a rule request's reply to the client's socket and counts it
+/// (its latency ends at `now`).
+pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Option<&Metrics>, now: Instant) {
     use crate::wire::frame;
     let encoded;
     let (code, bytes) = match r {
@@ -350,7 +363,7 @@ pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Optio
         }
     };
     if let Some(m) = metrics {
-        m.rule_done(to.op, code, to.started.elapsed().as_secs_f64());
+        m.rule_done(to.op, code, now.saturating_duration_since(to.started).as_secs_f64());
     }
     to.conn.answer(bytes);
 }
