@@ -17,12 +17,18 @@
 //!   rule (through `sh -c`, as `system()` does) on a veth in a private network
 //!   namespace (needs root and the ethtool CLI; skipped with the reason otherwise);
 //! - NIC scaling: installs with `--sim_delay=add_rule:<delay>` spread over the
-//!   GPUs of all four sim NICs, and over one NIC's GPUs only.
+//!   GPUs of all four sim NICs, and over one NIC's GPUs only;
+//! - no stall: with one NIC taking a second per insert and clients waiting on
+//!   it, `/healthz`, `queue_ids_by_gpu` and installs on another NIC, SIGTERM
+//!   to the shutdown log line and to the exit (`stall.rs`);
+//! - builds side by side: `--also <other daemon binary>` (repeatable) adds
+//!   daemons to the same interleaved rounds.
 
 mod doc;
 mod floor;
 mod load;
 mod reference;
+mod stall;
 mod stats;
 
 use std::collections::BTreeMap;
@@ -30,7 +36,7 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
@@ -89,6 +95,9 @@ struct Args {
     /// Requests per NIC-scaling run (0 skips the scaling runs).
     #[arg(long, default_value_t = 2_000)]
     delay_requests: usize,
+    /// Samples per figure of the no-stall run (one NIC a second per insert; 0 skips it).
+    #[arg(long, default_value_t = 200)]
+    stall_samples: usize,
     /// Clients in the NIC-scaling runs.
     #[arg(long, default_value_t = 64, value_parser = positive)]
     delay_clients: usize,
@@ -122,9 +131,9 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
     format!("add_rule:{s}").parse::<SimDelay>().map(|d| d.by).map_err(|e| e.1.to_string())
 }
 
-/// The daemon's runtime worker count (src/main.rs): the floor gets as many threads.
+/// The daemon's rule I/O thread count: the floor gets as many threads.
 fn daemon_workers() -> usize {
-    std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2)
+    tcpx_rxdm::server::rule_io::worker_threads()
 }
 
 fn clk_tck() -> f64 {
@@ -142,11 +151,15 @@ fn sigterm(pid: u32) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
 }
 
+/// Output lines of a server and when each arrived.
+type Log = Arc<(Mutex<Vec<(Instant, String)>>, Condvar)>;
+
 /// A server process we started: the daemon or the floor.
 struct Server {
     child: Child,
     sock: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    log: Log,
 }
 
 impl Server {
@@ -171,6 +184,61 @@ impl Server {
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
+    }
+}
+
+impl stall::Daemon for Server {
+    fn sock(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn http(&self) -> std::net::SocketAddr {
+        let line = self
+            .logged_line("HTTP endpoints listening", Duration::from_secs(10))
+            .expect("HTTP address logged");
+        let addr =
+            line.split_whitespace().find_map(|w| w.strip_prefix("address=")).expect("address= in the line");
+        addr.trim_matches('"').parse().expect("a socket address")
+    }
+
+    fn logged(&self, needle: &str, limit: Duration) -> Option<Instant> {
+        self.wait_log(needle, limit).map(|(t, _)| t)
+    }
+
+    fn sigterm(&self) {
+        sigterm(self.pid());
+    }
+
+    fn wait_exit(&mut self, limit: Duration) -> Option<Option<i32>> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st.code());
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Server {
+    fn wait_log(&self, needle: &str, limit: Duration) -> Option<(Instant, String)> {
+        let deadline = Instant::now() + limit;
+        let (lines, cv) = &*self.log;
+        let mut lines = lines.lock().unwrap();
+        loop {
+            if let Some(l) = lines.iter().find(|(_, l)| l.contains(needle)) {
+                return Some(l.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            lines = cv.wait_timeout(lines, left).unwrap().0;
+        }
+    }
+
+    fn logged_line(&self, needle: &str, limit: Duration) -> Option<String> {
+        self.wait_log(needle, limit).map(|(_, l)| l)
     }
 }
 
@@ -215,26 +283,43 @@ fn spawn_until(
     } else {
         Box::new(child.stdout.take().unwrap())
     };
-    let mut lines = BufReader::new(out).lines();
+    let log: Log = Arc::default();
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let (lines, cv) = &*log;
+                lines.lock().unwrap().push((Instant::now(), line.clone()));
+                cv.notify_all();
+                let _ = tx.send(line);
+            }
+        });
+    }
     let mut seen = Vec::new();
     loop {
-        match lines.next() {
-            Some(Ok(line)) if line.contains(ready) => break,
-            Some(Ok(line)) => seen.push(line),
-            _ => panic!("{cmd:?} exited before ready; its output:\n{}", seen.join("\n")),
+        match rx.recv() {
+            Ok(line) if line.contains(ready) => break,
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("{cmd:?} exited before ready; its output:\n{}", seen.join("\n")),
         }
     }
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    Server { child, sock, _dir: dir }
+    Server { child, sock, dir, log }
 }
 
 /// Starts the daemon on sim NICs; returns it and the time from spawn to its ready line.
 fn start_daemon(bin: &Path, extra: &[String]) -> (Server, Duration) {
+    start_daemon_http(bin, extra, "")
+}
+
+/// Like [`start_daemon`], with HTTP on `metrics` (empty: none).
+fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(bin);
     cmd.args([
         "--gpu_nic_preset=sim",
-        "--metrics_address=",
+        &format!("--metrics_address={metrics}"),
         "--nomonitor_shutdown",
         "--log_level=warn,tcpx_rxdm::daemon=info",
     ])
@@ -324,6 +409,7 @@ struct Report {
     rows: Vec<FloorRow>,
     reference: Result<reference::Cost, String>,
     scale: Vec<ScaleRow>,
+    stall: Option<Result<stall::Stall, String>>,
     ours_errors: Errors,
     floor_errors: Errors,
 }
@@ -366,6 +452,7 @@ fn main() {
         rows: Vec::new(),
         reference: Err("not run".into()),
         scale: Vec::new(),
+        stall: None,
         ours_errors: Errors::new(),
         floor_errors: Errors::new(),
     };
@@ -475,6 +562,27 @@ fn main() {
         r.scale.push(ScaleRow { label: "1 NIC (its 2 GPUs)", nics: 1, m: best(&one).unwrap() });
     }
 
+    // 3b. No stall: one NIC a second per insert, clients waiting on it.
+    if a.stall_samples > 0 {
+        let slow = format!("--sim_delay=add_rule:{}ms:eth1", stall::SLOW.as_millis());
+        let (mut daemon, _) = start_daemon_http(&a.bin, &[slow], "127.0.0.1:0");
+        let m = stall::measure(&mut daemon, a.stall_samples);
+        match &m {
+            Ok(st) => println!(
+                "no stall (eth1 1 s per insert): /healthz p99 {:.2} ms, queue_ids p99 {:.2} ms, eth2 install p99 {:.2} ms (idle {:.2} ms), SIGTERM logged after {:.2} ms, exit {:?} after {:.0} ms",
+                ms(st.healthz.1),
+                ms(st.queue_ids.1),
+                ms(st.other_nic_busy.1),
+                ms(st.other_nic_idle.1),
+                ms(st.sigterm_logged),
+                st.exit_code,
+                ms(st.exited)
+            ),
+            Err(e) => println!("no-stall run failed: {e}"),
+        }
+        r.stall = Some(m);
+    }
+
     // 4. Memory: idle, then with `--rules` rules installed.
     {
         let (daemon, _) = start_daemon(&a.bin, &[]);
@@ -514,8 +622,42 @@ fn main() {
             }
         }
     }
-    if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() {
+    if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() || matches!(r.stall, Some(Err(_))) {
         std::process::exit(1);
+    }
+}
+
+/// The rule-path targets against what this run measured.
+fn render_targets(w: &mut String, rows: &[FloorRow], rounds: u32) {
+    use std::fmt::Write as _;
+    let at = |c: usize| rows.iter().find(|r| r.clients == c);
+    let mut lines = Vec::new();
+    if let Some(r) = at(64) {
+        let ratio = r.ours.rate / r.floor.rate;
+        lines.push((
+            "rate at 64 clients ≥ 0.9 × the floor's".to_string(),
+            format!("{ratio:.2} ×"),
+            ratio >= 0.9,
+        ));
+        let spread = us(r.ours.p99) / us(r.ours.p50);
+        lines.push(("p99 / p50 at 64 clients ≤ 3".to_string(), format!("{spread:.2}"), spread <= 3.0));
+    }
+    if let Some(r) = at(1) {
+        let extra = us(r.ours.p50) - us(r.floor.p50);
+        lines.push((
+            "p50 at 1 client within 8 µs of the floor's".to_string(),
+            format!("{extra:+.1} µs"),
+            extra <= 8.0,
+        ));
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "\nTargets (2 cores, sim NICs, best of {rounds} interleaved rounds):\n");
+    let _ = writeln!(w, "| target | measured | |");
+    let _ = writeln!(w, "|---|---:|---|");
+    for (what, got, met) in lines {
+        let _ = writeln!(w, "| {what} | {got} | {} |", if met { "met" } else { "**missed**" });
     }
 }
 
@@ -576,7 +718,7 @@ fn header(a: &Args) -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!(
         "Run of {}: {} cores ({cpu}), kernel {}, load average {load1} at the start; \
-         daemon `{}` with {} runtime workers, floor with as many threads; \
+         daemon `{}` with {} rule I/O threads, floor with as many threads; \
          `bench {}`; {} round(s).",
         doc::utc_stamp(now),
         cores(),
@@ -656,6 +798,7 @@ fn render(r: &Report, a: &Args, took: Duration) -> String {
             us(row.ours.p50) - us(row.floor.p50)
         );
     }
+    render_targets(w, &r.rows, a.rounds);
 
     let _ = writeln!(w, "\n### The reference's per-rule cost model\n");
     match &r.reference {
@@ -732,6 +875,50 @@ fn render(r: &Report, a: &Args, took: Duration) -> String {
         }
     }
 
+    if let Some(st) = &r.stall {
+        let _ = writeln!(w, "\n### Nothing waits for a slow NIC\n");
+        match st {
+            Ok(st) => {
+                let _ = writeln!(
+                    w,
+                    "eth1 takes {} s per insert (`--sim_delay=add_rule:{}ms:eth1`) and {} clients keep \
+                     it busy, each waiting for its answer; meanwhile, {} samples of each figure below. \
+                     eth1 completed {} of those clients' inserts before the SIGTERM, about one a \
+                     second. `tests/no_stall.rs` asserts bounds on the same figures.\n",
+                    stall::SLOW.as_secs(),
+                    stall::SLOW.as_millis(),
+                    stall::HAMMERS,
+                    a.stall_samples,
+                    st.slow_replies
+                );
+                let _ = writeln!(w, "| while eth1 is busy | p50 | p99 | bound the test asserts |");
+                let _ = writeln!(w, "|---|---:|---:|---:|");
+                let row = |w: &mut String, what: &str, v: &stall::P50P99, bound: &str| {
+                    let _ = writeln!(w, "| {what} | {:.2} ms | {:.2} ms | {bound} |", ms(v.0), ms(v.1));
+                };
+                row(w, "`/healthz` (a new TCP connection each)", &st.healthz, "p99 ≤ 50 ms");
+                row(w, "`queue_ids_by_gpu` (one connection)", &st.queue_ids, "p99 ≤ 5 ms");
+                row(w, "install on eth2 (a new connection each)", &st.other_nic_busy, "p99 ≤ 50 ms");
+                row(w, "the same before eth1 was made busy", &st.other_nic_idle, "");
+                let _ = writeln!(
+                    w,
+                    "| SIGTERM → `shutting down` logged | {:.2} ms | | ≤ 500 ms |",
+                    ms(st.sigterm_logged)
+                );
+                let _ = writeln!(
+                    w,
+                    "| SIGTERM → exit (code {}), a {} s insert in flight | {:.0} ms | | ≤ 5 s |",
+                    st.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "none: killed".into()),
+                    stall::SLOW.as_secs(),
+                    ms(st.exited)
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(w, "**The run failed: {e}.**");
+            }
+        }
+    }
+
     let _ = writeln!(w, "\n### Startup and memory\n");
     let _ = writeln!(w, "| measure | result | target |");
     let _ = writeln!(w, "|---|---|---|");
@@ -773,6 +960,10 @@ fn render(r: &Report, a: &Args, took: Duration) -> String {
     }
     let _ = writeln!(w, "\nThe whole run took {:.0} s.", took.as_secs_f64());
     s
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 fn cpu(v: Option<f64>) -> String {

@@ -9,11 +9,17 @@
 //! watch the listening sockets with `EPOLLEXCLUSIVE` (a new connection wakes
 //! one thread), and a connection stays on the thread that accepted it.
 //!
-//! No NIC call runs on these threads: a parsed request becomes a job for its
-//! NIC's rule thread. Jobs are collected while the thread works through one
-//! batch of epoll events and handed over per NIC at the end of it, so under
-//! load one wake-up of a NIC thread serves many requests. The NIC thread
-//! writes the reply to the client itself (see [`Handoff`]).
+//! A parsed request becomes a job for its NIC's rule thread. Jobs are
+//! collected while the thread works through one batch of epoll events and
+//! handed over per NIC at the end of it, so under load one wake-up of a NIC
+//! thread serves many requests. The NIC thread writes the reply to the client
+//! itself (see [`Handoff`]).
+//!
+//! A thread that serves a single connection with a single request, the
+//! unloaded case where nothing amortises a hand-off, runs it itself if the
+//! NIC has been quick (see `rule_threads`). At most all threads but one do
+//! so at any moment: one always stays free to accept and serve, so a NIC
+//! call that turns slow holds up only the request that waits for it.
 //!
 //! The connection budget, the idle limit, the error replies and the shutdown
 //! behaviour are the ones of every other endpoint.
@@ -25,7 +31,7 @@ mod slab;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -87,7 +93,7 @@ pub fn spawn(
         l.socket.set_nonblocking(true)?;
     }
     let listeners: Arc<[Listener]> = listeners.into();
-    let stop = Arc::new(Stop::default());
+    let stop = Arc::new(Stop { threads: threads.max(1), ..Stop::default() });
     let runtime = tokio::runtime::Handle::current();
     let workers = (0..threads.max(1))
         .map(|i| IoThread::new(i, &listeners, &state, &stop, &runtime, done.clone()))
@@ -110,12 +116,31 @@ pub fn spawn(
     Ok(())
 }
 
-/// The stop request, shared by the threads of one [`spawn`].
+/// What the threads of one [`spawn`] share: the stop request and the count
+/// of threads inside a NIC call.
 #[derive(Default)]
 struct Stop {
     requested: AtomicBool,
     /// The listeners are shut (no new connection can queue): by the first thread that stops.
     listeners_shut: AtomicBool,
+    /// Threads running a request themselves now, and how many threads there are.
+    inline_now: AtomicUsize,
+    threads: usize,
+}
+
+impl Stop {
+    /// A place among the threads that may run a request themselves: all but one.
+    fn enter_inline(&self) -> bool {
+        if self.inline_now.fetch_add(1, Ordering::AcqRel) + 1 < self.threads {
+            return true;
+        }
+        self.inline_now.fetch_sub(1, Ordering::AcqRel);
+        false
+    }
+
+    fn leave_inline(&self) {
+        self.inline_now.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Stop {
@@ -150,6 +175,12 @@ struct IoThread {
     cx: Cx,
     stop: Arc<Stop>,
     next_sweep: Instant,
+    /// Connections accepted in this batch of events and in the one before:
+    /// under load (both) a listener event is drained until `EAGAIN`;
+    /// otherwise one accept is enough (the listener is level-triggered, so
+    /// epoll reports it again if more wait), which saves a call per client.
+    accepted_now: bool,
+    accepted_before: bool,
     /// Dropped when the thread ends: shutdown waits for every clone.
     _done: mpsc::Sender<()>,
 }
@@ -208,6 +239,8 @@ impl IoThread {
             },
             stop: stop.clone(),
             next_sweep: now,
+            accepted_now: false,
+            accepted_before: false,
             _done: done,
         };
         t.listen()?;
@@ -268,14 +301,25 @@ impl IoThread {
             }
             self.flush();
             self.housekeeping();
+            self.accepted_before = std::mem::take(&mut self.accepted_now);
             if self.cx.stopping && self.conns.is_empty() {
                 return;
             }
         }
     }
 
-    /// Hands the jobs collected in this batch to their NIC threads.
+    /// Hands the jobs collected in this batch to their NIC threads, or runs
+    /// a lone request here (see the module's notes).
     fn flush(&mut self) {
+        if let Some(nic) = self.lone_job() {
+            if self.stop.enter_inline() {
+                let ran = self.cx.state.rule_threads[nic].run_here(&mut self.cx.pending[nic]);
+                self.stop.leave_inline();
+                if ran {
+                    return;
+                }
+            }
+        }
         for (nic, jobs) in self.cx.pending.iter_mut().enumerate() {
             if !jobs.is_empty() {
                 self.cx.state.rule_threads[nic].submit(jobs);
@@ -286,6 +330,19 @@ impl IoThread {
     /// How long to wait for events; from the time taken after the last wait
     /// (a clock read per loop is enough: a deadline is at worst met late by
     /// the time one batch took).
+    /// The NIC of the only job collected, when this thread has no other
+    /// connection: then running it here keeps nobody waiting.
+    fn lone_job(&self) -> Option<usize> {
+        if self.conns.len() != 1 || !self.waiting.is_empty() {
+            return None;
+        }
+        let mut busy = self.cx.pending.iter().enumerate().filter(|(_, j)| !j.is_empty());
+        match (busy.next(), busy.next()) {
+            (Some((nic, jobs)), None) if jobs.len() == 1 => Some(nic),
+            _ => None,
+        }
+    }
+
     fn timeout(&self) -> EpollTimeout {
         let now = self.cx.now;
         let mut until: Option<Instant> = None;
@@ -359,7 +416,14 @@ impl IoThread {
                         continue;
                     }
                     match self.cx.state.conn_limit.try_acquire(endpoint) {
-                        Some(p) => self.add(fd, li, Some(p)),
+                        Some(p) => {
+                            self.add(fd, li, Some(p));
+                            let under_load = self.accepted_before;
+                            self.accepted_now = true;
+                            if !under_load {
+                                return;
+                            }
+                        }
                         None => {
                             // Another thread took the last permit meanwhile.
                             self.waiting.push_back((fd, li));
@@ -491,4 +555,24 @@ impl IoThread {
 /// async runtime has: one per core, at most four.
 pub fn worker_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_thread_always_stays_out_of_nic_calls() {
+        let two = Stop { threads: 2, ..Stop::default() };
+        assert!(two.enter_inline());
+        assert!(!two.enter_inline(), "the second of two threads must stay free");
+        two.leave_inline();
+        assert!(two.enter_inline(), "free again once the first left");
+        let four = Stop { threads: 4, ..Stop::default() };
+        let entered = (0..4).filter(|_| four.enter_inline()).count();
+        assert_eq!(entered, 3);
+        assert_eq!(four.inline_now.load(Ordering::Relaxed), 3, "a refused entry leaves the count as it was");
+        let one = Stop { threads: 1, ..Stop::default() };
+        assert!(!one.enter_inline(), "a single thread never makes NIC calls itself");
+    }
 }

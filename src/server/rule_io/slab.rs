@@ -64,6 +64,10 @@ impl<T> Slab<T> {
         self.len == 0
     }
 
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
     /// The keys in use now.
     pub(super) fn keys(&self) -> Vec<u64> {
         self.slots

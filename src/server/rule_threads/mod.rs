@@ -5,12 +5,21 @@
 //! whole batches and the thread takes every queued request per wake-up, so
 //! under load one hand-off serves many requests.
 //!
+//! Without load there is nothing to batch, and the hand-off costs a wake-up
+//! of the NIC thread (on a VM, an interrupt to an idle CPU) per request. So a
+//! connection thread may run a lone request itself ([`NicRuleThread::run_here`])
+//! when the NIC has been quick: its last [`FAST_STREAK`] operations each
+//! took under [`FAST_OP`], nothing is queued for it and nobody runs it now.
+//! The rule I/O threads keep one of their number out of such calls at all
+//! times, so a NIC that turns slow in the middle of one delays only the
+//! request that waits for that NIC anyway.
+//!
 //! Deletes the NIC refuses stay booked (bookkeeping always equals the NIC's
 //! table) and the thread retries them with backoff until the NIC confirms.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -34,6 +43,10 @@ use thread::{answer, booked_rule, NicThread};
 /// First wait before a refused delete is tried again; doubles up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(20);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// A rule operation slower than this makes the NIC's thread run its requests.
+pub const FAST_OP: Duration = Duration::from_micros(100);
+/// Quick operations in a row before requests may run outside the NIC's thread.
+pub const FAST_STREAK: u32 = 32;
 
 /// `/debug/flows` view of one NIC.
 #[derive(Debug, Clone, Serialize)]
@@ -127,6 +140,8 @@ pub enum Job {
         give_up_at: Instant,
         reply: oneshot::Sender<Vec<NicError>>,
     },
+    /// Nothing: makes the thread look at its retry deadline again.
+    Wake,
 }
 
 impl Job {
@@ -157,18 +172,27 @@ pub struct BookedCopy {
     pub foreign_slots: Vec<u32>,
 }
 
+/// What a NIC's thread shares with the threads that may run a request inline.
+struct NicCore {
+    jobs: JobQueue<Job>,
+    /// The rule engine and its bookkeeping: held by whoever runs rule operations.
+    state: Mutex<NicThread>,
+    /// Set by the operations themselves (see [`FAST_OP`]).
+    fast: Arc<AtomicBool>,
+}
+
 /// A handle to one NIC's rule thread. Dropping it ends the thread once the
 /// jobs already queued are done.
 pub struct NicRuleThread {
     pub ifname: String,
-    jobs: Arc<JobQueue<Job>>,
+    core: Arc<NicCore>,
     nic: Arc<dyn NicControl>,
     gpu_names: Arc<[String]>,
 }
 
 impl Drop for NicRuleThread {
     fn drop(&mut self) {
-        self.jobs.close();
+        self.core.jobs.close();
     }
 }
 
@@ -190,25 +214,51 @@ impl NicRuleThread {
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
         let gpu_names: Arc<[String]> = gpus.iter().map(|(p, _)| p.to_string()).collect();
-        let thread = NicThread::new(
+        let fast = Arc::new(AtomicBool::new(false));
+        let state = NicThread::new(
             NicRuleEngine::new(ifname, capacity, &queues),
             gpu_names.clone(),
             queues.concat(),
             nic.clone(),
-            metrics,
+            metrics.clone(),
             stopping,
+            fast.clone(),
         );
-        thread.reset_gauges();
-        let jobs = Arc::new(JobQueue::new());
-        let queue = jobs.clone();
-        std::thread::Builder::new().name(format!("nic-{ifname}")).spawn(move || thread.run(&queue))?;
-        Ok(NicRuleThread { ifname: ifname.to_string(), jobs, nic, gpu_names })
+        state.reset_gauges();
+        let core = Arc::new(NicCore { jobs: JobQueue::new(), state: Mutex::new(state), fast });
+        let shared = core.clone();
+        std::thread::Builder::new()
+            .name(format!("nic-{ifname}"))
+            .spawn(move || thread::run(&shared.jobs, &shared.state, metrics))?;
+        Ok(NicRuleThread { ifname: ifname.to_string(), core, nic, gpu_names })
+    }
+
+    /// Runs `batch` on the calling thread, now, if the NIC has been quick,
+    /// nothing is queued for it and nobody runs it at the moment: `true`
+    /// when it did (`batch` is then empty); otherwise `batch` is untouched,
+    /// for [`Self::submit`].
+    pub fn run_here(&self, batch: &mut Vec<Job>) -> bool {
+        if !self.core.fast.load(Ordering::Relaxed) || !self.core.jobs.is_empty() {
+            return false;
+        }
+        let Ok(mut st) = self.core.state.try_lock() else { return false };
+        let had_retry = st.retry_pending();
+        for job in batch.drain(..) {
+            st.handle(job);
+        }
+        let new_retry = !had_retry && st.retry_pending();
+        drop(st);
+        if new_retry {
+            // A refused delete: the thread must learn its retry deadline.
+            let _ = self.core.jobs.push(Job::Wake);
+        }
+        true
     }
 
     /// Sends a job and waits for its answer without blocking the runtime.
     async fn ask<T>(&self, job: impl FnOnce(oneshot::Sender<T>) -> Job) -> Option<T> {
         let (tx, rx) = oneshot::channel();
-        self.jobs.push(job(tx)).ok()?;
+        self.core.jobs.push(job(tx)).ok()?;
         rx.await.ok()
     }
 
@@ -227,7 +277,7 @@ impl NicRuleThread {
     /// Hands over every job of `batch` at once (one wake-up of the thread at
     /// most), leaving `batch` empty with its capacity kept.
     pub fn submit(&self, batch: &mut Vec<Job>) {
-        if self.jobs.push_all(batch).is_err() {
+        if self.core.jobs.push_all(batch).is_err() {
             for job in batch.drain(..) {
                 job.abandon(None);
             }
@@ -242,7 +292,7 @@ impl NicRuleThread {
 
     /// Queues the removal of every rule of `lease` (its process exited).
     pub fn reclaim(&self, lease: NonZeroU32) {
-        let _ = self.jobs.push(Job::Reclaim { lease, reply: None });
+        let _ = self.core.jobs.push(Job::Reclaim { lease, reply: None });
     }
 
     /// Like [`Self::reclaim`], answering how many rules were removed.
@@ -290,12 +340,129 @@ impl NicRuleThread {
     /// once, so that several NICs work in parallel.
     pub fn remove_all(&self, give_up_at: Instant) -> impl std::future::Future<Output = Vec<NicError>> {
         let (reply, rx) = oneshot::channel();
-        let sent = self.jobs.push(Job::RemoveAll { give_up_at, reply }).is_ok();
+        let sent = self.core.jobs.push(Job::RemoveAll { give_up_at, reply }).is_ok();
         async move {
             match sent {
                 true => rx.await.unwrap_or_default(),
                 false => Vec::new(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::sim::SimNic;
+    use crate::nic::{NicOp, NicSetup, FEATURE_NTUPLE};
+
+    fn flow(i: u32) -> FlowSpec {
+        FlowSpec {
+            src: format!("10.1.{}.{}:{}", i / 250, i % 250, 1000 + i % 50_000).parse().unwrap(),
+            dst: "192.168.1.2:5000".parse().unwrap(),
+        }
+    }
+
+    fn setup() -> (Arc<SimNic>, NicRuleThread) {
+        let nic = Arc::new(SimNic::new(&["eth1"]));
+        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
+        let t = NicRuleThread::new(
+            "eth1",
+            1000,
+            vec![(gpu, vec![8, 9])],
+            nic.clone(),
+            Arc::new(Metrics::new()),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .unwrap();
+        (nic, t)
+    }
+
+    /// An install job and the receiver of its answer.
+    fn install_job(i: u32) -> (Job, oneshot::Receiver<Result<Installed, RuleFailure>>) {
+        let (reply, rx) = oneshot::channel();
+        (Job::Install { flow: flow(i), gpu: 0, hint: None, who: Requester::default(), reply }, rx)
+    }
+
+    /// Installs through the NIC thread until the NIC is trusted (a preempted
+    /// operation on a busy machine may restart the streak); returns how many.
+    async fn warm_up(t: &NicRuleThread, first: u32) -> u32 {
+        let mut n = 0;
+        while !t.core.fast.load(Ordering::Relaxed) {
+            assert!(n < 20 * FAST_STREAK, "never trusted after {n} quick installs");
+            t.install(flow(first + n), 0, None, Requester::default()).await.unwrap();
+            n += 1;
+        }
+        n
+    }
+
+    /// Offers one install to `run_here`, a few times (the NIC thread answers
+    /// its last caller just before it lets go of the NIC); `Some(answer)`
+    /// when it ran on this thread.
+    fn offer(t: &NicRuleThread, i: u32) -> Option<Result<Installed, RuleFailure>> {
+        let (job, mut rx) = install_job(i);
+        let mut batch = vec![job];
+        for _ in 0..50 {
+            if t.run_here(&mut batch) {
+                assert!(batch.is_empty());
+                return Some(rx.try_recv().expect("answered before run_here returned"));
+            }
+            assert_eq!(batch.len(), 1, "a refused batch is left as it was");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        None
+    }
+
+    #[tokio::test]
+    async fn lone_requests_run_here_only_after_a_streak_of_quick_operations() {
+        let (_nic, t) = setup();
+        assert!(offer(&t, 0).is_none(), "a NIC not yet seen answering is not trusted");
+        for i in 0..FAST_STREAK - 1 {
+            t.install(flow(100 + i), 0, None, Requester::default()).await.unwrap();
+        }
+        assert!(offer(&t, 0).is_none(), "not before a whole streak");
+        let n = FAST_STREAK - 1 + warm_up(&t, 10_000).await;
+        match offer(&t, 1) {
+            Some(Ok(Installed::New(e))) => assert!(e.queue == 8 || e.queue == 9),
+            other => panic!("expected an install run here, got {other:?}"),
+        }
+        // The bookkeeping is the NIC thread's own: it sees the inline install.
+        let copy = t.booked_copy().await;
+        assert_eq!(copy.rules.len(), n as usize + 1);
+    }
+
+    #[tokio::test]
+    async fn one_slow_operation_sends_requests_back_to_the_nic_thread() {
+        let (nic, t) = setup();
+        warm_up(&t, 0).await;
+        nic.delay_on("eth1", NicOp::AddRule, FAST_OP * 3);
+        // Still trusted: this one runs here, and is measured slow.
+        assert!(offer(&t, 1001).is_some());
+        assert!(offer(&t, 1002).is_none(), "a slow NIC's requests go to its thread");
+        nic.clear_faults();
+        // Trust comes back only after a new streak.
+        for i in 0..FAST_STREAK - 1 {
+            t.install(flow(2000 + i), 0, None, Requester::default()).await.unwrap();
+        }
+        assert!(offer(&t, 1003).is_none());
+        warm_up(&t, 3000).await;
+        assert!(offer(&t, 1004).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_busy_nic_or_queued_work_keeps_requests_on_its_thread() {
+        let (nic, t) = setup();
+        warm_up(&t, 0).await;
+        // While the thread runs a (slow) operation, nothing runs beside it,
+        // and what is queued behind it keeps its turn.
+        nic.delay_on("eth1", NicOp::AddRule, std::time::Duration::from_millis(500));
+        let (slow, slow_rx) = install_job(500);
+        let (queued, queued_rx) = install_job(501);
+        t.submit(&mut vec![slow, queued]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(offer(&t, 502).is_none(), "the NIC is busy");
+        assert!(slow_rx.await.unwrap().is_ok());
+        assert!(queued_rx.await.unwrap().is_ok());
     }
 }

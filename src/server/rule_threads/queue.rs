@@ -76,6 +76,11 @@ impl<T> JobQueue<T> {
         Ok(())
     }
 
+    /// Whether nothing is queued now.
+    pub(super) fn is_empty(&self) -> bool {
+        self.lock().jobs.is_empty()
+    }
+
     /// Moves every queued job into `into` (which should be empty), waiting
     /// until there is one, the queue closes, or `deadline` passes.
     pub(super) fn take(&self, into: &mut Vec<T>, deadline: Option<Instant>) -> Taken {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::{Histogram, IntGauge};
@@ -18,7 +18,7 @@ use crate::rules::table::{Owner, RuleEntry};
 use crate::rules::RuleFailure;
 use crate::types::status::StatusCode;
 
-use super::queue::Taken;
+use super::queue::{JobQueue, Taken};
 use super::*;
 
 /// The metric series one NIC thread updates per request, resolved once
@@ -62,6 +62,10 @@ pub(super) struct NicThread {
     /// When the last rule operation returned: the end of both its NIC
     /// latency and its request's latency (one clock read for both).
     done_at: Instant,
+    /// Whether requests may run outside this thread (see [`FAST_OP`]).
+    fast: Arc<AtomicBool>,
+    /// Quick operations in a row.
+    fast_streak: u32,
 }
 
 /// Answers whatever is left in the queue when the thread ends, even by a
@@ -76,6 +80,30 @@ impl Drop for AbandonOnExit<'_> {
     }
 }
 
+/// The NIC thread: takes every queued job per wake-up and runs them holding
+/// the NIC's state; wakes by itself when a retry of refused deletes is due.
+/// (A panic in a rule operation poisons the lock; the engine keeps its
+/// bookkeeping consistent step by step, so the thread goes on.)
+pub(super) fn run(jobs: &JobQueue<Job>, state: &Mutex<NicThread>, metrics: Arc<Metrics>) {
+    let _abandon = AbandonOnExit(jobs, metrics);
+    let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut batch = Vec::new();
+    loop {
+        let deadline = lock().retry_at;
+        match jobs.take(&mut batch, deadline) {
+            Taken::Jobs => {
+                let mut st = lock();
+                for job in batch.drain(..) {
+                    st.handle(job);
+                }
+                st.retry_if_due();
+            }
+            Taken::Timeout => lock().retry_if_due(),
+            Taken::Closed => return,
+        }
+    }
+}
+
 impl NicThread {
     pub(super) fn new(
         engine: NicRuleEngine,
@@ -84,6 +112,7 @@ impl NicThread {
         nic: Arc<dyn NicControl>,
         metrics: Arc<Metrics>,
         stopping: Arc<AtomicBool>,
+        fast: Arc<AtomicBool>,
     ) -> Self {
         let series = Series::new(&metrics, &engine.ifname, &queues);
         NicThread {
@@ -96,24 +125,30 @@ impl NicThread {
             retry_wait: RETRY_FIRST,
             retry_at: None,
             done_at: Instant::now(),
+            fast,
+            fast_streak: 0,
         }
     }
 
-    pub(super) fn run(mut self, jobs: &JobQueue<Job>) {
-        let _abandon = AbandonOnExit(jobs, self.metrics.clone());
-        let mut batch = Vec::new();
-        loop {
-            match jobs.take(&mut batch, self.retry_at) {
-                Taken::Jobs => {
-                    for job in batch.drain(..) {
-                        self.handle(job);
-                    }
-                }
-                Taken::Timeout => {}
-                Taken::Closed => return,
-            }
-            if self.retry_at.is_some_and(|at| Instant::now() >= at) {
-                self.retry();
+    pub(super) fn retry_pending(&self) -> bool {
+        self.retry_at.is_some()
+    }
+
+    fn retry_if_due(&mut self) {
+        if self.retry_at.is_some_and(|at| Instant::now() >= at) {
+            self.retry();
+        }
+    }
+
+    /// Notes how long a rule operation took (see [`FAST_OP`]).
+    fn timed(&mut self, took: Duration) {
+        if took > FAST_OP {
+            self.fast_streak = 0;
+            self.fast.store(false, Ordering::Relaxed);
+        } else if self.fast_streak < FAST_STREAK {
+            self.fast_streak += 1;
+            if self.fast_streak == FAST_STREAK {
+                self.fast.store(true, Ordering::Relaxed);
             }
         }
     }
@@ -122,7 +157,7 @@ impl NicThread {
         &self.engine.ifname
     }
 
-    fn handle(&mut self, job: Job) {
+    pub(super) fn handle(&mut self, job: Job) {
         let stopping = self.stopping.load(Ordering::Acquire);
         match job {
             Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } if stopping => {
@@ -189,6 +224,7 @@ impl NicThread {
             Job::RemoveAll { give_up_at, reply } => {
                 let _ = reply.send(self.remove_all(give_up_at));
             }
+            Job::Wake => {}
         }
     }
 
@@ -203,6 +239,7 @@ impl NicThread {
         let t = Instant::now();
         let r = self.engine.install(self.nic.as_ref(), flow, gpu, hint, owner);
         self.done_at = Instant::now();
+        self.timed(self.done_at - t);
         if let Ok(Installed::New(e)) = &r {
             self.series.add_latency.observe((self.done_at - t).as_secs_f64());
             self.series.installed.inc();
@@ -222,6 +259,7 @@ impl NicThread {
         let t = Instant::now();
         let r = self.engine.uninstall(self.nic.as_ref(), &flow);
         self.done_at = Instant::now();
+        self.timed(self.done_at - t);
         match &r {
             Ok(Some(e)) => {
                 self.series.del_latency.observe((self.done_at - t).as_secs_f64());
