@@ -59,9 +59,6 @@ pub(super) struct NicThread {
     retry_wait: Duration,
     /// When the next retry of refused deletes is due (none pending: `None`).
     retry_at: Option<Instant>,
-    /// When the last rule operation returned: the end of both its NIC
-    /// latency and its request's latency (one clock read for both).
-    done_at: Instant,
     /// Whether requests may run outside this thread (see [`FAST_OP`]).
     fast: Arc<AtomicBool>,
     /// Quick operations in a row.
@@ -124,7 +121,6 @@ impl NicThread {
             stopping,
             retry_wait: RETRY_FIRST,
             retry_at: None,
-            done_at: Instant::now(),
             fast,
             fast_streak: 0,
         }
@@ -169,17 +165,19 @@ impl NicThread {
                 );
             }
             Job::InstallTo { flow, gpu, hint, who, to } => {
-                let r = if who.lease.as_ref().is_some_and(|l| !l.alive()) {
-                    self.done_at = Instant::now();
-                    Err(unavailable("the requesting process has exited"))
+                if who.lease.as_ref().is_some_and(|l| !l.alive()) {
+                    let r = Err(unavailable("the requesting process has exited"));
+                    answer(to, r, Some(&self.metrics), Instant::now());
                 } else {
-                    self.install(flow, gpu, hint, who.owner).map(drop)
-                };
-                answer(to, r, Some(&self.metrics), self.done_at);
+                    let metrics = self.metrics.clone();
+                    let _ = self.install(flow, gpu, hint, who.owner, |r, now| {
+                        answer(to, r.clone().map(drop), Some(&metrics), now)
+                    });
+                }
             }
             Job::UninstallTo { flow, to } => {
-                let r = self.uninstall(flow).map(drop);
-                answer(to, r, Some(&self.metrics), self.done_at);
+                let metrics = self.metrics.clone();
+                let _ = self.uninstall(flow, |r, now| answer(to, r.clone().map(drop), Some(&metrics), now));
             }
             Job::Install { reply, .. } if stopping => {
                 let _ = reply.send(Err(unavailable("the daemon is shutting down")));
@@ -192,10 +190,10 @@ impl NicThread {
                     let _ = reply.send(Err(unavailable("the requesting process has exited")));
                     return;
                 }
-                let _ = reply.send(self.install(flow, gpu, hint, who.owner));
+                let _ = reply.send(self.install(flow, gpu, hint, who.owner, |_, _| {}));
             }
             Job::Uninstall { flow, reply } => {
-                let _ = reply.send(self.uninstall(flow));
+                let _ = reply.send(self.uninstall(flow, |_, _| {}));
             }
             Job::Reclaim { lease, reply } => {
                 let r = self.engine.reclaim(self.nic.as_ref(), lease);
@@ -228,20 +226,26 @@ impl NicThread {
         }
     }
 
+    /// Installs `flow`; `reply` is called with the result as soon as it is
+    /// known (and the time it was), before the metrics are updated, so a
+    /// waiting client gets its answer first.
     fn install(
         &mut self,
         flow: FlowSpec,
         gpu: usize,
         hint: Option<u32>,
         owner: Owner,
+        reply: impl FnOnce(&Result<Installed, RuleFailure>, Instant),
     ) -> Result<Installed, RuleFailure> {
         let foreign_before = self.engine.rules().foreign_slots().len();
         let t = Instant::now();
         let r = self.engine.install(self.nic.as_ref(), flow, gpu, hint, owner);
-        self.done_at = Instant::now();
-        self.timed(self.done_at - t);
+        // One clock read ends both the NIC latency and the request's latency.
+        let done = Instant::now();
+        reply(&r, done);
+        self.timed(done - t);
         if let Ok(Installed::New(e)) = &r {
-            self.series.add_latency.observe((self.done_at - t).as_secs_f64());
+            self.series.add_latency.observe((done - t).as_secs_f64());
             self.series.installed.inc();
             self.queue_add(e.queue, 1);
         }
@@ -255,14 +259,21 @@ impl NicThread {
         r
     }
 
-    fn uninstall(&mut self, flow: FlowSpec) -> Result<Option<RuleEntry>, RuleFailure> {
+    /// Uninstalls `flow`; `reply` as for [`Self::install`].
+    fn uninstall(
+        &mut self,
+        flow: FlowSpec,
+        reply: impl FnOnce(&Result<Option<RuleEntry>, RuleFailure>, Instant),
+    ) -> Result<Option<RuleEntry>, RuleFailure> {
         let t = Instant::now();
         let r = self.engine.uninstall(self.nic.as_ref(), &flow);
-        self.done_at = Instant::now();
-        self.timed(self.done_at - t);
+        // One clock read ends both the NIC latency and the request's latency.
+        let done = Instant::now();
+        reply(&r, done);
+        self.timed(done - t);
         match &r {
             Ok(Some(e)) => {
-                self.series.del_latency.observe((self.done_at - t).as_secs_f64());
+                self.series.del_latency.observe((done - t).as_secs_f64());
                 self.removed(e);
             }
             Ok(None) => {}
@@ -400,10 +411,11 @@ pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Optio
             (f.code, &encoded[..])
         }
     };
+    // The client first, the bookkeeping after.
+    to.conn.answer(bytes);
     if let Some(m) = metrics {
         m.rule_done(to.op, code, now.saturating_duration_since(to.started).as_secs_f64());
     }
-    to.conn.answer(bytes);
 }
 
 pub(super) fn booked_rule(gpu_names: &[String], f: &FlowSpec, e: &RuleEntry) -> BookedRule {
