@@ -54,12 +54,10 @@ pub async fn serve(
     gauge.dec();
 }
 
-/// Whether requests on `endpoint` tie the connection to its client process.
+/// Whether requests on `endpoint` tie the connection to its client process
+/// (`rx_rule_manager` does too, on its own threads).
 fn tracks_client(endpoint: Endpoint) -> bool {
-    matches!(
-        endpoint,
-        Endpoint::RuleManager | Endpoint::Registry | Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_)
-    )
+    matches!(endpoint, Endpoint::Registry | Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_))
 }
 
 /// The reply to a request that arrives once shutdown has begun.

@@ -48,26 +48,23 @@ impl<T> JobQueue<T> {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut q = self.lock();
-        if q.closed {
-            return Err(());
-        }
-        q.jobs.append(batch);
-        let wake = std::mem::replace(&mut q.sleeping, false);
-        drop(q);
-        if wake {
-            self.wake.notify_one();
-        }
-        Ok(())
+        self.add(|jobs| jobs.append(batch))
     }
 
     /// Appends one job; gives it back when the queue is closed.
     pub(super) fn push(&self, job: T) -> Result<(), T> {
+        let mut job = Some(job);
+        self.add(|jobs| jobs.extend(job.take())).map_err(|()| job.take().expect("not added"))
+    }
+
+    /// Adds jobs with `f` unless the queue is closed, then wakes the consumer
+    /// if it sleeps.
+    fn add(&self, f: impl FnOnce(&mut Vec<T>)) -> Result<(), ()> {
         let mut q = self.lock();
         if q.closed {
-            return Err(job);
+            return Err(());
         }
-        q.jobs.push(job);
+        f(&mut q.jobs);
         let wake = std::mem::replace(&mut q.sleeping, false);
         drop(q);
         if wake {
