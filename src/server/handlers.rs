@@ -67,7 +67,7 @@ pub enum RuleStart {
     General(UnixSocketProto),
 }
 
-/// Starts a rule request on `conn`, `received` at that time, so that its
+/// Starts a rule request on `conn`, received at `started`, so that its
 /// NIC's thread writes the reply: the connection's thread is not woken for
 /// it. The caller hands the job over (batched with others) and calls
 /// [`Handoff::begin`](super::rule_io::Handoff) first.
@@ -77,9 +77,8 @@ pub fn start_rule(
     install: bool,
     who: Requester,
     conn: &Arc<Handoff>,
-    received: Instant,
+    started: Instant,
 ) -> RuleStart {
-    let started = received;
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let answered = |code: StatusCode, reply: Reply| {
         state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());

@@ -20,13 +20,12 @@
 //! connections, so each such connection keeps its own watch.
 
 use std::collections::HashSet;
-
-use foldhash::HashMap;
 use std::num::NonZeroU32;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use foldhash::HashMap;
 use nix::errno::Errno;
 use nix::sys::socket::{getsockopt, sockopt};
 use tokio::io::unix::AsyncFd;

@@ -30,7 +30,7 @@ pub const GPU0: &str = "0000:04:00.0";
 pub const GPU_ETH2: &str = "0000:0a:00.0";
 
 /// The exact bytes of the success reply: length 5, field 1 (raw bytes) "Ok.".
-pub const OK_FRAME: [u8; 7] = [0, 5, 0x0a, 3, b'O', b'k', b'.'];
+pub const OK_FRAME: &[u8] = frame::OK_FRAME;
 
 /// Root-only tests are `#[ignore = "needs root: …"]`, so a plain `cargo test`
 /// lists them as ignored; CI runs them as root with `--include-ignored`. Run

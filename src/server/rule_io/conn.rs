@@ -162,14 +162,24 @@ impl Conn {
                 self.discard_peeked(cx);
                 return Next::Close;
             }
-            if let Some(end) = whole_frame(&self.buf) {
-                // In order: the previous answer goes out first.
+            let frame_end = whole_frame(&self.buf);
+            let reading = self.may_read && (!cx.stopping || self.read_after_stop < SHUTDOWN_READ_LIMIT);
+            // An answer in flight goes out before anything else happens on the
+            // connection: the next frame is answered in order, the close comes
+            // after the answer (a half-closed client still waits for it),
+            // and peeked bytes are consumed only once their request is
+            // answered (see the module's notes).
+            let next_step_needs_answer =
+                frame_end.is_some() || self.eof || (reading && self.peeked > 0) || (!reading && cx.stopping);
+            if next_step_needs_answer {
                 if !self.settle() {
                     return Next::Keep;
                 }
                 if !self.out.is_empty() {
                     continue;
                 }
+            }
+            if let Some(end) = frame_end {
                 match frame::parse(&self.buf[..end]) {
                     Ok(Some((msg, used))) => {
                         self.buf.drain(..used);
@@ -186,13 +196,6 @@ impl Conn {
                 continue;
             }
             if self.eof {
-                // The client may have only shut its sending side: its answer still goes out.
-                if !self.settle() {
-                    return Next::Keep;
-                }
-                if !self.out.is_empty() {
-                    continue;
-                }
                 if !self.buf.is_empty() {
                     tracing::debug!(
                         endpoint = self.endpoint.kind(),
@@ -202,15 +205,7 @@ impl Conn {
                 }
                 return Next::Close;
             }
-            if self.may_read && (!cx.stopping || self.read_after_stop < SHUTDOWN_READ_LIMIT) {
-                if self.handed && self.peeked > 0 {
-                    // The request's bytes are still in the socket: consume them
-                    // only once it is answered (see the module's notes).
-                    if !self.settle() {
-                        return Next::Keep;
-                    }
-                    continue;
-                }
+            if reading {
                 if self.read(cx).is_err() {
                     // The client is gone (reset): nobody to answer. A NIC thread
                     // still holding the socket writes into it harmlessly.
@@ -219,12 +214,6 @@ impl Conn {
                 continue;
             }
             if cx.stopping {
-                if !self.settle() {
-                    return Next::Keep;
-                }
-                if !self.out.is_empty() {
-                    continue;
-                }
                 if !self.buf.is_empty() {
                     // Part of a request arrived: answer it rather than close on the client.
                     self.buf.clear();

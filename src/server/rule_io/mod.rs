@@ -93,23 +93,23 @@ pub fn spawn(
         l.socket.set_nonblocking(true)?;
     }
     let listeners: Arc<[Listener]> = listeners.into();
-    let stop = Arc::new(Stop { threads: threads.max(1), ..Stop::default() });
+    let shared = Arc::new(Shared { threads: threads.max(1), ..Shared::default() });
     let runtime = tokio::runtime::Handle::current();
     let workers = (0..threads.max(1))
-        .map(|i| IoThread::new(i, &listeners, &state, &stop, &runtime, done.clone()))
+        .map(|i| IoThread::new(i, &listeners, &state, &shared, &runtime, done.clone()))
         .collect::<io::Result<Vec<_>>>()?;
     let inboxes: Vec<_> = workers.iter().map(|w| w.inbox.clone()).collect();
     {
-        let (stop, inboxes) = (stop.clone(), inboxes.clone());
+        let (shared, inboxes) = (shared.clone(), inboxes.clone());
         tokio::spawn(async move {
             super::stopped(&mut shutdown).await;
-            stop.request(&inboxes);
+            shared.request_stop(&inboxes);
         });
     }
     for w in workers {
         let name = format!("rule-io-{}", w.id);
         if let Err(e) = std::thread::Builder::new().name(name).spawn(move || w.run()) {
-            stop.request(&inboxes);
+            shared.request_stop(&inboxes);
             return Err(e);
         }
     }
@@ -119,7 +119,7 @@ pub fn spawn(
 /// What the threads of one [`spawn`] share: the stop request and the count
 /// of threads inside a NIC call.
 #[derive(Default)]
-struct Stop {
+struct Shared {
     requested: AtomicBool,
     /// The listeners are shut (no new connection can queue): by the first thread that stops.
     listeners_shut: AtomicBool,
@@ -128,7 +128,7 @@ struct Stop {
     threads: usize,
 }
 
-impl Stop {
+impl Shared {
     /// A place among the threads that may run a request themselves: all but one.
     fn enter_inline(&self) -> bool {
         if self.inline_now.fetch_add(1, Ordering::AcqRel) + 1 < self.threads {
@@ -141,10 +141,9 @@ impl Stop {
     fn leave_inline(&self) {
         self.inline_now.fetch_sub(1, Ordering::AcqRel);
     }
-}
 
-impl Stop {
-    fn request(&self, inboxes: &[Arc<Inbox>]) {
+    /// Asks every thread to stop, waking each through its inbox.
+    fn request_stop(&self, inboxes: &[Arc<Inbox>]) {
         self.requested.store(true, Ordering::Release);
         for i in inboxes {
             i.poke();
@@ -173,7 +172,7 @@ struct IoThread {
     inbox: Arc<Inbox>,
     conns: Slab<Conn>,
     cx: Cx,
-    stop: Arc<Stop>,
+    shared: Arc<Shared>,
     next_sweep: Instant,
     /// Connections accepted in this batch of events and in the one before:
     /// under load (both) a listener event is drained until `EAGAIN`;
@@ -203,7 +202,7 @@ impl IoThread {
         id: usize,
         listeners: &Arc<[Listener]>,
         state: &Arc<ServerState>,
-        stop: &Arc<Stop>,
+        shared: &Arc<Shared>,
         runtime: &tokio::runtime::Handle,
         done: mpsc::Sender<()>,
     ) -> io::Result<Self> {
@@ -237,7 +236,7 @@ impl IoThread {
                 now,
                 scratch: Box::new([0; SCRATCH]),
             },
-            stop: stop.clone(),
+            shared: shared.clone(),
             next_sweep: now,
             accepted_now: false,
             accepted_before: false,
@@ -294,7 +293,7 @@ impl IoThread {
                 }
             }
             if !self.cx.stopping
-                && (self.stop.requested.load(Ordering::Acquire)
+                && (self.shared.requested.load(Ordering::Acquire)
                     || self.cx.state.stopping.load(Ordering::Acquire))
             {
                 self.begin_stop();
@@ -312,9 +311,9 @@ impl IoThread {
     /// a lone request here (see the module's notes).
     fn flush(&mut self) {
         if let Some(nic) = self.lone_job() {
-            if self.stop.enter_inline() {
+            if self.shared.enter_inline() {
                 let ran = self.cx.state.rule_threads[nic].run_here(&mut self.cx.pending[nic]);
-                self.stop.leave_inline();
+                self.shared.leave_inline();
                 if ran {
                     return;
                 }
@@ -524,7 +523,7 @@ impl IoThread {
     /// answered, every connection answers what it has and closes.
     fn begin_stop(&mut self) {
         self.cx.stopping = true;
-        if !self.stop.listeners_shut.swap(true, Ordering::AcqRel) {
+        if !self.shared.listeners_shut.swap(true, Ordering::AcqRel) {
             for l in self.listeners.iter() {
                 // A shut listening socket refuses connect() (ECONNREFUSED, a clear
                 // error for the client) but still hands out what is queued.
@@ -563,16 +562,16 @@ mod tests {
 
     #[test]
     fn one_thread_always_stays_out_of_nic_calls() {
-        let two = Stop { threads: 2, ..Stop::default() };
+        let two = Shared { threads: 2, ..Shared::default() };
         assert!(two.enter_inline());
         assert!(!two.enter_inline(), "the second of two threads must stay free");
         two.leave_inline();
         assert!(two.enter_inline(), "free again once the first left");
-        let four = Stop { threads: 4, ..Stop::default() };
+        let four = Shared { threads: 4, ..Shared::default() };
         let entered = (0..4).filter(|_| four.enter_inline()).count();
         assert_eq!(entered, 3);
         assert_eq!(four.inline_now.load(Ordering::Relaxed), 3, "a refused entry leaves the count as it was");
-        let one = Stop { threads: 1, ..Stop::default() };
+        let one = Shared { threads: 1, ..Shared::default() };
         assert!(!one.enter_inline(), "a single thread never makes NIC calls itself");
     }
 }
