@@ -67,7 +67,7 @@ fn start(bin: &str, extra: &[&str]) -> Daemon {
             "--gpu_nic_preset=sim",
             "--metrics_address=127.0.0.1:0",
             "--nomonitor_shutdown",
-            "--log_level=warn,tcpx_rxdm::daemon=info,tcpx_rxdm::server::rule_threads=debug,tcpx_rxdm::server::memory=debug",
+            "--log_level=warn,tcpx_rxdm::daemon=info,tcpx_rxdm::steering::apply=debug,tcpx_rxdm::endpoint::memory=debug",
         ])
         .arg(format!("--uds_path={}", dir.display()))
         .args(extra)

@@ -14,7 +14,13 @@
 //!   per-NIC rule engine.
 //! - [`config`]: flags (the only user of clap), presets, discovery.
 //! - [`metrics`]: the Prometheus registry.
-//! - [`server`]: Unix-socket endpoints, per-NIC rule threads, leases, HTTP.
+//! - [`identity`], [`endpoint`] (side by side): who a client is (peer
+//!   credentials, pidfds, leases); what every client endpoint shares (socket
+//!   names, the connection budget, accept back-off, memory give-back).
+//! - [`steering`]: the rule path: the rule sockets' I/O threads, the per-NIC
+//!   rule threads, and what a rule request means.
+//! - [`server`]: the async endpoints (queue, registry, pools), the socket
+//!   folder, HTTP and the status socket.
 //! - [`daemon`]: the lifecycle; `main.rs` assembles it.
 //! - [`doctor`]: `tcpx-rxdm doctor`, read-only checks of a node.
 //! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
@@ -22,14 +28,17 @@
 pub mod config;
 pub mod daemon;
 pub mod doctor;
+pub mod endpoint;
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod gpu;
 pub mod host;
+pub mod identity;
 pub mod metrics;
 pub mod netlink;
 pub mod nic;
 pub mod rules;
 pub mod server;
+pub mod steering;
 pub mod types;
 pub mod wire;

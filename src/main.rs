@@ -27,16 +27,16 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&flags);
-    tcpx_rxdm::server::memory::fix_mmap_threshold();
+    tcpx_rxdm::endpoint::memory::fix_mmap_threshold();
     // Services start with a soft fd limit of 1024; every client connection is one fd.
-    match tcpx_rxdm::server::accept_backoff::raise_nofile_limit() {
+    match tcpx_rxdm::endpoint::accept_backoff::raise_nofile_limit() {
         Ok((before, soft, hard)) => tracing::info!(soft_before = before, soft, hard, "RLIMIT_NOFILE"),
         Err(e) => tracing::warn!(error = %e, "could not raise RLIMIT_NOFILE"),
     }
     // Files we create are private unless made otherwise (socket files get --socket_mode).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 
-    let workers = tcpx_rxdm::server::rule_io::worker_threads();
+    let workers = tcpx_rxdm::steering::intake::worker_threads();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -223,7 +223,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// Raises this test process's soft fd limit to its hard limit.
 fn raise_own_nofile() -> u64 {
-    tcpx_rxdm::server::accept_backoff::raise_nofile_limit().unwrap().1
+    tcpx_rxdm::endpoint::accept_backoff::raise_nofile_limit().unwrap().1
 }
 
 /// 3000 idle TCP connections cost the daemon at most the HTTP cap in fds;

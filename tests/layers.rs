@@ -3,6 +3,12 @@
 //! sources and fails on an import that breaks the order, so a cycle cannot
 //! come back unnoticed. `docs/ARCHITECTURE.md` explains the layers.
 //!
+//! Inside a module the same holds file by file: no file uses a file that
+//! uses it back, directly or through others (a child module using its
+//! parent's items is fine). And the rooms stay small: no source file over
+//! [`MAX_FILE_LINES`], no top-level module over [`MAX_MODULE_SHARE`] of the
+//! crate.
+//!
 //! `cargo test --test layers -- --nocapture` prints the graph.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,11 +23,18 @@ const LAYERS: &[&[&str]] = &[
     &["rules"],
     &["config"],
     &["metrics"],
+    &["identity", "endpoint"],
+    &["steering"],
     &["server"],
     &["daemon"],
     &["doctor"],
     &["fuzz_targets"],
 ];
+
+/// Longest source file, in lines.
+const MAX_FILE_LINES: usize = 450;
+/// Largest share of the crate's code (tests aside) one top-level module may hold.
+const MAX_MODULE_SHARE: f64 = 0.20;
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))
@@ -153,4 +166,301 @@ fn the_scanner_sees_grouped_and_plain_imports() {
     let refs =
         crate_refs("use crate::{nic::X, types::{a, b}};\nlet x = crate::wire::frame::ok();\nmy_crate::no");
     assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["nic", "types", "wire"]);
+}
+
+// ---- files ----
+
+/// The module path of a file under `src/` (`src/nic/sim/mod.rs` → `["nic", "sim"]`,
+/// `src/lib.rs` → `[]`).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> =
+        rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let last = parts.pop().unwrap();
+    let stem = last.trim_end_matches(".rs");
+    if !matches!(stem, "mod" | "lib" | "main") {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// Every path a source text names, with grouped imports expanded:
+/// `use crate::{a::X, b::{c, d}}` → `crate::a::X`, `crate::b::c`, `crate::b::d`.
+/// Only paths that start with one of `roots` are returned.
+fn paths(text: &str, roots: &BTreeSet<String>) -> Vec<Vec<String>> {
+    let b = text.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if ident(b[i]) && (i == 0 || (!ident(b[i - 1]) && b[i - 1] != b':')) {
+            let start = i;
+            while i < b.len() && ident(b[i]) {
+                i += 1;
+            }
+            let word = &text[start..i];
+            if roots.contains(word) && text[i..].starts_with("::") {
+                let mut end = i;
+                expand(text, &mut end, vec![word.to_string()], &mut out);
+                i = end;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Reads `::seg::seg...` or `::{...}` after `prefix`, from `*at`.
+fn expand(text: &str, at: &mut usize, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let b = text.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    loop {
+        if !text[*at..].starts_with("::") {
+            out.push(prefix);
+            return;
+        }
+        *at += 2;
+        if text[*at..].starts_with('{') {
+            *at += 1;
+            loop {
+                while *at < b.len() && (b[*at].is_ascii_whitespace() || b[*at] == b',') {
+                    *at += 1;
+                }
+                if *at >= b.len() || b[*at] == b'}' {
+                    *at += 1;
+                    return;
+                }
+                let start = *at;
+                while *at < b.len() && (ident(b[*at]) || b[*at] == b'*') {
+                    *at += 1;
+                }
+                let seg = text[start..*at].to_string();
+                let mut p = prefix.clone();
+                if !seg.is_empty() && seg != "self" {
+                    p.push(seg);
+                }
+                expand(text, at, p, out);
+                // Skip `as name` and anything else up to the next item.
+                while *at < b.len() && b[*at] != b',' && b[*at] != b'}' {
+                    *at += 1;
+                }
+            }
+        }
+        let start = *at;
+        while *at < b.len() && ident(b[*at]) {
+            *at += 1;
+        }
+        if start == *at {
+            out.push(prefix);
+            return;
+        }
+        prefix.push(text[start..*at].to_string());
+    }
+}
+
+/// The child modules a file declares (`mod x;`, `pub mod x;`, `pub(crate) mod x;`).
+fn declared_children(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l.strip_prefix("pub(crate) ").or_else(|| l.strip_prefix("pub(super) ")).unwrap_or(l);
+            let l = l.strip_prefix("pub ").unwrap_or(l);
+            let name = l.strip_prefix("mod ")?.strip_suffix(';')?;
+            Some(name.trim().to_string())
+        })
+        .collect()
+}
+
+/// Files (as module paths) and, for each, the files it uses.
+fn file_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    files.retain(|f| !f.ends_with("main.rs"));
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(&src, f)).collect();
+    let mut graph = BTreeMap::new();
+    for f in &files {
+        let me = module_path(&src, f);
+        let text = std::fs::read_to_string(f).unwrap();
+        // A file's own unit tests may use anything of it.
+        let text = match text.find("#[cfg(test)]\nmod tests") {
+            Some(i) => &text[..i],
+            None => &text[..],
+        };
+        let children = declared_children(text);
+        let mut roots: BTreeSet<String> = ["crate", "super"].iter().map(|s| s.to_string()).collect();
+        roots.extend(children.iter().cloned());
+        let mut uses = BTreeSet::new();
+        for p in paths(text, &roots) {
+            // Resolve to an absolute module path, then to the deepest file it names.
+            let mut abs: Vec<String> = match p[0].as_str() {
+                "crate" => Vec::new(),
+                "super" => me.clone(),
+                _ => me.clone(),
+            };
+            let mut rest = &p[..];
+            if p[0] == "crate" {
+                rest = &p[1..];
+            } else {
+                while rest.first().is_some_and(|s| s == "super") {
+                    abs.pop();
+                    rest = &rest[1..];
+                }
+            }
+            abs.extend(rest.iter().cloned());
+            while !abs.is_empty() && !modules.contains(&abs) {
+                abs.pop();
+            }
+            if abs != me {
+                uses.insert(abs);
+            }
+        }
+        graph.insert(me, uses);
+    }
+    graph
+}
+
+/// Whether `a` lies inside `b` (a child, grandchild, ... of it).
+fn inside(a: &[String], b: &[String]) -> bool {
+    a.len() > b.len() && a.starts_with(b)
+}
+
+/// A circle of files, if any: edges from a file to a module it lies inside
+/// (a child using its parent's items) do not count.
+fn file_circle(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Option<Vec<Vec<String>>> {
+    fn visit(
+        n: &Vec<String>,
+        graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        state: &mut BTreeMap<Vec<String>, u8>,
+        stack: &mut Vec<Vec<String>>,
+    ) -> Option<Vec<Vec<String>>> {
+        state.insert(n.clone(), 1);
+        stack.push(n.clone());
+        for m in graph.get(n).into_iter().flatten().filter(|m| !inside(n, m)) {
+            match state.get(m).copied().unwrap_or(0) {
+                1 => {
+                    let from = stack.iter().position(|x| x == m).unwrap();
+                    let mut circle = stack[from..].to_vec();
+                    circle.push(m.clone());
+                    return Some(circle);
+                }
+                0 => {
+                    if let Some(c) = visit(m, graph, state, stack) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.clone(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in graph.keys() {
+        if state.get(n).copied().unwrap_or(0) == 0 {
+            if let Some(c) = visit(n, graph, &mut state, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+fn show(m: &[String]) -> String {
+    if m.is_empty() {
+        "crate".into()
+    } else {
+        m.join("::")
+    }
+}
+
+#[test]
+fn no_file_uses_a_file_that_uses_it_back() {
+    let graph = file_graph();
+    for (f, uses) in &graph {
+        let shown: Vec<_> = uses.iter().filter(|u| !inside(f, u)).map(|u| show(u)).collect();
+        if !shown.is_empty() {
+            println!("{:>28} -> {}", show(f), shown.join(", "));
+        }
+    }
+    if let Some(c) = file_circle(&graph) {
+        panic!("files in a circle: {}", c.iter().map(|m| show(m)).collect::<Vec<_>>().join(" -> "));
+    }
+}
+
+#[test]
+fn the_file_scanner_finds_circles_and_spares_children() {
+    let roots: BTreeSet<String> = ["crate", "super", "conn"].iter().map(|s| s.to_string()).collect();
+    let got = paths(
+        "use crate::{a::B, c::{d, e as f}};\nuse super::super::g::H;\nconn::run();\nmy_conn::no",
+        &roots,
+    );
+    let got: Vec<String> = got.iter().map(|p| p.join("::")).collect();
+    assert_eq!(got, ["crate::a::B", "crate::c::d", "crate::c::e", "super::super::g::H", "conn::run"]);
+
+    let m = |s: &str| s.split("::").filter(|x| !x.is_empty()).map(String::from).collect::<Vec<_>>();
+    let mut g: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    // A child using its parent is no circle.
+    g.insert(m("a"), [m("a::b")].into());
+    g.insert(m("a::b"), [m("a")].into());
+    assert!(file_circle(&g).is_none());
+    // Two siblings using each other are.
+    g.insert(m("a::c"), [m("a::b")].into());
+    g.insert(m("a::b"), [m("a"), m("a::c")].into());
+    let c = file_circle(&g).expect("a::b <-> a::c");
+    assert!(c.contains(&m("a::b")) && c.contains(&m("a::c")), "{c:?}");
+}
+
+#[test]
+fn no_source_file_is_too_long() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let long: Vec<_> = files
+        .iter()
+        .map(|f| {
+            (
+                f.strip_prefix(&src).unwrap().display().to_string(),
+                std::fs::read_to_string(f).unwrap().lines().count(),
+            )
+        })
+        .filter(|(_, n)| *n > MAX_FILE_LINES)
+        .collect();
+    assert!(long.is_empty(), "files over {MAX_FILE_LINES} lines: {long:?}");
+}
+
+/// Lines of code in a file, tests aside (a `*_tests.rs` file, a trailing `mod tests`).
+fn code_lines(file: &Path) -> usize {
+    if file.to_string_lossy().ends_with("_tests.rs") {
+        return 0;
+    }
+    let text = std::fs::read_to_string(file).unwrap();
+    let code = match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => &text[..],
+    };
+    code.lines().count()
+}
+
+#[test]
+fn no_module_holds_too_much_of_the_crate() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let mut per_module: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &files {
+        *per_module.entry(module_of(&src, f)).or_default() += code_lines(f);
+    }
+    let total: usize = per_module.values().sum();
+    let mut big = Vec::new();
+    for (m, n) in &per_module {
+        let share = *n as f64 / total as f64;
+        println!("{m:>14}: {n:>5} lines, {:>4.1}%", share * 100.0);
+        if share > MAX_MODULE_SHARE {
+            big.push(format!("{m}: {:.1}%", share * 100.0));
+        }
+    }
+    assert!(big.is_empty(), "modules over {:.0}% of the crate: {big:?}", MAX_MODULE_SHARE * 100.0);
 }

@@ -133,7 +133,7 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
 
 /// The daemon's rule I/O thread count: the floor gets as many threads.
 fn daemon_workers() -> usize {
-    tcpx_rxdm::server::rule_io::worker_threads()
+    tcpx_rxdm::steering::intake::worker_threads()
 }
 
 fn clk_tck() -> f64 {

@@ -53,7 +53,7 @@ pub(super) fn spawn_reaper(state: Weak<ServerState>, mut exits: mpsc::UnboundedR
     tokio::spawn(async move {
         while let Some(lease) = exits.recv().await {
             let Some(state) = state.upgrade() else { return };
-            for w in &state.rule_threads {
+            for w in &state.rules.nics {
                 w.reclaim(lease);
             }
         }
@@ -96,7 +96,7 @@ pub(super) async fn next_fatal_event(
         };
         metrics.link_events.with_label_values(&[ifname, kind]).inc();
         if ev == NicEvent::AddressesChanged {
-            state.set_addresses(address_map(nic, topo));
+            state.rules.set_addresses(address_map(nic, topo));
             continue;
         }
         return ev;

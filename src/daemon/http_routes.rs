@@ -14,7 +14,8 @@ use tokio::sync::Semaphore;
 
 use crate::metrics::Metrics;
 use crate::server::http::{DebugAccess, Handler, Request, Response};
-use crate::server::{flows_stream, ServerState};
+use crate::server::ServerState;
+use crate::steering::flows_stream;
 
 /// `/debug/flows` responses produced at the same time.
 pub const DEBUG_FLOWS_AT_ONCE: usize = 2;
@@ -59,7 +60,7 @@ impl Routes {
         };
         let only = req.param("nic").map(str::to_string);
         if let Some(n) = &only {
-            if !state.rule_threads.iter().any(|w| w.ifname == *n) {
+            if !state.rules.nics.iter().any(|w| w.ifname == *n) {
                 return Response::text(404, format!("no managed NIC {n:?}\n"));
             }
         }
@@ -69,7 +70,7 @@ impl Routes {
                 _ => return Response::text(503, "too many /debug/flows requests at once; retry\n"),
             };
         // The turn is held by the producer until the body is written or the reader is gone.
-        let rx = flows_stream::spawn(state.clone(), only, turn);
+        let rx = flows_stream::spawn(state.rules.clone(), only, turn);
         Response::json_stream(rx)
     }
 }

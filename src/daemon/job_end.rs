@@ -16,7 +16,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::watch;
 
-use crate::server::leases::ClientCount;
+use crate::identity::ClientCount;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobEndError {

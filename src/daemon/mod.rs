@@ -149,7 +149,7 @@ pub async fn run(
     };
     drop(events_tx); // monitors hold their own senders
     let state = node.state.clone().expect("set by startup");
-    crate::server::memory::spawn_trimmer(state.clone(), shutdown_rx.clone());
+    crate::endpoint::memory::spawn_trimmer(state.conn_limit.clone(), shutdown_rx.clone());
 
     if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
         if let Err(e) = write_health_line(&path) {

@@ -11,14 +11,16 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::flags::SetupParam;
+use crate::endpoint::budget::ConnBudget;
+use crate::endpoint::Endpoint;
 use crate::gpu::{RxPool, ShmemType};
 use crate::host::tuning::{HostTuning, TuningPlan};
+use crate::identity::{ClientTracker, LeasePolicy};
 use crate::metrics::Metrics;
 use crate::nic::prime;
-use crate::server::budget::ConnBudget;
-use crate::server::leases::{ClientTracker, LeasePolicy};
-use crate::server::rule_threads::NicRuleThread;
-use crate::server::{self, AppRegistry, Endpoint, GpuEntry, ServerState};
+use crate::server::{self, AppRegistry, GpuEntry, ServerState};
+use crate::steering::apply::NicRuleThread;
+use crate::steering::{intake, RulePath};
 use crate::types::pci::PciAddr;
 
 use super::debug_view::config_json;
@@ -132,7 +134,7 @@ impl Startup<'_> {
     fn server_state(&self, node: &mut Node) -> Result<Arc<ServerState>, DaemonError> {
         let (flags, topo) = (&self.config.flags, &self.config.topology);
         let mut gpus = HashMap::new();
-        let mut rule_threads = Vec::new();
+        let mut nic_threads = Vec::new();
         let stopping = Arc::new(AtomicBool::new(false));
         for (ni, (n, p)) in topo.nics.iter().zip(&node.primed).enumerate() {
             for (gi, g) in n.gpus.iter().enumerate() {
@@ -147,7 +149,7 @@ impl Startup<'_> {
             let nic = self.backends.nic.clone();
             let w = NicRuleThread::new(&n.ifname, capacity, gq, nic, self.metrics.clone(), stopping.clone())
                 .map_err(|source| DaemonError::NicRuleThread { ifname: n.ifname.clone(), source })?;
-            rule_threads.push(w);
+            nic_threads.push(w);
         }
         let policy = LeasePolicy {
             track: flags.leases || flags.shutdown_when_all_clients_exited,
@@ -155,18 +157,26 @@ impl Startup<'_> {
         };
         let (clients, exits) = ClientTracker::new(policy, self.metrics.clone());
         let idle = (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout));
+        let conn_limit = Arc::new(ConnBudget::new(flags.max_connections as usize, idle));
+        let rules = Arc::new(RulePath::new(
+            nic_threads,
+            gpus.iter().map(|(pci, g): (&PciAddr, &GpuEntry)| (*pci, (g.nic, g.index))),
+            self.metrics.clone(),
+            conn_limit.clone(),
+            clients.clone(),
+            stopping.clone(),
+        ));
         let state = Arc::new(ServerState {
             gpus: gpus.into_iter().collect(),
-            rule_threads,
-            addresses: Default::default(),
+            rules,
             registry: AppRegistry::default(),
             metrics: self.metrics.clone(),
-            conn_limit: Arc::new(ConnBudget::new(flags.max_connections as usize, idle)),
+            conn_limit,
             clients,
             stopping,
         });
         spawn_reaper(Arc::downgrade(&state), exits);
-        state.set_addresses(address_map(self.backends.nic.as_ref(), topo));
+        state.rules.set_addresses(address_map(self.backends.nic.as_ref(), topo));
         node.state = Some(state.clone());
         // `tcpx-rxdm status` answers (not ready) from here on.
         let l = node.dir.bind(server::status::SOCKET).map_err(DaemonError::Endpoint)?;
@@ -234,12 +244,12 @@ impl Startup<'_> {
         for ep in [Endpoint::RuleManager, Endpoint::RuleUninstall] {
             let l = node.dir.bind(&ep.socket_name()).map_err(DaemonError::Endpoint)?;
             let socket = l.into_std().map_err(|source| DaemonError::RuleIo { source })?;
-            rule_listeners.push(server::rule_io::Listener { socket, endpoint: ep });
+            rule_listeners.push(intake::Listener { socket, endpoint: ep });
         }
-        server::rule_io::spawn(
+        intake::spawn(
             rule_listeners,
-            server::rule_io::worker_threads(),
-            state.clone(),
+            intake::worker_threads(),
+            state.rules.clone(),
             self.shutdown.clone(),
             self.done.clone(),
         )

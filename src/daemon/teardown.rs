@@ -53,8 +53,8 @@ impl Node {
             // Every NIC at once: each retries refused deletes on its own thread.
             let give_up_at = Instant::now() + RULE_REMOVAL_GIVE_UP;
             let t = Instant::now();
-            let started: Vec<_> = state.rule_threads.iter().map(|w| w.remove_all(give_up_at)).collect();
-            for (w, removal) in state.rule_threads.iter().zip(started) {
+            let started: Vec<_> = state.rules.nics.iter().map(|w| w.remove_all(give_up_at)).collect();
+            for (w, removal) in state.rules.nics.iter().zip(started) {
                 let errs = removal.await;
                 tracing::info!(ifname = %w.ifname, elapsed_ms = ms(t), refused = errs.len(), "rules removed");
                 errors.extend(errs.into_iter().map(TeardownError::RemoveRule));

@@ -93,7 +93,7 @@ pub(super) fn check_kernel(r: &mut Report, ctx: &Ctx) {
         );
     }
 
-    let (status, found) = match crate::server::leases::probe_peer_pidfd() {
+    let (status, found) = match crate::identity::probe_peer_pidfd() {
         Ok(()) => (Status::Pass, "SO_PEERPIDFD works (leases follow clients across pid namespaces)".to_string()),
         Err(Errno::ENOPROTOOPT) => (
             if ctx.flags.leases { Status::Warn } else { Status::Skip },

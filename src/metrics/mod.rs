@@ -26,7 +26,7 @@ pub const KNOWN_ERRNOS: [&str; 6] = ["EBUSY", "EAGAIN", "ENOSPC", "EINVAL", "EIO
 /// Pool request kinds (`pool_requests_total{kind}`).
 pub const POOL_KINDS: [&str; 3] = ["fd", "metadata", "ipc_handle"];
 
-/// Endpoint kinds (`connections{endpoint}`), as `server::Endpoint::kind` names them.
+/// Endpoint kinds (`connections{endpoint}`), as `endpoint::Endpoint::kind` names them.
 pub const ENDPOINT_KINDS: [&str; 8] = [
     "rule_manager",
     "rule_uninstall",

@@ -5,9 +5,9 @@
 //! header-split probing, prime/restore, claims and the link monitor.
 //!
 //! Backends are synchronous: every call is one short kernel round trip (an ioctl
-//! or a netlink request). Rule calls run on a runtime worker inside that NIC's
-//! FIFO lock (`server::rule_workers`): other requests for that NIC wait without
-//! holding a thread, but a slow driver call holds the worker that makes it.
+//! or a netlink request). Rule calls run on that NIC's own rule thread
+//! (`steering::apply`), in arrival order: a slow driver call holds up only
+//! that NIC's requests, never a thread that serves connections.
 
 pub(crate) mod claim;
 pub mod ethtool;

@@ -1,5 +1,5 @@
 //! One client connection on the runtime (queue, registry and pool endpoints;
-//! the rule endpoints have threads of their own, see `rule_io`): read
+//! the rule endpoints have threads of their own, see `steering::intake`): read
 //! frames, answer each in order, close on malformed input. A truncated frame
 //! only ends its own connection.
 
@@ -12,12 +12,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
-use super::handlers::{self, ConnContext, Reply};
-use super::{Endpoint, ServerState};
+use super::handlers::{self, ConnContext};
+use super::ServerState;
+use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
 use crate::gpu::RxPool;
+use crate::identity;
 use crate::types::status::StatusCode;
 use crate::wire::frame;
-use crate::wire::proto::UnixSocketProto;
 
 /// The byte that carries an fd (any single byte does).
 const FD_CARRIER: [u8; 1] = [0];
@@ -39,11 +40,11 @@ pub async fn serve(
     // The peer's credentials cost a syscall: fetched only where they are used.
     let mut pid = None;
     if endpoint == Endpoint::Registry || tracing::enabled!(tracing::Level::DEBUG) {
-        let cred = stream.peer_cred().ok();
-        pid = cred.as_ref().and_then(|c| c.pid()).filter(|&p| p > 0).map(|p| p as u32);
-        tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.as_ref().map(|c| c.uid()), "client connected");
+        let cred = identity::credentials(stream.as_fd());
+        pid = cred.and_then(|c| c.pid).map(|p| p.get());
+        tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.map(|c| c.uid), "client connected");
     }
-    let mut ctx = ConnContext { pid, registered: false, requester: None };
+    let mut ctx = ConnContext { pid, registered: false, client: None };
     let mut done = Some(done);
     if let Err(e) = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown, &mut done).await {
         tracing::debug!(endpoint = endpoint.kind(), error = %e, "connection ended with an error");
@@ -58,11 +59,6 @@ pub async fn serve(
 /// (`rx_rule_manager` does too, on its own threads).
 fn tracks_client(endpoint: Endpoint) -> bool {
     matches!(endpoint, Endpoint::Registry | Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_))
-}
-
-/// The reply to a request that arrives once shutdown has begun.
-pub fn shutting_down() -> UnixSocketProto {
-    frame::error(StatusCode::Unavailable, "the daemon is shutting down")
 }
 
 /// Serves requests in order. Every request read gets exactly one reply before
@@ -89,12 +85,12 @@ async fn run(
                 buf.drain(..used);
                 last_request = tokio::time::Instant::now();
                 // A large frame grew the buffer: give the memory back.
-                super::memory::shrink_buffer(&mut buf);
+                memory::shrink_buffer(&mut buf);
                 let reply = if stopping && !serves_through_shutdown {
                     Reply::Message(shutting_down())
                 } else {
-                    if ctx.requester.is_none() && tracks_client(endpoint) {
-                        ctx.requester = Some(state.clients.requester(stream.as_fd()));
+                    if ctx.client.is_none() && tracks_client(endpoint) {
+                        ctx.client = Some(state.clients.who(stream.as_fd()));
                     }
                     handlers::handle(endpoint, msg, state, ctx).await
                 };
@@ -121,7 +117,7 @@ async fn run(
             return Ok(());
         }
         let n = tokio::select! {
-            _ = crate::server::stopped(shutdown), if !stopping => {
+            _ = crate::endpoint::stopped(shutdown), if !stopping => {
                 stopping = true;
                 if serves_through_shutdown {
                     // Shutdown does not wait for registrations to end.
@@ -131,10 +127,10 @@ async fn run(
                 }
                 continue;
             }
-            _ = super::budget::idle_expired(idle_limit, last_request) => {
+            _ = budget::idle_expired(idle_limit, last_request) => {
                 // No request pending: nothing owed. Part of a frame: an error reply.
                 if let (false, Some(limit)) = (buf.is_empty(), idle_limit) {
-                    write_reply(stream, Reply::Close(super::budget::incomplete_reply(&buf, limit))).await?;
+                    write_reply(stream, Reply::Close(budget::incomplete_reply(&buf, limit))).await?;
                 }
                 return Ok(());
             }

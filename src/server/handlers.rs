@@ -1,36 +1,27 @@
-//! Per-endpoint request handling: parse, act, and pick the exact reply bytes.
-//! Malformed input gets INVALID_ARGUMENT and the connection closes.
+//! Request handling on the runtime: queue ids, the application registry and
+//! the pool endpoints (parse, act, pick the exact reply bytes); rule requests
+//! go to the rule path ([`steering::request`]). Malformed input gets
+//! INVALID_ARGUMENT and the connection closes.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use super::{Endpoint, ServerState};
+use super::ServerState;
+use crate::endpoint::Endpoint;
+pub use crate::endpoint::Reply;
 use crate::gpu::RxPool;
-use crate::metrics::RuleOp;
-use crate::rules::flow::{self, RuleRequest};
-use crate::rules::RuleFailure;
-use crate::server::rule_io::Handoff;
-use crate::server::rule_threads::{Job, Requester, SocketReply};
+use crate::identity::Client;
+use crate::steering::{self, Requester};
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 use crate::wire::frame;
 use crate::wire::proto::{unix_socket_proto::Payload, QueueIdResponse, UnixSocketProto};
-
-/// What to send back.
-pub enum Reply {
-    Message(UnixSocketProto),
-    /// Send, then close the connection (malformed input).
-    Close(UnixSocketProto),
-    /// Send the pool's shareable fd.
-    Fd(Arc<dyn RxPool>),
-}
 
 /// Per-connection facts the handlers need.
 pub struct ConnContext {
     pub pid: Option<u32>,
     pub registered: bool,
     /// The client process, found at the first request that needs it.
-    pub requester: Option<Requester>,
+    pub client: Option<Client>,
 }
 
 fn invalid(msg: impl Into<String>) -> Reply {
@@ -45,125 +36,17 @@ pub async fn handle(
 ) -> Reply {
     match endpoint {
         Endpoint::RuleManager => {
-            let who = ctx.requester.clone().unwrap_or_default();
-            rule(state, msg, true, who).await
+            let who = Requester::from(ctx.client.clone().unwrap_or_default());
+            steering::request::rule(&state.rules, msg, true, who).await
         }
-        Endpoint::RuleUninstall => rule(state, msg, false, Requester::default()).await,
+        Endpoint::RuleUninstall => {
+            steering::request::rule(&state.rules, msg, false, Requester::default()).await
+        }
         Endpoint::QueueIdsByGpu => queue_ids(state, msg),
         Endpoint::Registry => registry(state, msg, ctx),
         Endpoint::GpuFd(gpu) => pool_fd(state, msg, gpu),
         Endpoint::GpuMetadata(gpu) => pool_metadata(state, msg, gpu),
         Endpoint::GpuIpcHandle => ipc_handle(state, msg),
-    }
-}
-
-/// How a rule request went on.
-pub enum RuleStart {
-    /// Answered here (bad input, no such GPU, ...).
-    Answered(Reply),
-    /// For NIC `nic`'s thread, which writes the reply to the client itself.
-    Handed { nic: usize, job: Job },
-    /// Needs the general path (an uninstall that asks every NIC): [`rule`].
-    General(UnixSocketProto),
-}
-
-/// Starts a rule request on `conn`, received at `started`, so that its
-/// NIC's thread writes the reply: the connection's thread is not woken for
-/// it. The caller hands the job over (batched with others) and calls
-/// [`Handoff::begin`](super::rule_io::Handoff) first.
-pub fn start_rule(
-    state: &ServerState,
-    msg: UnixSocketProto,
-    install: bool,
-    who: Requester,
-    conn: &Arc<Handoff>,
-    started: Instant,
-) -> RuleStart {
-    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
-    let answered = |code: StatusCode, reply: Reply| {
-        state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
-        RuleStart::Answered(reply)
-    };
-    let req = match &msg.payload {
-        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(req) {
-            Ok(req) => req,
-            Err(f) => return answered(f.code, Reply::Close(frame::error(f.code, f.message))),
-        },
-        _ => return answered(StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
-    };
-    let (nic, gpu) = match resolve(state, &req) {
-        Ok(t) => t,
-        Err(_) if !install => return RuleStart::General(msg),
-        Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
-    };
-    let to = SocketReply { conn: conn.clone(), op, started };
-    let job = if install {
-        Job::install_to(req.flow, gpu, req.queue, who, to)
-    } else {
-        Job::uninstall_to(req.flow, to)
-    };
-    RuleStart::Handed { nic, job }
-}
-
-/// A rule request answered on the runtime (the NIC threads still do the NIC work).
-pub async fn rule(state: &ServerState, msg: UnixSocketProto, install: bool, who: Requester) -> Reply {
-    let started = Instant::now();
-    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
-    let (code, reply) = match msg.payload {
-        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(&req) {
-            Ok(req) => {
-                let r = if install {
-                    install_rule(state, &req, who).await
-                } else {
-                    uninstall_rule(state, &req).await
-                };
-                match r {
-                    Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
-                    Err(f) => {
-                        tracing::debug!(op = op.name(), code = f.code.name(), error = %f.message, "rule request failed");
-                        (f.code, Reply::Message(frame::error(f.code, f.message)))
-                    }
-                }
-            }
-            Err(f) => (f.code, Reply::Close(frame::error(f.code, f.message))),
-        },
-        _ => (StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
-    };
-    state.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
-    reply
-}
-
-/// Target NIC and GPU-within-NIC: the named GPU, else the NIC owning `dst` → its first GPU.
-fn resolve(state: &ServerState, req: &RuleRequest) -> Result<(usize, usize), RuleFailure> {
-    if let Some(gpu) = req.gpu {
-        return state.gpus.get(&gpu).map(|g| (g.nic, g.index)).ok_or_else(|| {
-            RuleFailure::new(StatusCode::NotFound, format!("GPU {gpu} is not managed by this daemon"))
-        });
-    }
-    let ip = req.flow.dst.ip();
-    state.nic_for_address(ip).map(|nic| (nic, 0)).ok_or_else(|| {
-        RuleFailure::new(
-            StatusCode::NotFound,
-            format!("no gpu_pci_addr given and {ip} is not an address of a managed NIC"),
-        )
-    })
-}
-
-async fn install_rule(state: &ServerState, req: &RuleRequest, who: Requester) -> Result<(), RuleFailure> {
-    let (nic, gpu) = resolve(state, req)?;
-    state.rule_threads[nic].install(req.flow, gpu, req.queue, who).await.map(|_| ())
-}
-
-/// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.
-async fn uninstall_rule(state: &ServerState, req: &RuleRequest) -> Result<(), RuleFailure> {
-    match resolve(state, req) {
-        Ok((nic, _)) => state.rule_threads[nic].uninstall(req.flow).await.map(|_| ()),
-        Err(_) => {
-            for w in &state.rule_threads {
-                w.uninstall(req.flow).await?;
-            }
-            Ok(())
-        }
     }
 }
 

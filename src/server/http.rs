@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use super::accept_backoff::{is_fd_exhaustion, AcceptBackoff, ReserveFd};
+use crate::endpoint::accept_backoff::{is_fd_exhaustion, AcceptBackoff, ReserveFd};
 
 pub use crate::config::flags::DebugAccess;
 
@@ -111,7 +111,7 @@ pub async fn serve<H: Handler>(
     let mut reserve = ReserveFd::new();
     loop {
         let accepted = tokio::select! {
-            _ = crate::server::stopped(&mut shutdown) => return,
+            _ = crate::endpoint::stopped(&mut shutdown) => return,
             a = listener.accept() => a,
         };
         let (stream, peer) = match accepted {
@@ -127,7 +127,7 @@ pub async fn serve<H: Handler>(
                 }
                 let pause = backoff.failed(&e);
                 tokio::select! {
-                    _ = crate::server::stopped(&mut shutdown) => return,
+                    _ = crate::endpoint::stopped(&mut shutdown) => return,
                     _ = tokio::time::sleep(pause) => {}
                 }
                 continue;

@@ -1,75 +1,33 @@
-//! The client-facing endpoints: one `UnixListener` per socket file and a
-//! connection budget (`ConnBudget`) bounding them all. The rule endpoints are
-//! served by I/O threads of their own ([`rule_io`]); the others by one
-//! runtime task per connection.
+//! The async endpoints and the daemon's views: the socket folder and its
+//! listeners, one runtime task per connection for the queue, registry and
+//! pool endpoints (the rule endpoints are the rule path's, see
+//! [`steering`](crate::steering)), the HTTP server and the status socket.
+//!
+//! It may use `steering` (to hand rule requests over and to show the rule
+//! tables), `endpoint`, `identity`, `metrics` and the layers below; the
+//! daemon assembles it.
 
-pub mod accept_backoff;
-pub(crate) mod budget;
 pub(crate) mod conn;
-pub(crate) mod flows_stream;
 pub(crate) mod handlers;
 pub(crate) mod http;
-pub(crate) mod leases;
-pub mod memory;
-mod peer;
-pub mod rule_io;
-pub mod rule_threads;
 pub(crate) mod socket_dir;
 pub mod status;
 
 use foldhash::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch, Notify};
 
+use crate::endpoint::accept_backoff;
+use crate::endpoint::budget::ConnBudget;
+use crate::endpoint::{stopped, Endpoint};
 use crate::gpu::RxPool;
+use crate::identity::ClientTracker;
 use crate::metrics::Metrics;
+use crate::steering::RulePath;
 use crate::types::pci::PciAddr;
-use leases::ClientTracker;
-use rule_threads::NicRuleThread;
-
-/// What a socket file serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    RuleManager,
-    RuleUninstall,
-    QueueIdsByGpu,
-    Registry,
-    GpuFd(PciAddr),
-    GpuMetadata(PciAddr),
-    /// `get_gpu_by_gpu_pci` (`--gpu_shmem_type file`).
-    GpuIpcHandle,
-}
-
-impl Endpoint {
-    pub fn socket_name(&self) -> String {
-        match self {
-            Endpoint::RuleManager => "rx_rule_manager".into(),
-            Endpoint::RuleUninstall => "rx_rule_uninstall".into(),
-            Endpoint::QueueIdsByGpu => "queue_ids_by_gpu".into(),
-            Endpoint::Registry => "rxdm_application_registry".into(),
-            Endpoint::GpuFd(p) => format!("get_gpu_fd_{p}"),
-            Endpoint::GpuMetadata(p) => format!("get_gpu_metadata_{p}"),
-            Endpoint::GpuIpcHandle => "get_gpu_by_gpu_pci".into(),
-        }
-    }
-
-    /// Metric label.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Endpoint::RuleManager => "rule_manager",
-            Endpoint::RuleUninstall => "rule_uninstall",
-            Endpoint::QueueIdsByGpu => "queue_ids",
-            Endpoint::Registry => "registry",
-            Endpoint::GpuFd(_) => "gpu_fd",
-            Endpoint::GpuMetadata(_) => "gpu_metadata",
-            Endpoint::GpuIpcHandle => "gpu_ipc_handle",
-        }
-    }
-}
 
 /// One managed GPU as the handlers see it.
 #[derive(Debug, Clone)]
@@ -115,34 +73,18 @@ impl AppRegistry {
 /// Everything the handlers share.
 pub struct ServerState {
     pub gpus: HashMap<PciAddr, GpuEntry>,
-    /// One per NIC, in topology order (`GpuEntry::nic` indexes it).
-    pub rule_threads: Vec<NicRuleThread>,
-    /// Local address → NIC index, for requests without a GPU.
-    pub addresses: RwLock<HashMap<IpAddr, usize>>,
+    /// The rule path: one rule thread per NIC, in topology order
+    /// (`GpuEntry::nic` indexes `rules.nics`).
+    pub rules: Arc<RulePath>,
     pub registry: AppRegistry,
     pub metrics: Arc<Metrics>,
     /// `--max_connections`, with a share kept for registry and pool endpoints.
-    pub conn_limit: Arc<budget::ConnBudget>,
+    pub conn_limit: Arc<ConnBudget>,
     /// Client processes and their leases.
     pub clients: Arc<ClientTracker>,
     /// Set when shutdown starts: the NIC threads answer requests not yet
     /// started with UNAVAILABLE.
     pub stopping: Arc<AtomicBool>,
-}
-
-impl ServerState {
-    pub fn nic_for_address(&self, ip: IpAddr) -> Option<usize> {
-        self.addresses.read().expect("address map lock").get(&ip.to_canonical()).copied()
-    }
-
-    pub fn set_addresses(&self, map: impl IntoIterator<Item = (IpAddr, usize)>) {
-        *self.addresses.write().expect("address map lock") = map.into_iter().collect();
-    }
-}
-
-/// Resolves once `shutdown` turns true (or its sender is gone).
-pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
 }
 
 /// Accepts connections on `listener` until shutdown; each connection runs in
@@ -160,11 +102,11 @@ pub fn spawn_endpoint(
             // At the limit, stop accepting so new clients wait in the kernel backlog.
             // The permit is only probed here: an idle listener must not hold one.
             tokio::select! {
-                _ = crate::server::stopped(&mut shutdown) => return,
+                _ = stopped(&mut shutdown) => return,
                 p = state.conn_limit.acquire(endpoint) => drop(p),
             }
             let stream = tokio::select! {
-                _ = crate::server::stopped(&mut shutdown) => return,
+                _ = stopped(&mut shutdown) => return,
                 r = listener.accept() => match r {
                     Ok((s, _)) => {
                         backoff.succeeded();
@@ -175,7 +117,7 @@ pub fn spawn_endpoint(
                         // per few seconds); clients wait in the backlog meanwhile.
                         let pause = backoff.failed(&e);
                         tokio::select! {
-                            _ = crate::server::stopped(&mut shutdown) => return,
+                            _ = stopped(&mut shutdown) => return,
                             _ = tokio::time::sleep(pause) => {}
                         }
                         continue;
@@ -183,7 +125,7 @@ pub fn spawn_endpoint(
                 },
             };
             let permit = tokio::select! {
-                _ = crate::server::stopped(&mut shutdown) => return,
+                _ = stopped(&mut shutdown) => return,
                 p = state.conn_limit.acquire(endpoint) => p,
             };
             let state = state.clone();

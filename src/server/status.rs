@@ -38,7 +38,7 @@ pub fn spawn(listener: UnixListener, state: Arc<ServerState>, mut shutdown: watc
         loop {
             let Ok(permit) = limit.clone().acquire_owned().await else { return };
             let stream = tokio::select! {
-                _ = super::stopped(&mut shutdown) => return,
+                _ = crate::endpoint::stopped(&mut shutdown) => return,
                 r = listener.accept() => match r {
                     Ok((s, _)) => s,
                     Err(e) => {
@@ -90,7 +90,7 @@ async fn serve(stream: UnixStream, state: &ServerState) -> std::io::Result<()> {
         }
         "flows" => {
             wr.write_all(b"{\"nics\":[").await?;
-            for (i, w) in state.rule_threads.iter().enumerate() {
+            for (i, w) in state.rules.nics.iter().enumerate() {
                 if let Some(s) = w.snapshot().await {
                     let mut buf = if i > 0 { b",".to_vec() } else { Vec::new() };
                     serde_json::to_writer(&mut buf, &s).map_err(std::io::Error::other)?;
@@ -113,14 +113,14 @@ pub async fn status_json(state: &ServerState) -> Value {
     let mut nics = Vec::new();
     // pid → (rules, per NIC)
     let mut clients: BTreeMap<Option<u32>, BTreeMap<String, u64>> = BTreeMap::new();
-    for w in &state.rule_threads {
+    for w in &state.rules.nics {
         let Some(s) = w.snapshot().await else { continue };
         let mut by_queue: BTreeMap<u32, u64> = BTreeMap::new();
         for r in &s.rules {
             *by_queue.entry(r.queue).or_default() += 1;
             *clients.entry(r.pid).or_default().entry(s.ifname.clone()).or_default() += 1;
         }
-        let nic_index = state.rule_threads.iter().position(|t| t.ifname == s.ifname);
+        let nic_index = state.rules.nics.iter().position(|t| t.ifname == s.ifname);
         for g in state.gpus.values().filter(|g| Some(g.nic) == nic_index) {
             for q in &g.queues {
                 by_queue.entry(*q).or_default();
@@ -153,7 +153,7 @@ pub async fn status_json(state: &ServerState) -> Value {
             let pool = g.pool.as_ref().and_then(Weak::upgrade);
             json!({
                 "gpu": pci.to_string(),
-                "nic": state.rule_threads.get(g.nic).map(|t| t.ifname.clone()),
+                "nic": state.rules.nics.get(g.nic).map(|t| t.ifname.clone()),
                 "queues": g.queues,
                 "size_bytes": pool.as_ref().map(|p| p.size()),
                 "pool": pool.as_ref().map(|p| p.describe()),

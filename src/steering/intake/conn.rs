@@ -27,12 +27,10 @@ use nix::sys::epoll::EpollFlags;
 use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::handoff::Handoff;
 use super::Cx;
-use crate::server::conn::shutting_down;
-use crate::server::handlers::{self, Reply, RuleStart};
-use crate::server::rule_threads::Requester;
-use crate::server::{budget, memory, Endpoint};
+use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
+use crate::steering::request::{self, RuleStart};
+use crate::steering::{Handoff, Requester};
 use crate::types::status::StatusCode;
 use crate::wire::frame;
 use crate::wire::proto::UnixSocketProto;
@@ -332,11 +330,11 @@ impl Conn {
         let install = self.endpoint == Endpoint::RuleManager;
         let who = if install {
             let state = &cx.state;
-            self.requester.get_or_insert_with(|| state.clients.requester(self.shared.sock())).clone()
+            self.requester.get_or_insert_with(|| Requester::of(&state.clients, self.shared.sock())).clone()
         } else {
             Requester::default()
         };
-        match handlers::start_rule(&cx.state, msg, install, who.clone(), &self.shared, cx.now) {
+        match request::start_rule(&cx.state, msg, install, who.clone(), &self.shared, cx.now) {
             RuleStart::Answered(Reply::Message(m)) => self.reply(&m),
             RuleStart::Answered(Reply::Close(m)) => {
                 self.reply(&m);
@@ -355,7 +353,7 @@ impl Conn {
                 self.handed = true;
                 let (state, conn) = (cx.state.clone(), self.shared.clone());
                 cx.runtime.spawn(async move {
-                    let msg = match handlers::rule(&state, msg, install, who).await {
+                    let msg = match request::rule(&state, msg, install, who).await {
                         Reply::Message(m) | Reply::Close(m) => m,
                         Reply::Fd(_) => {
                             frame::error(StatusCode::Internal, "no file descriptor is served here")

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::metrics::{Metrics, RuleOp};
+use crate::metrics::Metrics;
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine};
-use crate::rules::table::{Owner, RuleEntry};
+use crate::rules::table::RuleEntry;
 use crate::rules::RuleFailure;
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
@@ -36,7 +36,7 @@ use crate::types::status::StatusCode;
 mod queue;
 mod thread;
 
-use super::rule_io::Handoff;
+use super::{Job, Requester, SocketReply};
 use queue::JobQueue;
 use thread::{answer, booked_rule, NicThread};
 
@@ -78,92 +78,6 @@ pub struct BookedRule {
     pub pending_delete: bool,
 }
 
-/// A lease as the rule path sees it: the NIC thread refuses installs for a
-/// process already known to be gone, so that no rule outlives its reclaim.
-pub trait LeaseState: Send + Sync {
-    fn id(&self) -> NonZeroU32;
-    fn alive(&self) -> bool;
-}
-
-/// Who asks for an install.
-#[derive(Clone, Default)]
-pub struct Requester {
-    pub owner: Owner,
-    pub lease: Option<Arc<dyn LeaseState>>,
-}
-
-/// Where a rule request's answer goes: the NIC thread writes it to the
-/// client's socket itself (no wake-up of the connection's thread per request).
-pub struct SocketReply {
-    pub conn: Arc<Handoff>,
-    pub op: RuleOp,
-    pub started: Instant,
-}
-
-/// A unit of work for a NIC thread. Rule requests from clients are built
-/// with [`Job::install_to`] and [`Job::uninstall_to`] and handed over in
-/// batches with [`NicRuleThread::submit`].
-pub enum Job {
-    InstallTo {
-        flow: FlowSpec,
-        gpu: usize,
-        hint: Option<u32>,
-        who: Requester,
-        to: SocketReply,
-    },
-    UninstallTo {
-        flow: FlowSpec,
-        to: SocketReply,
-    },
-    Install {
-        flow: FlowSpec,
-        gpu: usize,
-        hint: Option<u32>,
-        who: Requester,
-        reply: oneshot::Sender<Result<Installed, RuleFailure>>,
-    },
-    Uninstall {
-        flow: FlowSpec,
-        reply: oneshot::Sender<Result<Option<RuleEntry>, RuleFailure>>,
-    },
-    Reclaim {
-        lease: NonZeroU32,
-        reply: Option<oneshot::Sender<usize>>,
-    },
-    Snapshot {
-        reply: oneshot::Sender<NicFlows>,
-    },
-    Copy {
-        reply: oneshot::Sender<BookedCopy>,
-    },
-    RemoveAll {
-        give_up_at: Instant,
-        reply: oneshot::Sender<Vec<NicError>>,
-    },
-    /// Nothing: makes the thread look at its retry deadline again.
-    Wake,
-}
-
-impl Job {
-    /// An install whose reply the NIC thread writes to the client.
-    pub fn install_to(flow: FlowSpec, gpu: usize, hint: Option<u32>, who: Requester, to: SocketReply) -> Job {
-        Job::InstallTo { flow, gpu, hint, who, to }
-    }
-
-    /// An uninstall whose reply the NIC thread writes to the client.
-    pub fn uninstall_to(flow: FlowSpec, to: SocketReply) -> Job {
-        Job::UninstallTo { flow, to }
-    }
-
-    /// Ends a job that will never run: a client still gets its reply; an
-    /// in-process caller sees its answer channel close.
-    fn abandon(self, metrics: Option<&Metrics>) {
-        if let Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } = self {
-            answer(to, Err(unavailable("the daemon is shutting down")), metrics, Instant::now());
-        }
-    }
-}
-
 /// The booked rules of one NIC, copied on its thread (no NIC call, no formatting).
 pub struct BookedCopy {
     pub capacity: u32,
@@ -193,6 +107,14 @@ pub struct NicRuleThread {
 impl Drop for NicRuleThread {
     fn drop(&mut self) {
         self.core.jobs.close();
+    }
+}
+
+/// Ends a job that will never run: a client still gets its reply; an
+/// in-process caller sees its answer channel close.
+fn abandon(job: Job, metrics: Option<&Metrics>) {
+    if let Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } = job {
+        answer(to, Err(unavailable("the daemon is shutting down")), metrics, Instant::now());
     }
 }
 
@@ -279,7 +201,7 @@ impl NicRuleThread {
     pub fn submit(&self, batch: &mut Vec<Job>) {
         if self.core.jobs.push_all(batch).is_err() {
             for job in batch.drain(..) {
-                job.abandon(None);
+                abandon(job, None);
             }
         }
     }

@@ -72,7 +72,7 @@ struct AbandonOnExit<'a>(&'a JobQueue<Job>, Arc<Metrics>);
 impl Drop for AbandonOnExit<'_> {
     fn drop(&mut self) {
         for job in self.0.close_and_drain() {
-            job.abandon(Some(&self.1));
+            abandon(job, Some(&self.1));
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::ServerState;
+use super::RulePath;
 
 /// Bytes gathered before a chunk is handed to the writer.
 pub const CHUNK: usize = 64 * 1024;
@@ -22,7 +22,7 @@ pub const QUEUED_CHUNKS: usize = 2;
 /// when the NIC could not be read) and `nic_error` (only then).
 /// `hold` (a concurrency permit) is kept until the producer ends.
 pub fn spawn<T: Send + 'static>(
-    state: Arc<ServerState>,
+    state: Arc<RulePath>,
     only: Option<String>,
     hold: T,
 ) -> mpsc::Receiver<Vec<u8>> {
@@ -66,11 +66,11 @@ impl Out<'_> {
     }
 }
 
-async fn produce(state: &ServerState, only: Option<&str>, tx: &mpsc::Sender<Vec<u8>>) -> Result<(), ()> {
+async fn produce(state: &RulePath, only: Option<&str>, tx: &mpsc::Sender<Vec<u8>>) -> Result<(), ()> {
     let mut out = Out { buf: Vec::with_capacity(CHUNK + 1024), tx };
     out.raw("{\"nics\":[");
     let mut first_nic = true;
-    for w in state.rule_threads.iter().filter(|w| only.is_none_or(|n| n == w.ifname)) {
+    for w in state.nics.iter().filter(|w| only.is_none_or(|n| n == w.ifname)) {
         let copy = w.booked_copy().await;
         let (capacity, booked) = (copy.capacity, copy.rules);
         if !first_nic {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::ServerState;
+use super::budget::ConnBudget;
 use crate::host::memory::take_trim_request;
 pub use crate::host::memory::{fix_mmap_threshold, note_large_free, trim};
 
@@ -36,7 +36,7 @@ pub fn connections_fell(peak: usize, now: usize) -> bool {
 }
 
 /// Runs the trimmer until shutdown.
-pub fn spawn_trimmer(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
+pub fn spawn_trimmer(budget: Arc<ConnBudget>, mut shutdown: watch::Receiver<bool>) {
     tokio::spawn(async move {
         let mut peak = 0usize;
         loop {
@@ -44,8 +44,8 @@ pub fn spawn_trimmer(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool
                 _ = super::stopped(&mut shutdown) => return,
                 _ = tokio::time::sleep(CHECK_EVERY) => {}
             }
-            let open = state.conn_limit.open();
-            peak = peak.max(state.conn_limit.take_peak());
+            let open = budget.open();
+            peak = peak.max(budget.take_peak());
             let tables = take_trim_request();
             if tables || connections_fell(peak, open) {
                 let t = std::time::Instant::now();

@@ -27,18 +27,15 @@ use std::sync::{Arc, Mutex};
 
 use foldhash::HashMap;
 use nix::errno::Errno;
-use nix::sys::socket::{getsockopt, sockopt};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::{mpsc, watch};
 
 #[cfg(test)]
 use super::peer::kernel_has_peer_pidfd;
-use super::peer::{peer_pidfd, pidfs_inode};
-pub use super::peer::{pidfd_open, probe_peer_pidfd};
-use super::rule_threads::{LeaseState, Requester};
+use super::peer::{peer_pidfd, pidfd_open, pidfs_inode};
+use super::{credentials, Client};
 use crate::metrics::Metrics;
-use crate::rules::table::Owner;
 
 /// A client process the daemon watches.
 #[derive(Debug)]
@@ -50,12 +47,14 @@ pub struct Lease {
     alive: AtomicBool,
 }
 
-impl LeaseState for Lease {
-    fn id(&self) -> NonZeroU32 {
+impl Lease {
+    /// The lease's number, recorded with each rule it owns.
+    pub fn id(&self) -> NonZeroU32 {
         self.id
     }
 
-    fn alive(&self) -> bool {
+    /// False once the process has exited: then no rule may be booked for it.
+    pub fn alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
 }
@@ -156,15 +155,12 @@ impl ClientTracker {
         self.pidfds.load(Ordering::Relaxed)
     }
 
-    /// Who is at the other end of `sock`, for the rule path: the process's
-    /// visible pid and, where it can be watched, its lease.
-    pub fn requester(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Requester {
+    /// Who is at the other end of `sock`: the process's visible pid and,
+    /// where its rules go away with it (`--leases`), its lease.
+    pub fn who(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Client {
         match self.identify(sock) {
-            Some(lease) => Requester {
-                owner: Owner { pid: lease.pid, lease: self.policy.reclaim.then_some(lease.id) },
-                lease: self.policy.reclaim.then_some(lease as Arc<dyn LeaseState>),
-            },
-            None => Requester::default(),
+            Some(lease) => Client { pid: lease.pid, lease: self.policy.reclaim.then_some(lease) },
+            None => Client::default(),
         }
     }
 
@@ -173,8 +169,8 @@ impl ClientTracker {
         if !self.policy.track {
             return None;
         }
-        let cred = getsockopt(&sock, sockopt::PeerCredentials).ok();
-        let pid = cred.as_ref().and_then(|c| u32::try_from(c.pid()).ok()).and_then(NonZeroU32::new);
+        let cred = credentials(sock);
+        let pid = cred.and_then(|c| c.pid);
         // Fast path: a visible pid already watched (its watch has not fired,
         // so the pid still names the same process).
         if let Some(p) = pid {
@@ -188,7 +184,7 @@ impl ClientTracker {
             None => match pid.map(|p| pidfd_open(p.get())) {
                 Some(Ok(fd)) => fd,
                 _ => {
-                    self.no_lease(cred.map(|c| c.uid()).unwrap_or(u32::MAX));
+                    self.no_lease(cred.map(|c| c.uid).unwrap_or(u32::MAX));
                     return None;
                 }
             },
@@ -338,9 +334,9 @@ mod tests {
         assert_eq!(t.pidfds_opened(), 1, "later connections of a visible pid take the fast path");
         assert_eq!(*t.subscribe().borrow(), ClientCount { seen_any: true, alive: 1 });
         assert_eq!(t.metrics.leases.clients.get(), 1);
-        let r = t.requester(pairs[0].0.as_fd());
-        assert_eq!(r.owner.lease, Some(leases[0].id));
-        assert!(r.lease.is_some_and(|l| l.alive()));
+        let c = t.who(pairs[0].0.as_fd());
+        assert_eq!(c.lease.as_ref().map(|l| l.id()), Some(leases[0].id));
+        assert!(c.lease.is_some_and(|l| l.alive()));
     }
 
     #[tokio::test]
@@ -381,10 +377,9 @@ mod tests {
     async fn tracking_without_reclaim_gives_no_lease_to_rules() {
         let (t, _rx) = tracker(true, false);
         let (a, _b) = UnixStream::pair().unwrap();
-        let r = t.requester(a.as_fd());
-        assert_eq!(r.owner.lease, None);
-        assert!(r.owner.pid.is_some());
-        assert!(r.lease.is_none());
+        let c = t.who(a.as_fd());
+        assert!(c.pid.is_some());
+        assert!(c.lease.is_none());
         assert_eq!(t.subscribe().borrow().alive, 1);
     }
 

@@ -1,0 +1,56 @@
+//! Client identity: who is at the other end of a connection.
+//!
+//! Every endpoint that needs to know its client asks here and nowhere else:
+//! the rule path (to record who owns a rule and to tie the rule to the
+//! client's lease) and the pool and registry endpoints (to watch the client
+//! process). This module owns:
+//! - the kernel calls that name a peer process: `SO_PEERCRED`,
+//!   `SO_PEERPIDFD`, `pidfd_open` and the pidfs inode that tells two pidfds of
+//!   one process apart ([`peer`](self) functions, private);
+//! - the [`leases`]: one watched pidfd per client process, and what happens
+//!   when that process exits;
+//! - what a client is *to the daemon* ([`Client`]). The client's tenant (its
+//!   cgroup, and the mount and network namespaces it sees) belongs here too,
+//!   next to its pid: the checks of who may use which GPU and which flow ask
+//!   this module, never the kernel directly.
+//!
+//! It may use `metrics` and the layers below; it knows nothing of the
+//! endpoints, the rule path or the daemon.
+
+pub mod leases;
+mod peer;
+
+use std::num::NonZeroU32;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use nix::sys::socket::{getsockopt, sockopt};
+
+pub use leases::{ClientCount, ClientTracker, Lease, LeasePolicy};
+pub use peer::{pidfd_open, probe_peer_pidfd};
+
+/// Who a connection's client is, as far as the daemon can tell.
+#[derive(Debug, Clone, Default)]
+pub struct Client {
+    /// The process's pid in the daemon's pid namespace; `None` when that
+    /// process lives in a namespace the daemon cannot see, or clients are not
+    /// tracked.
+    pub pid: Option<NonZeroU32>,
+    /// Its lease, when its rules are to go away with it (`--leases`).
+    pub lease: Option<Arc<Lease>>,
+}
+
+/// What the kernel recorded of a Unix socket's peer when it connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credentials {
+    /// `None` where the peer's pid is not visible from the daemon's pid
+    /// namespace (the kernel reports 0 then).
+    pub pid: Option<NonZeroU32>,
+    pub uid: u32,
+}
+
+/// `SO_PEERCRED` of `sock`; `None` if the kernel will not say (not a Unix socket).
+pub fn credentials(sock: BorrowedFd<'_>) -> Option<Credentials> {
+    let c = getsockopt(&sock, sockopt::PeerCredentials).ok()?;
+    Some(Credentials { pid: u32::try_from(c.pid()).ok().and_then(NonZeroU32::new), uid: c.uid() })
+}

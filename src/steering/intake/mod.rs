@@ -1,0 +1,169 @@
+//! The rule endpoints (`rx_rule_manager`, `rx_rule_uninstall`) on threads of
+//! their own, outside the async runtime.
+//!
+//! The NCCL plugin opens a connection per rule: accept, one frame in, a
+//! 7-byte reply out, EOF, close. The cost of that is the kernel's per
+//! connection work; on the runtime each connection added a task, a reactor
+//! registration and cross-thread wake-ups, which on two cores cost a third of
+//! the rule rate. Here each I/O thread has its own epoll set, all of them
+//! watch the listening sockets with `EPOLLEXCLUSIVE` (a new connection wakes
+//! one thread), and a connection stays on the thread that accepted it.
+//!
+//! A parsed request becomes a job for its NIC's rule thread. Jobs are
+//! collected while the thread works through one batch of epoll events and
+//! handed over per NIC at the end of it, so under load one wake-up of a NIC
+//! thread serves many requests. The NIC thread writes the reply to the client
+//! itself (see [`Handoff`]).
+//!
+//! A thread that serves a single connection with a single request, the
+//! unloaded case where nothing amortises a hand-off, runs it itself if the
+//! NIC has been quick (see [`apply`](super::apply)). At most all threads but one do
+//! so at any moment: one always stays free to accept and serve, so a NIC
+//! call that turns slow holds up only the request that waits for it.
+//!
+//! The connection budget, the idle limit, the error replies and the shutdown
+//! behaviour are the ones of every other endpoint.
+
+mod conn;
+mod io_thread;
+mod slab;
+
+use std::io;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use super::{Inbox, Job, RulePath};
+use crate::endpoint::Endpoint;
+use io_thread::IoThread;
+
+/// Epoll keys below [`slab::FIRST_KEY`]: the inbox, then the listeners.
+const INBOX_KEY: u64 = 0;
+const FIRST_LISTENER_KEY: u64 = 1;
+/// While the connection budget is used up, how often to look for a free permit.
+const PERMIT_POLL: Duration = Duration::from_millis(10);
+/// How often idle connections are looked for (the idle limit is in seconds).
+const SWEEP_EVERY: Duration = Duration::from_millis(200);
+/// Epoll events taken per wait.
+const EVENTS: usize = 256;
+/// Read size per call: a rule request is under 200 bytes.
+const SCRATCH: usize = 4096;
+
+/// A listening socket and what it serves.
+pub struct Listener {
+    pub socket: UnixListener,
+    pub endpoint: Endpoint,
+}
+
+/// What the connection state machines share on one thread.
+pub(super) struct Cx {
+    state: Arc<RulePath>,
+    runtime: tokio::runtime::Handle,
+    /// Jobs collected for each NIC during one batch of events.
+    pending: Vec<Vec<Job>>,
+    stopping: bool,
+    /// Taken once per batch of events.
+    now: Instant,
+    scratch: Box<[u8; SCRATCH]>,
+}
+
+/// Starts `threads` I/O threads serving `listeners` until `shutdown`. Each
+/// thread holds a clone of `done` until its last connection is closed.
+pub fn spawn(
+    listeners: Vec<Listener>,
+    threads: usize,
+    state: Arc<RulePath>,
+    mut shutdown: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
+) -> io::Result<()> {
+    assert!(listeners.len() < (slab::FIRST_KEY - FIRST_LISTENER_KEY) as usize, "too many listeners");
+    for l in &listeners {
+        l.socket.set_nonblocking(true)?;
+    }
+    let listeners: Arc<[Listener]> = listeners.into();
+    let shared = Arc::new(Shared { threads: threads.max(1), ..Shared::default() });
+    let runtime = tokio::runtime::Handle::current();
+    let workers = (0..threads.max(1))
+        .map(|i| IoThread::new(i, &listeners, &state, &shared, &runtime, done.clone()))
+        .collect::<io::Result<Vec<_>>>()?;
+    let inboxes: Vec<_> = workers.iter().map(|w| w.inbox.clone()).collect();
+    {
+        let (shared, inboxes) = (shared.clone(), inboxes.clone());
+        tokio::spawn(async move {
+            crate::endpoint::stopped(&mut shutdown).await;
+            shared.request_stop(&inboxes);
+        });
+    }
+    for w in workers {
+        let name = format!("rule-io-{}", w.id);
+        if let Err(e) = std::thread::Builder::new().name(name).spawn(move || w.run()) {
+            shared.request_stop(&inboxes);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// What the threads of one [`spawn`] share: the stop request and the count
+/// of threads inside a NIC call.
+#[derive(Default)]
+struct Shared {
+    requested: AtomicBool,
+    /// The listeners are shut (no new connection can queue): by the first thread that stops.
+    listeners_shut: AtomicBool,
+    /// Threads running a request themselves now, and how many threads there are.
+    inline_now: AtomicUsize,
+    threads: usize,
+}
+
+impl Shared {
+    /// A place among the threads that may run a request themselves: all but one.
+    fn enter_inline(&self) -> bool {
+        if self.inline_now.fetch_add(1, Ordering::AcqRel) + 1 < self.threads {
+            return true;
+        }
+        self.inline_now.fetch_sub(1, Ordering::AcqRel);
+        false
+    }
+
+    fn leave_inline(&self) {
+        self.inline_now.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Asks every thread to stop, waking each through its inbox.
+    fn request_stop(&self, inboxes: &[Arc<Inbox>]) {
+        self.requested.store(true, Ordering::Release);
+        for i in inboxes {
+            i.poke();
+        }
+    }
+}
+
+/// How many I/O threads serve the rule endpoints, and how many workers the
+/// async runtime has: one per core, at most four.
+pub fn worker_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_thread_always_stays_out_of_nic_calls() {
+        let two = Shared { threads: 2, ..Shared::default() };
+        assert!(two.enter_inline());
+        assert!(!two.enter_inline(), "the second of two threads must stay free");
+        two.leave_inline();
+        assert!(two.enter_inline(), "free again once the first left");
+        let four = Shared { threads: 4, ..Shared::default() };
+        let entered = (0..4).filter(|_| four.enter_inline()).count();
+        assert_eq!(entered, 3);
+        assert_eq!(four.inline_now.load(Ordering::Relaxed), 3, "a refused entry leaves the count as it was");
+        let one = Shared { threads: 1, ..Shared::default() };
+        assert!(!one.enter_inline(), "a single thread never makes NIC calls itself");
+    }
+}

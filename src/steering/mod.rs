@@ -1,0 +1,192 @@
+//! The rule path: everything between a client's flow-steering request and
+//! the NIC's rule table.
+//!
+//! - [`intake`]: the rule sockets (`rx_rule_manager`, `rx_rule_uninstall`),
+//!   served by epoll threads of their own: accept, read, parse, answer what
+//!   needs no NIC, and hand the rest over in batches.
+//! - [`apply`]: one thread per NIC that applies installs and removals in
+//!   arrival order, keeps the bookkeeping equal to the NIC's table, retries
+//!   refused deletes and reclaims the rules of exited clients.
+//! - [`request`]: what a rule request means: parse it, pick its NIC and GPU,
+//!   and turn it into a [`Job`].
+//! - [`handoff`](Handoff): how the NIC thread writes a reply to the client's
+//!   socket itself, waking the connection's thread only when it must.
+//! - [`flows_stream`]: the booked rules, streamed as JSON (`/debug/flows`).
+//!
+//! The types the parts share live here: the [`Job`] a NIC thread runs, the
+//! [`Requester`] it records as a rule's owner, the [`SocketReply`] that
+//! carries the answer, and the [`RulePath`] they all serve from.
+//!
+//! It may use `endpoint` (socket names, the connection budget, accept
+//! back-off), `identity` (who a client is), `rules`, `nic`, `metrics` and
+//! the layers below. The async endpoints (`server`) and the daemon use it;
+//! it knows neither.
+
+pub mod apply;
+pub mod flows_stream;
+mod handoff;
+pub mod intake;
+pub mod request;
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use foldhash::HashMap;
+use tokio::sync::oneshot;
+
+use crate::endpoint::budget::ConnBudget;
+use crate::identity::{Client, ClientTracker, Lease};
+use crate::metrics::{Metrics, RuleOp};
+use crate::nic::{FlowSpec, NicError};
+use crate::rules::engine::Installed;
+use crate::rules::table::{Owner, RuleEntry};
+use crate::rules::RuleFailure;
+use crate::types::pci::PciAddr;
+use apply::{BookedCopy, NicFlows, NicRuleThread};
+pub use handoff::{Handoff, Inbox};
+
+/// What the rule path serves from: one rule thread per NIC and the maps
+/// that pick a request's NIC.
+pub struct RulePath {
+    /// One per NIC, in topology order.
+    pub nics: Vec<NicRuleThread>,
+    /// Each managed GPU: its NIC's index and its index within that NIC.
+    gpus: HashMap<PciAddr, (usize, usize)>,
+    /// Local address → NIC index, for requests without a GPU.
+    addresses: RwLock<HashMap<IpAddr, usize>>,
+    pub metrics: Arc<Metrics>,
+    /// `--max_connections`, shared with every other endpoint.
+    pub conn_limit: Arc<ConnBudget>,
+    /// Client processes and their leases.
+    pub clients: Arc<ClientTracker>,
+    /// Set when shutdown starts: the NIC threads answer requests not yet
+    /// started with UNAVAILABLE.
+    pub stopping: Arc<AtomicBool>,
+}
+
+impl RulePath {
+    /// `gpus`: each managed GPU with its NIC's index (into `nics`) and its
+    /// index within that NIC.
+    pub fn new(
+        nics: Vec<NicRuleThread>,
+        gpus: impl IntoIterator<Item = (PciAddr, (usize, usize))>,
+        metrics: Arc<Metrics>,
+        conn_limit: Arc<ConnBudget>,
+        clients: Arc<ClientTracker>,
+        stopping: Arc<AtomicBool>,
+    ) -> RulePath {
+        RulePath {
+            nics,
+            gpus: gpus.into_iter().collect(),
+            addresses: Default::default(),
+            metrics,
+            conn_limit,
+            clients,
+            stopping,
+        }
+    }
+
+    /// The NIC index and GPU-within-NIC index of a managed GPU.
+    pub fn gpu(&self, pci: &PciAddr) -> Option<(usize, usize)> {
+        self.gpus.get(pci).copied()
+    }
+
+    pub fn nic_for_address(&self, ip: IpAddr) -> Option<usize> {
+        self.addresses.read().expect("address map lock").get(&ip.to_canonical()).copied()
+    }
+
+    pub fn set_addresses(&self, map: impl IntoIterator<Item = (IpAddr, usize)>) {
+        *self.addresses.write().expect("address map lock") = map.into_iter().collect();
+    }
+}
+
+/// Who asks for an install: the rule's recorded owner and, with
+/// `--leases`, the lease whose end removes the rule. The NIC thread refuses
+/// installs for a process already known to be gone, so that no rule
+/// outlives its reclaim.
+#[derive(Debug, Clone, Default)]
+pub struct Requester {
+    pub owner: Owner,
+    pub lease: Option<Arc<Lease>>,
+}
+
+impl From<Client> for Requester {
+    fn from(c: Client) -> Requester {
+        Requester { owner: Owner { pid: c.pid, lease: c.lease.as_ref().map(|l| l.id()) }, lease: c.lease }
+    }
+}
+
+impl Requester {
+    /// The client at the other end of `sock`, asked of the client registry.
+    pub fn of(clients: &Arc<ClientTracker>, sock: BorrowedFd<'_>) -> Requester {
+        clients.who(sock).into()
+    }
+}
+
+/// Where a rule request's answer goes: the NIC thread writes it to the
+/// client's socket itself (no wake-up of the connection's thread per request).
+pub struct SocketReply {
+    pub conn: Arc<Handoff>,
+    pub op: RuleOp,
+    pub started: Instant,
+}
+
+/// A unit of work for a NIC thread. Rule requests from clients are built
+/// with [`Job::install_to`] and [`Job::uninstall_to`] and handed over in
+/// batches with [`NicRuleThread::submit`].
+pub enum Job {
+    InstallTo {
+        flow: FlowSpec,
+        gpu: usize,
+        hint: Option<u32>,
+        who: Requester,
+        to: SocketReply,
+    },
+    UninstallTo {
+        flow: FlowSpec,
+        to: SocketReply,
+    },
+    Install {
+        flow: FlowSpec,
+        gpu: usize,
+        hint: Option<u32>,
+        who: Requester,
+        reply: oneshot::Sender<Result<Installed, RuleFailure>>,
+    },
+    Uninstall {
+        flow: FlowSpec,
+        reply: oneshot::Sender<Result<Option<RuleEntry>, RuleFailure>>,
+    },
+    Reclaim {
+        lease: NonZeroU32,
+        reply: Option<oneshot::Sender<usize>>,
+    },
+    Snapshot {
+        reply: oneshot::Sender<NicFlows>,
+    },
+    Copy {
+        reply: oneshot::Sender<BookedCopy>,
+    },
+    RemoveAll {
+        give_up_at: Instant,
+        reply: oneshot::Sender<Vec<NicError>>,
+    },
+    /// Nothing: makes the thread look at its retry deadline again.
+    Wake,
+}
+
+impl Job {
+    /// An install whose reply the NIC thread writes to the client.
+    pub fn install_to(flow: FlowSpec, gpu: usize, hint: Option<u32>, who: Requester, to: SocketReply) -> Job {
+        Job::InstallTo { flow, gpu, hint, who, to }
+    }
+
+    /// An uninstall whose reply the NIC thread writes to the client.
+    pub fn uninstall_to(flow: FlowSpec, to: SocketReply) -> Job {
+        Job::UninstallTo { flow, to }
+    }
+}

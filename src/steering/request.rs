@@ -1,0 +1,130 @@
+//! What a rule request means: parse it, pick its NIC and GPU, and either
+//! answer it at once (bad input, an unknown GPU) or turn it into a [`Job`]
+//! for that NIC's thread. Malformed input gets INVALID_ARGUMENT and the
+//! connection closes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Handoff, Job, Requester, RulePath, SocketReply};
+use crate::endpoint::Reply;
+use crate::metrics::RuleOp;
+use crate::rules::flow::{self, RuleRequest};
+use crate::rules::RuleFailure;
+use crate::types::status::StatusCode;
+use crate::wire::frame;
+use crate::wire::proto::{unix_socket_proto::Payload, UnixSocketProto};
+
+fn invalid(msg: impl Into<String>) -> Reply {
+    Reply::Close(frame::error(StatusCode::InvalidArgument, msg))
+}
+
+/// How a rule request went on.
+pub enum RuleStart {
+    /// Answered here (bad input, no such GPU, ...).
+    Answered(Reply),
+    /// For NIC `nic`'s thread, which writes the reply to the client itself.
+    Handed { nic: usize, job: Job },
+    /// Needs the general path (an uninstall that asks every NIC): [`rule`].
+    General(UnixSocketProto),
+}
+
+/// Starts a rule request on `conn`, received at `started`, so that its
+/// NIC's thread writes the reply: the connection's thread is not woken for
+/// it. The caller hands the job over (batched with others) and calls
+/// [`Handoff::begin`] first.
+pub fn start_rule(
+    rules: &RulePath,
+    msg: UnixSocketProto,
+    install: bool,
+    who: Requester,
+    conn: &Arc<Handoff>,
+    started: Instant,
+) -> RuleStart {
+    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
+    let answered = |code: StatusCode, reply: Reply| {
+        rules.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
+        RuleStart::Answered(reply)
+    };
+    let req = match &msg.payload {
+        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(req) {
+            Ok(req) => req,
+            Err(f) => return answered(f.code, Reply::Close(frame::error(f.code, f.message))),
+        },
+        _ => return answered(StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
+    };
+    let (nic, gpu) = match resolve(rules, &req) {
+        Ok(t) => t,
+        Err(_) if !install => return RuleStart::General(msg),
+        Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
+    };
+    let to = SocketReply { conn: conn.clone(), op, started };
+    let job = if install {
+        Job::install_to(req.flow, gpu, req.queue, who, to)
+    } else {
+        Job::uninstall_to(req.flow, to)
+    };
+    RuleStart::Handed { nic, job }
+}
+
+/// A rule request answered on the runtime (the NIC threads still do the NIC work).
+pub async fn rule(rules: &RulePath, msg: UnixSocketProto, install: bool, who: Requester) -> Reply {
+    let started = Instant::now();
+    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
+    let (code, reply) = match msg.payload {
+        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(&req) {
+            Ok(req) => {
+                let r = if install {
+                    install_rule(rules, &req, who).await
+                } else {
+                    uninstall_rule(rules, &req).await
+                };
+                match r {
+                    Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
+                    Err(f) => {
+                        tracing::debug!(op = op.name(), code = f.code.name(), error = %f.message, "rule request failed");
+                        (f.code, Reply::Message(frame::error(f.code, f.message)))
+                    }
+                }
+            }
+            Err(f) => (f.code, Reply::Close(frame::error(f.code, f.message))),
+        },
+        _ => (StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
+    };
+    rules.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
+    reply
+}
+
+/// Target NIC and GPU-within-NIC: the named GPU, else the NIC owning `dst` → its first GPU.
+fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(usize, usize), RuleFailure> {
+    if let Some(gpu) = req.gpu {
+        return rules.gpu(&gpu).ok_or_else(|| {
+            RuleFailure::new(StatusCode::NotFound, format!("GPU {gpu} is not managed by this daemon"))
+        });
+    }
+    let ip = req.flow.dst.ip();
+    rules.nic_for_address(ip).map(|nic| (nic, 0)).ok_or_else(|| {
+        RuleFailure::new(
+            StatusCode::NotFound,
+            format!("no gpu_pci_addr given and {ip} is not an address of a managed NIC"),
+        )
+    })
+}
+
+async fn install_rule(rules: &RulePath, req: &RuleRequest, who: Requester) -> Result<(), RuleFailure> {
+    let (nic, gpu) = resolve(rules, req)?;
+    rules.nics[nic].install(req.flow, gpu, req.queue, who).await.map(|_| ())
+}
+
+/// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.
+async fn uninstall_rule(rules: &RulePath, req: &RuleRequest) -> Result<(), RuleFailure> {
+    match resolve(rules, req) {
+        Ok((nic, _)) => rules.nics[nic].uninstall(req.flow).await.map(|_| ()),
+        Err(_) => {
+            for w in &rules.nics {
+                w.uninstall(req.flow).await?;
+            }
+            Ok(())
+        }
+    }
+}
