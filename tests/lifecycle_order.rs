@@ -139,8 +139,12 @@ fn run(node: &Node, serving: impl FnOnce(&Path)) -> Result<(), DaemonError> {
     };
     let task = rt.spawn(daemon::run(node.config.clone(), node.backends(), shutdown));
     let rule_socket = node.dir.path().join(RULE_SOCKET);
-    common::wait_until(Duration::from_secs(20), || is_socket(&rule_socket) || task.is_finished());
-    if is_socket(&rule_socket) {
+    // The socket file exists from bind(), a moment before listen(): wait
+    // until a connect gets through (that connection closes unused).
+    let listening =
+        || is_socket(&rule_socket) && std::os::unix::net::UnixStream::connect(&rule_socket).is_ok();
+    common::wait_until(Duration::from_secs(20), || listening() || task.is_finished());
+    if listening() {
         serving(node.dir.path());
         let _ = stop.send(());
     }
