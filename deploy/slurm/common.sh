@@ -21,6 +21,9 @@ TCPX_SETTINGS=(TCPX_RXDM_BIN TCPX_UDS_PATH TCPX_STATE_DIR TCPX_HTTP TCPX_PRESET
 TCPX_SLURM_CONF=${TCPX_SLURM_CONF:-/etc/tcpx-rxdm/slurm.conf}
 
 tcpx_log() { echo "tcpx-rxdm[job $SLURM_JOB_ID]: $*" >&2; }
+# Milliseconds since the script started (its last line says how long it took).
+tcpx_t0=${EPOCHREALTIME//[!0-9]/}
+tcpx_ms() { echo $(((${EPOCHREALTIME//[!0-9]/} - tcpx_t0) / 1000)); }
 
 # Reads TCPX_SLURM_CONF, if present, into the settings the environment left unset.
 tcpx_read_settings() {

@@ -58,7 +58,7 @@ fi
 rc=$(cat "$TCPX_RC_FILE")
 case $rc in
   0)
-    tcpx_log "stopped cleanly (exit 0: rules removed, NICs restored)"
+    tcpx_log "stopped cleanly (exit 0: rules removed, NICs restored) in $(tcpx_ms) ms"
     clean_up
     rm -f "$TCPX_LOG_FILE"
     exit 0

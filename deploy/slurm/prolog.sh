@@ -97,7 +97,7 @@ while :; do
   if grep -qsF "$TCPX_READY_LINE" "$TCPX_HEALTH_FILE"; then
     tcpx_read_pid_file || true
     http=$(sed -n 's/.*HTTP endpoints listening.*address=\([^ ]*\).*/\1/p' "$TCPX_LOG_FILE" | head -n 1)
-    tcpx_log "ready on $TCPX_UDS_PATH (pid ${tcpx_pid:-?}${http:+, HTTP on $http})"
+    tcpx_log "ready on $TCPX_UDS_PATH (pid ${tcpx_pid:-?}${http:+, HTTP on $http}) after $(tcpx_ms) ms"
     exit 0
   fi
   if [ -s "$TCPX_RC_FILE" ]; then
