@@ -387,7 +387,11 @@ fn systemd_unit_command_line_and_socket_folder_agree() {
 
 fn slurm_prolog_argv(env: &[(&str, &str)]) -> Vec<String> {
     let mut cmd = Command::new(repo("deploy/slurm/prolog.sh"));
-    cmd.env_clear().env("PATH", std::env::var("PATH").unwrap()).env("TCPX_PRINT_ARGS", "1");
+    // No settings file: the defaults in common.sh.
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("TCPX_PRINT_ARGS", "1")
+        .env("TCPX_SLURM_CONF", "/nonexistent/slurm.conf");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -403,7 +407,8 @@ fn slurm_prolog_command_line_is_accepted() {
     assert_eq!(flags.uds_path, Path::new("/run/tcpx-4242"));
     assert!(!flags.monitor_shutdown, "a job's second step would find no daemon");
     assert_eq!(flags.socket_group.as_deref(), Some("1000"));
-    assert_eq!(metrics_port(&flags), 9467);
+    // No HTTP by default: two jobs on a node never compete for a port.
+    assert_eq!(flags.metrics_address.0, None);
 
     // Overrides, as the live test uses them.
     let argv = slurm_prolog_argv(&[
@@ -422,7 +427,11 @@ fn slurm_prolog_command_line_is_accepted() {
     assert_eq!(flags.socket_group, None);
 
     // The task prolog points NCCL at the same folder.
-    let out = Command::new(repo("deploy/slurm/task-prolog.sh")).env("SLURM_JOB_ID", "4242").output().unwrap();
+    let out = Command::new(repo("deploy/slurm/task-prolog.sh"))
+        .env("SLURM_JOB_ID", "4242")
+        .env("TCPX_SLURM_CONF", "/nonexistent/slurm.conf")
+        .output()
+        .unwrap();
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         "export NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX=/run/tcpx-4242\n"

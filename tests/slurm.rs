@@ -389,3 +389,59 @@ fn settings_file_environment_and_task_prolog() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("writable by group or others"), "{}", text(&out));
 }
+
+#[test]
+fn the_example_settings_file_lists_every_setting_with_its_default() {
+    let example = std::fs::read_to_string(script("slurm.conf.example")).unwrap();
+    let common = std::fs::read_to_string(script("common.sh")).unwrap();
+    // Every name common.sh accepts is in the example, once.
+    let names = common.split("TCPX_SETTINGS=(").nth(1).unwrap().split(')').next().unwrap();
+    for name in names.split_whitespace() {
+        let n = example.lines().filter(|l| l.starts_with(&format!("#{name}="))).count();
+        assert_eq!(n, 1, "{name} in slurm.conf.example");
+    }
+    // Uncommented, the example changes nothing: its values are the defaults.
+    let node = tempfile::tempdir().unwrap();
+    let uncommented: String = example
+        .lines()
+        .filter_map(|l| l.strip_prefix('#').filter(|l| l.starts_with("TCPX_")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let print = |conf: &Path| {
+        let out = Command::new(script("prolog.sh"))
+            .env_clear()
+            .env("SLURM_JOB_ID", "12")
+            .env("SLURM_JOB_GID", "1000")
+            .env("TCPX_SLURM_CONF", conf)
+            .env("TCPX_PRINT_ARGS", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let conf = node.path().join("slurm.conf");
+    std::fs::write(&conf, uncommented).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let defaults = print(&node.path().join("absent.conf"));
+    assert_eq!(print(&conf), defaults);
+    assert!(defaults.contains("--uds_path=/run/tcpx-12\n"), "{defaults}");
+}
+
+#[test]
+fn a_prolog_that_times_out_stops_the_daemon_and_leaves_only_its_log() {
+    // Priming takes 4 x 2 s of RSS writes at once; the prolog waits 1 s.
+    let node = tempfile::tempdir().unwrap();
+    let job = Job::new(node.path(), "4801", "--sim_delay=set_rss:2000");
+    let mut cmd = job.command("prolog.sh", &[("TCPX_READY_TIMEOUT", "1")]);
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("was not ready after 1s; stopping it"), "{err}");
+    assert!(err.contains("it stopped with status"), "{err}");
+    assert!(!job.uds().exists(), "the socket folder was left behind");
+    for ext in ["pid", "rc", "health"] {
+        assert!(!job.state(ext).exists(), "{ext} file left behind");
+    }
+    assert!(job.state("log").exists(), "log kept");
+}
