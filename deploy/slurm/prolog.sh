@@ -50,7 +50,7 @@ created_dir=0
 give_up() {
   rm -f "$TCPX_PID_FILE" "$TCPX_RC_FILE" "$TCPX_HEALTH_FILE"
   if [ "$created_dir" = 1 ]; then tcpx_remove_socket_dir; fi
-  tcpx_log "the daemon's log stays in $TCPX_LOG_FILE"
+  tcpx_log "gave up after $(tcpx_ms) ms; the daemon's log stays in $TCPX_LOG_FILE"
   exit 1
 }
 
