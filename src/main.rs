@@ -125,6 +125,14 @@ fn split_sub_args(args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
 }
 
 fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
+    // Like other command-line tools, end quietly when the reader of our
+    // output goes away (`tcpx-rxdm status flows | head -1`): the default
+    // SIGPIPE action instead of Rust's "ignore, then panic on EPIPE". Unix
+    // sockets are written with MSG_NOSIGNAL, so only stdout/stderr are affected.
+    // SAFETY: no other thread exists yet and SIG_DFL installs no handler code.
+    let _ = unsafe {
+        nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
+    };
     let (opts, rest) = match split_sub_args(args) {
         Ok(v) => v,
         Err(e) => {

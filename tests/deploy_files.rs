@@ -385,9 +385,11 @@ fn systemd_unit_command_line_and_socket_folder_agree() {
     assert!(sysusers.lines().any(|l| l.split_whitespace().take(2).eq(["g", one("Group")])), "{sysusers}");
 }
 
+/// No settings file: the defaults in common.sh.
+const NO_CONF: (&str, &str) = ("TCPX_SLURM_CONF", "/nonexistent/slurm.conf");
 fn slurm_prolog_argv(env: &[(&str, &str)]) -> Vec<String> {
     let mut cmd = Command::new(repo("deploy/slurm/prolog.sh"));
-    cmd.env_clear().env("PATH", std::env::var("PATH").unwrap()).env("TCPX_PRINT_ARGS", "1");
+    cmd.env_clear().env("PATH", std::env::var("PATH").unwrap()).env("TCPX_PRINT_ARGS", "1").envs([NO_CONF]);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -403,7 +405,7 @@ fn slurm_prolog_command_line_is_accepted() {
     assert_eq!(flags.uds_path, Path::new("/run/tcpx-4242"));
     assert!(!flags.monitor_shutdown, "a job's second step would find no daemon");
     assert_eq!(flags.socket_group.as_deref(), Some("1000"));
-    assert_eq!(metrics_port(&flags), 9467);
+    assert_eq!(flags.metrics_address.0, None, "HTTP off by default: jobs never compete for a port");
 
     // Overrides, as the live test uses them.
     let argv = slurm_prolog_argv(&[
@@ -422,7 +424,8 @@ fn slurm_prolog_command_line_is_accepted() {
     assert_eq!(flags.socket_group, None);
 
     // The task prolog points NCCL at the same folder.
-    let out = Command::new(repo("deploy/slurm/task-prolog.sh")).env("SLURM_JOB_ID", "4242").output().unwrap();
+    let task_prolog = repo("deploy/slurm/task-prolog.sh");
+    let out = Command::new(task_prolog).env("SLURM_JOB_ID", "4242").envs([NO_CONF]).output().unwrap();
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         "export NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX=/run/tcpx-4242\n"

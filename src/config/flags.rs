@@ -100,7 +100,7 @@ pub struct Flags {
     #[arg(long = "gpu_shmem_type", default_value = "fd", value_parser = names_parser::<ShmemType>(ShmemType::NAMES))]
     pub gpu_shmem_type: ShmemType,
     /// Folder for the Unix sockets (created if missing).
-    #[arg(long = "uds_path", default_value = "/run/tcpx")]
+    #[arg(long = "uds_path", default_value = "/run/tcpx", value_parser = parse_uds_path)]
     pub uds_path: PathBuf,
     /// Bytes per GPU pool; 0 = the topology's value or 4 GiB.
     #[arg(long = "rx_pool_size", default_value_t = 0)]
@@ -300,6 +300,24 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         return Err("mode must be at most 0777".into());
     }
     Ok(m)
+}
+
+/// The longest `--uds_path` the NCCL GPUDirect-TCPX plugin can use: it builds
+/// each socket's path (folder, `/`, the longest socket name) in a 128-byte
+/// buffer.
+pub const UDS_PATH_MAX: usize = 76;
+
+/// `--uds_path`: refused here, before any NIC or pool is touched, when the
+/// plugin could not reach sockets under it.
+fn parse_uds_path(s: &str) -> Result<PathBuf, String> {
+    let n = s.len();
+    if n > UDS_PATH_MAX {
+        return Err(format!(
+            "{n} characters; the NCCL GPUDirect-TCPX plugin can use at most {UDS_PATH_MAX} \
+             (it builds socket paths in a 128-byte buffer)"
+        ));
+    }
+    Ok(PathBuf::from(s))
 }
 
 /// `--metrics_address`: `None` when set empty (HTTP disabled).

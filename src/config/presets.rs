@@ -37,6 +37,12 @@ pub enum ConfigError {
     Invalid { source_name: String, err: TopologyError },
     #[error("discovery: {0}")]
     Discovery(#[from] discovery::DiscoveryError),
+    #[error(
+        "--gpu_nic_preset=auto: sysfs discovery under {} found no NIC with a GPU behind it \
+         (use --gpu_nic_preset=sim for simulated NICs)",
+        sysfs.display()
+    )]
+    NothingDiscovered { sysfs: PathBuf },
     #[error("discovery: preset a6: {ifname} not found in sysfs")]
     A6NicMissing { ifname: String },
     #[error("discovery: preset a6 expects one GPU behind {ifname}, discovery found {found}")]
@@ -136,6 +142,9 @@ pub fn resolve_topology(flags: &Flags) -> Result<(Topology, Source), ConfigError
         None => {
             let mut topo = super::topology::from_proto(&Default::default()).map_err(invalid)?;
             topo.nics = discover(topo.rss_set_size, topo.tcpd_queue_size)?;
+            if topo.nics.is_empty() {
+                return Err(ConfigError::NothingDiscovered { sysfs: flags.sysfs_root() });
+            }
             topo
         }
         Some(text) => {
