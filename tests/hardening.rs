@@ -236,6 +236,14 @@ fn idle_http_flood_is_capped_and_does_not_starve_unix_clients() {
     let d = Daemon::start(&["--max_http_connections=64"]);
     let pid = d.child.id();
     let addr = d.http();
+    // What a client process costs while it lives (its pidfd watch, its
+    // network namespace and the threads' lookup sockets for it, kept for the
+    // tenant checks) is taken before the baseline: this test is about HTTP.
+    let warm = client::rule_request(1, ("10.1.0.2", 3), ("192.168.1.2", 2), Some(GPU0), None);
+    assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &encoded(&warm)), OK_FRAME);
+    let mut c = d.client("queue_ids_by_gpu");
+    assert_eq!(status_code(&c.request(&client::queue_query(GPU0)).unwrap()), 0);
+    drop(c);
     let baseline = fd_count(pid);
     let mut flood = Vec::new();
     for i in 0..3000 {

@@ -98,7 +98,8 @@ fn reclaim_works_when_the_client_pid_is_invisible_to_the_daemon() {
 
 #[test]
 fn without_leases_a_dead_clients_rules_stay() {
-    let d = Daemon::start(&["--noleases"]);
+    // No identification at all (tenant checks would find the pid): as the reference.
+    let d = Daemon::start(&["--noleases", "--tenant_isolation=off"]);
     let mut c = ClientProcess::run(&client_requests(&d), Duration::from_secs(60));
     assert!(rules(&d).iter().all(|r| r["lease"] == false && r["pid"].is_null()));
     c.kill();

@@ -39,6 +39,27 @@ pub enum LogFormat {
     Json,
 }
 
+/// How clients of different tenants (cgroups) are kept apart (`--tenant_isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TenantIsolation {
+    /// No checks: any client may use any GPU and any flow (the reference's behaviour).
+    Off,
+    /// Decide as `enforce` does, but serve anyway: log and count what would be refused.
+    Audit,
+    /// Refuse with PERMISSION_DENIED (or RESOURCE_EXHAUSTED over the quota).
+    Enforce,
+}
+
+impl TenantIsolation {
+    pub fn name(self) -> &'static str {
+        match self {
+            TenantIsolation::Off => "off",
+            TenantIsolation::Audit => "audit",
+            TenantIsolation::Enforce => "enforce",
+        }
+    }
+}
+
 /// Who may read `/debug/*` (`--debug_endpoints`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DebugAccess {
@@ -141,6 +162,19 @@ pub struct Flags {
     /// Mode of the socket files, octal.
     #[arg(long = "socket_mode", default_value = "0660", value_parser = parse_mode)]
     pub socket_mode: u32,
+    /// Mode of the status socket (`rxdm_status`), octal. It shows every
+    /// client's flows, so by default only the daemon's user may read it.
+    #[arg(long = "status_socket_mode", default_value = "0600", value_parser = parse_mode)]
+    pub status_socket_mode: u32,
+    /// Keeping the jobs on one node apart: a client may use only the GPUs
+    /// whose device node it sees, install rules only for its own TCP
+    /// connections, and remove only its own rules. `audit` decides the same
+    /// way but serves anyway, logging and counting each refusal.
+    #[arg(long = "tenant_isolation", value_enum, default_value = "audit")]
+    pub tenant_isolation: TenantIsolation,
+    /// Most rules one tenant (cgroup) may hold across all NICs; 0: no limit.
+    #[arg(long = "max_rules_per_tenant", default_value_t = 0)]
+    pub max_rules_per_tenant: u32,
     /// Group owning the socket files (name or gid).
     #[arg(long = "socket_group")]
     pub socket_group: Option<String>,

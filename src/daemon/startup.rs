@@ -11,16 +11,18 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::flags::SetupParam;
+use crate::config::flags::TenantIsolation;
 use crate::endpoint::budget::ConnBudget;
 use crate::endpoint::Endpoint;
 use crate::gpu::{RxPool, ShmemType};
 use crate::host::tuning::{HostTuning, TuningPlan};
-use crate::identity::{ClientTracker, LeasePolicy};
+use crate::identity::tenant::{cgroup2_mount, GpuDevices};
+use crate::identity::{ClientTracker, LeasePolicy, TenantPolicy};
 use crate::metrics::Metrics;
 use crate::nic::prime;
 use crate::server::{self, AppRegistry, GpuEntry, ServerState};
 use crate::steering::apply::NicRuleThread;
-use crate::steering::{intake, RulePath};
+use crate::steering::{intake, GpuSlot, RulePath};
 use crate::types::pci::PciAddr;
 
 use super::debug_view::config_json;
@@ -129,6 +131,31 @@ impl Startup<'_> {
         Ok(())
     }
 
+    /// Tenant isolation as the flags set it, with the GPUs' device nodes.
+    fn tenant_policy(&self) -> TenantPolicy {
+        let flags = &self.config.flags;
+        let pcis: Vec<String> = self.config.topology.gpus().map(|(_, g)| g.pci.to_string()).collect();
+        let simulated = self.backends.alloc.backend() == "host";
+        let devices = GpuDevices::from_driver(&flags.procfs_root(), &pcis, simulated);
+        let cgroup2 = std::fs::read_to_string("/proc/self/mounts").ok().and_then(|m| cgroup2_mount(&m));
+        if flags.tenant_isolation != TenantIsolation::Off {
+            tracing::info!(
+                mode = flags.tenant_isolation.name(),
+                max_rules_per_tenant = flags.max_rules_per_tenant,
+                gpu_minors = ?devices.minors,
+                cgroup2 = ?cgroup2,
+                "tenant isolation"
+            );
+        }
+        TenantPolicy::new(
+            flags.tenant_isolation,
+            flags.max_rules_per_tenant,
+            devices,
+            cgroup2,
+            Some(self.metrics.clone()),
+        )
+    }
+
     /// The state the endpoints serve from, with one rule thread per NIC. The
     /// rule threads see no request until the rule endpoints open.
     fn server_state(&self, node: &mut Node) -> Result<Arc<ServerState>, DaemonError> {
@@ -136,10 +163,12 @@ impl Startup<'_> {
         let mut gpus = HashMap::new();
         let mut nic_threads = Vec::new();
         let stopping = Arc::new(AtomicBool::new(false));
+        let tenants = Arc::new(self.tenant_policy());
         for (ni, (n, p)) in topo.nics.iter().zip(&node.primed).enumerate() {
             for (gi, g) in n.gpus.iter().enumerate() {
                 let pool = node.pools.iter().find(|(pci, _)| *pci == g.pci).map(|(_, p)| Arc::downgrade(p));
-                gpus.insert(g.pci, GpuEntry { nic: ni, index: gi, queues: g.queues.clone(), pool });
+                let ordinal = gpus.len();
+                gpus.insert(g.pci, GpuEntry { nic: ni, index: gi, ordinal, queues: g.queues.clone(), pool });
             }
             let capacity = topo.max_rx_rules.min(p.rule_capacity);
             if capacity < topo.max_rx_rules {
@@ -147,24 +176,35 @@ impl Startup<'_> {
             }
             let gq = n.gpus.iter().map(|g| (g.pci, g.queues.clone())).collect();
             let nic = self.backends.nic.clone();
-            let w = NicRuleThread::new(&n.ifname, capacity, gq, nic, self.metrics.clone(), stopping.clone())
-                .map_err(|source| DaemonError::NicRuleThread { ifname: n.ifname.clone(), source })?;
+            let w = NicRuleThread::new(
+                &n.ifname,
+                capacity,
+                gq,
+                nic,
+                self.metrics.clone(),
+                stopping.clone(),
+                tenants.clone(),
+            )
+            .map_err(|source| DaemonError::NicRuleThread { ifname: n.ifname.clone(), source })?;
             nic_threads.push(w);
         }
         let policy = LeasePolicy {
-            track: flags.leases || flags.shutdown_when_all_clients_exited,
+            track: flags.leases || flags.shutdown_when_all_clients_exited || tenants.checks(),
             reclaim: flags.leases,
         };
-        let (clients, exits) = ClientTracker::new(policy, self.metrics.clone());
+        let (clients, exits) = ClientTracker::new(policy, self.metrics.clone(), tenants.clone());
         let idle = (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout));
         let conn_limit = Arc::new(ConnBudget::new(flags.max_connections as usize, idle));
         let rules = Arc::new(RulePath::new(
             nic_threads,
-            gpus.iter().map(|(pci, g): (&PciAddr, &GpuEntry)| (*pci, (g.nic, g.index))),
+            gpus.iter().map(|(pci, g): (&PciAddr, &GpuEntry)| {
+                (*pci, GpuSlot { nic: g.nic, index: g.index, ordinal: g.ordinal })
+            }),
             self.metrics.clone(),
             conn_limit.clone(),
             clients.clone(),
             stopping.clone(),
+            tenants.clone(),
         ));
         let state = Arc::new(ServerState {
             gpus: gpus.into_iter().collect(),
@@ -174,12 +214,16 @@ impl Startup<'_> {
             conn_limit,
             clients,
             stopping,
+            tenants,
         });
         spawn_reaper(Arc::downgrade(&state), exits);
         state.rules.set_addresses(address_map(self.backends.nic.as_ref(), topo));
         node.state = Some(state.clone());
         // `tcpx-rxdm status` answers (not ready) from here on.
-        let l = node.dir.bind(server::status::SOCKET).map_err(DaemonError::Endpoint)?;
+        let l = node
+            .dir
+            .bind_with_mode(server::status::SOCKET, flags.status_socket_mode)
+            .map_err(DaemonError::Endpoint)?;
         server::status::spawn(l, state.clone(), self.shutdown.clone());
         Ok(state)
     }

@@ -31,9 +31,11 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::{mpsc, watch};
 
+use super::access::TenantPolicy;
 #[cfg(test)]
 use super::peer::kernel_has_peer_pidfd;
 use super::peer::{peer_pidfd, pidfd_open, pidfs_inode};
+use super::tenant::{self, Tenant};
 use super::{credentials, Client};
 use crate::metrics::Metrics;
 
@@ -45,6 +47,8 @@ pub struct Lease {
     pub pid: Option<NonZeroU32>,
     key: ProcKey,
     alive: AtomicBool,
+    /// Its tenant, found when the process was first seen (tenant isolation on).
+    pub tenant: Option<Arc<Tenant>>,
 }
 
 impl Lease {
@@ -80,7 +84,8 @@ pub struct ClientCount {
 /// How leases are used, from the flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeasePolicy {
-    /// Watch client processes at all (`--leases` or `--shutdown_when_all_clients_exited`).
+    /// Watch client processes at all (`--leases`, `--shutdown_when_all_clients_exited`
+    /// or tenant isolation).
     pub track: bool,
     /// Remove an exited process's rules (`--leases`).
     pub reclaim: bool,
@@ -112,6 +117,8 @@ pub struct ClientTracker {
     /// The runtime the watches run on: connections are also identified on
     /// threads outside it (the rule endpoints' I/O threads).
     runtime: Option<tokio::runtime::Handle>,
+    /// Tenant isolation: whether to find each process's tenant, and how.
+    tenants: Arc<TenantPolicy>,
 }
 
 impl ClientTracker {
@@ -120,6 +127,7 @@ impl ClientTracker {
     pub fn new(
         policy: LeasePolicy,
         metrics: Arc<Metrics>,
+        tenants: Arc<TenantPolicy>,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<NonZeroU32>) {
         let (exits, rx) = mpsc::unbounded_channel();
         let t = ClientTracker {
@@ -132,6 +140,7 @@ impl ClientTracker {
             watches: AtomicU64::new(0),
             pidfds: AtomicU64::new(0),
             runtime: tokio::runtime::Handle::try_current().ok(),
+            tenants,
         };
         (Arc::new(t), rx)
     }
@@ -159,7 +168,11 @@ impl ClientTracker {
     /// where its rules go away with it (`--leases`), its lease.
     pub fn who(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Client {
         match self.identify(sock) {
-            Some(lease) => Client { pid: lease.pid, lease: self.policy.reclaim.then_some(lease) },
+            Some(lease) => Client {
+                pid: lease.pid,
+                tenant: lease.tenant.clone(),
+                lease: self.policy.reclaim.then_some(lease),
+            },
             None => Client::default(),
         }
     }
@@ -198,6 +211,8 @@ impl ClientTracker {
         if let Some(l) = self.lookup(key) {
             return Some(l); // the new pidfd closes here
         }
+        // Read outside the table's lock: it costs a few system calls.
+        let tenant = self.tenants.checks().then(|| self.find_tenant(&pidfd, pid)).flatten();
         let lease = {
             let mut t = self.table.lock().expect("lease table lock");
             let key = match key {
@@ -213,7 +228,7 @@ impl ClientTracker {
             }
             t.next_id = t.next_id.checked_add(1).unwrap_or(1);
             let id = NonZeroU32::new(t.next_id).expect("ids start at 1");
-            let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true) });
+            let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true), tenant });
             t.by_key.insert(key, lease.clone());
             if let Some(p) = pid {
                 t.by_pid.insert(p.get(), lease.clone());
@@ -225,6 +240,20 @@ impl ClientTracker {
         tracing::debug!(lease = lease.id, pid = ?pid, key = ?lease.key, "watching client process");
         self.spawn_watch(pidfd, lease.clone());
         Some(lease)
+    }
+
+    fn find_tenant(&self, pidfd: &OwnedFd, pid: Option<NonZeroU32>) -> Option<Arc<Tenant>> {
+        use std::os::fd::AsFd;
+        let p = &self.tenants;
+        let found = tenant::identify(pidfd.as_fd(), pid.map(|p| p.get()), &p.devices, p.cgroup2.as_deref());
+        match &found {
+            Some(t) => {
+                p.saw(t);
+                tracing::debug!(pid = ?pid, tenant = %t.name(), net = ?t.net.as_ref().map(|n| n.inode), "client tenant");
+            }
+            None => tracing::debug!(pid = ?pid, "client tenant unknown"),
+        }
+        found.map(Arc::new)
     }
 
     fn lookup(&self, key: ProcKey) -> Option<Arc<Lease>> {
@@ -320,7 +349,11 @@ mod tests {
     use std::time::Duration;
 
     fn tracker(track: bool, reclaim: bool) -> (Arc<ClientTracker>, mpsc::UnboundedReceiver<NonZeroU32>) {
-        ClientTracker::new(LeasePolicy { track, reclaim }, Arc::new(Metrics::new()))
+        ClientTracker::new(
+            LeasePolicy { track, reclaim },
+            Arc::new(Metrics::new()),
+            Arc::new(TenantPolicy::off()),
+        )
     }
 
     #[tokio::test]

@@ -9,16 +9,20 @@
 //!   one process apart ([`peer`](self) functions, private);
 //! - the [`leases`]: one watched pidfd per client process, and what happens
 //!   when that process exits;
-//! - what a client is *to the daemon* ([`Client`]). The client's tenant (its
-//!   cgroup, and the mount and network namespaces it sees) belongs here too,
-//!   next to its pid: the checks of who may use which GPU and which flow ask
-//!   this module, never the kernel directly.
+//! - what a client is *to the daemon* ([`Client`]), including its [`tenant`]:
+//!   its cgroup, the GPUs whose device nodes its mount namespace holds, and
+//!   its network namespace;
+//! - the [`access`] checks that keep tenants apart (`--tenant_isolation`):
+//!   which GPU and which flow a client may use, whose rule it may remove, how
+//!   many rules it may hold.
 //!
 //! It may use `metrics` and the layers below; it knows nothing of the
 //! endpoints, the rule path or the daemon.
 
+pub mod access;
 pub mod leases;
 mod peer;
+pub mod tenant;
 
 use std::num::NonZeroU32;
 use std::os::fd::BorrowedFd;
@@ -26,8 +30,10 @@ use std::sync::Arc;
 
 use nix::sys::socket::{getsockopt, sockopt};
 
+pub use access::{Denied, Refusal, TenantPolicy};
 pub use leases::{ClientCount, ClientTracker, Lease, LeasePolicy};
 pub use peer::{pidfd_open, probe_peer_pidfd};
+pub use tenant::Tenant;
 
 /// Who a connection's client is, as far as the daemon can tell.
 #[derive(Debug, Clone, Default)]
@@ -38,6 +44,15 @@ pub struct Client {
     pub pid: Option<NonZeroU32>,
     /// Its lease, when its rules are to go away with it (`--leases`).
     pub lease: Option<Arc<Lease>>,
+    /// Its tenant, when tenant isolation is on and the tenant could be told.
+    pub tenant: Option<Arc<Tenant>>,
+}
+
+impl Client {
+    /// The tenant's cgroup id, as rules record it.
+    pub fn tenant_id(&self) -> Option<u64> {
+        self.tenant.as_ref().map(|t| t.cgroup_id)
+    }
 }
 
 /// What the kernel recorded of a Unix socket's peer when it connected.

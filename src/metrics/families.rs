@@ -72,6 +72,11 @@ impl Metrics {
                 "Pool fd/metadata/handle requests by kind and result code.",
                 &["kind", "code"],
             ),
+            requests_refused: counter(
+                "tcpx_rxdm_requests_refused_total",
+                "Requests refused by tenant isolation, by endpoint and reason; mode=\"audit\": served, but would have been refused.",
+                &["endpoint", "reason", "mode"],
+            ),
             registered_apps: reg(
                 &r,
                 IntGauge::new("tcpx_rxdm_registered_applications", "Registered client applications.")

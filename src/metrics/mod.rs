@@ -85,6 +85,8 @@ pub struct Metrics {
     pub rule_slots: IntGaugeVec,
     pub pool_bytes: IntGaugeVec,
     pub pool_requests: IntCounterVec,
+    /// Requests refused (or, in audit mode, that would be) by tenant isolation.
+    pub requests_refused: IntCounterVec,
     pub registered_apps: IntGauge,
     pub connections: IntGaugeVec,
     pub connections_total: IntCounterVec,

@@ -8,6 +8,7 @@
 
 pub(crate) mod genl;
 pub mod rtnl;
+pub mod sock_diag;
 
 use std::io::{self, Cursor};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};

@@ -252,7 +252,7 @@ mod tests {
     }
 
     fn owner(lease: u32) -> Owner {
-        Owner { pid: NonZeroU32::new(1000 + lease), lease: NonZeroU32::new(lease) }
+        Owner { pid: NonZeroU32::new(1000 + lease), lease: NonZeroU32::new(lease), tenant: None }
     }
 
     #[test]

@@ -106,7 +106,6 @@ impl QueueLoads {
         QueueLoads { queues: queues.to_vec(), loads: vec![0; queues.len()] }
     }
 
-    #[cfg(test)]
     pub fn queues(&self) -> &[u32] {
         &self.queues
     }
@@ -144,6 +143,8 @@ pub struct Owner {
     pub pid: Option<NonZeroU32>,
     /// The lease that removes the rule when the process exits, if one is held.
     pub lease: Option<NonZeroU32>,
+    /// The cgroup id of its tenant (tenant isolation on, tenant known).
+    pub tenant: Option<u64>,
 }
 
 /// A steered flow as we keep it.
@@ -255,7 +256,6 @@ impl NicRules {
         self.flows.is_empty()
     }
 
-    #[cfg(test)]
     pub fn gpu(&self, gpu: usize) -> &QueueLoads {
         &self.gpus[gpu]
     }

@@ -89,7 +89,7 @@ async fn run(
                 let reply = if stopping && !serves_through_shutdown {
                     Reply::Message(shutting_down())
                 } else {
-                    if ctx.client.is_none() && tracks_client(endpoint) {
+                    if ctx.client.is_none() && (tracks_client(endpoint) || state.tenants.checks()) {
                         ctx.client = Some(state.clients.who(stream.as_fd()));
                     }
                     handlers::handle(endpoint, msg, state, ctx).await

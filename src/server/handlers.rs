@@ -44,9 +44,9 @@ pub async fn handle(
         }
         Endpoint::QueueIdsByGpu => queue_ids(state, msg),
         Endpoint::Registry => registry(state, msg, ctx),
-        Endpoint::GpuFd(gpu) => pool_fd(state, msg, gpu),
-        Endpoint::GpuMetadata(gpu) => pool_metadata(state, msg, gpu),
-        Endpoint::GpuIpcHandle => ipc_handle(state, msg),
+        Endpoint::GpuFd(gpu) => pool_fd(state, msg, gpu, ctx),
+        Endpoint::GpuMetadata(gpu) => pool_metadata(state, msg, gpu, ctx),
+        Endpoint::GpuIpcHandle => ipc_handle(state, msg, ctx),
     }
 }
 
@@ -109,15 +109,32 @@ fn pool_for(
     state.gpus.get(&gpu)?.pool.as_ref()?.upgrade()
 }
 
+/// The tenant check of a pool request for `want`: the refusal to send, if any.
+fn refused(state: &ServerState, ctx: &ConnContext, kind: &str, want: Option<PciAddr>) -> Option<Reply> {
+    if !state.tenants.checks() {
+        return None;
+    }
+    let pci = want?;
+    let gpu = state.gpus.get(&pci)?;
+    let who = ctx.client.clone().unwrap_or_default();
+    let endpoint = format!("gpu_{kind}");
+    let denied = state.tenants.check_gpu(&endpoint, &who, gpu.ordinal, &pci.to_string()).err()?;
+    count(state, kind, denied.code());
+    Some(Reply::Message(frame::error(denied.code(), denied.message)))
+}
+
 fn count(state: &ServerState, kind: &str, code: StatusCode) {
     state.metrics.pool_requests.with_label_values(&[kind, code.name()]).inc();
 }
 
-fn pool_fd(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Reply {
+fn pool_fd(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr, ctx: &ConnContext) -> Reply {
     let want = match requested_gpu(&msg) {
         Ok(w) => w,
         Err(r) => return *r,
     };
+    if let Some(r) = refused(state, ctx, "fd", want) {
+        return r;
+    }
     // Pools shared only by IPC handle (`--gpu_shmem_type file`) have no fd.
     match pool_for(state, want, Some(gpu)).filter(|p| p.share_fd().is_some()) {
         Some(pool) => {
@@ -141,12 +158,15 @@ pub fn metadata_bytes(fd: i32, size: u64, alignment: u64) -> Vec<u8> {
     out
 }
 
-fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Reply {
+fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr, ctx: &ConnContext) -> Reply {
     use std::os::fd::AsRawFd;
     let want = match requested_gpu(&msg) {
         Ok(w) => w,
         Err(r) => return *r,
     };
+    if let Some(r) = refused(state, ctx, "metadata", want) {
+        return r;
+    }
     let pool = pool_for(state, want, Some(gpu));
     match pool.as_ref().and_then(|p| Some(metadata_bytes(p.share_fd()?.as_raw_fd(), p.size(), p.alignment())))
     {
@@ -161,11 +181,14 @@ fn pool_metadata(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr) -> Rep
     }
 }
 
-fn ipc_handle(state: &ServerState, msg: UnixSocketProto) -> Reply {
+fn ipc_handle(state: &ServerState, msg: UnixSocketProto, ctx: &ConnContext) -> Reply {
     let want = match requested_gpu(&msg) {
         Ok(w) => w,
         Err(r) => return *r,
     };
+    if let Some(r) = refused(state, ctx, "ipc_handle", want) {
+        return r;
+    }
     match pool_for(state, want, None).and_then(|p| p.ipc_handle()) {
         Some(h) => {
             count(state, "ipc_handle", StatusCode::Ok);

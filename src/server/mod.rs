@@ -24,7 +24,7 @@ use crate::endpoint::accept_backoff;
 use crate::endpoint::budget::ConnBudget;
 use crate::endpoint::{stopped, Endpoint};
 use crate::gpu::RxPool;
-use crate::identity::ClientTracker;
+use crate::identity::{ClientTracker, TenantPolicy};
 use crate::metrics::Metrics;
 use crate::steering::RulePath;
 use crate::types::pci::PciAddr;
@@ -35,6 +35,8 @@ pub struct GpuEntry {
     pub nic: usize,
     /// Index of the GPU within its NIC.
     pub index: usize,
+    /// Its place among all the daemon's GPUs, in topology order.
+    pub ordinal: usize,
     pub queues: Vec<u32>,
     /// The daemon's teardown owns the pool: it is freed right after its
     /// binding ends, even while a task still holds this state.
@@ -82,6 +84,8 @@ pub struct ServerState {
     pub conn_limit: Arc<ConnBudget>,
     /// Client processes and their leases.
     pub clients: Arc<ClientTracker>,
+    /// Tenant isolation: who may fetch which pool.
+    pub tenants: Arc<TenantPolicy>,
     /// Set when shutdown starts: the NIC threads answer requests not yet
     /// started with UNAVAILABLE.
     pub stopping: Arc<AtomicBool>,

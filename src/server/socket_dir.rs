@@ -199,6 +199,11 @@ impl SocketDir {
     /// Binds endpoint `name`, replacing a stale socket file (we hold the lock,
     /// so no live daemon owns it).
     pub fn bind(&mut self, name: &str) -> Result<UnixListener, SocketDirError> {
+        self.bind_with_mode(name, self.mode)
+    }
+
+    /// Like [`Self::bind`], with a mode of its own (the status socket's).
+    pub fn bind_with_mode(&mut self, name: &str, mode: u32) -> Result<UnixListener, SocketDirError> {
         let path = self.dir.join(name);
         match fs::symlink_metadata(&path) {
             Ok(m) if m.file_type().is_socket() => {
@@ -213,7 +218,7 @@ impl SocketDir {
         if let Some(gid) = self.gid {
             chown(&path, None, Some(gid)).map_err(|err| SocketDirError::Chown { path: path.clone(), err })?;
         }
-        fs::set_permissions(&path, fs::Permissions::from_mode(self.mode))
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
             .map_err(|err| SocketDirError::Chmod { path: path.clone(), err })?;
         Ok(listener)
     }

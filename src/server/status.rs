@@ -7,7 +7,7 @@
 //! The socket is created like the other endpoints (`--socket_mode`,
 //! `--socket_group`), so reading the status needs the same rights as a client.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::{Arc, Weak};
@@ -107,18 +107,26 @@ async fn serve(stream: UnixStream, state: &ServerState) -> std::io::Result<()> {
     }
 }
 
+/// A tenant's pids and its rules per NIC.
+type TenantRules = (BTreeSet<Option<u32>>, BTreeMap<String, u64>);
+
 /// The `status` reply.
 pub async fn status_json(state: &ServerState) -> Value {
     let m = &state.metrics;
     let mut nics = Vec::new();
     // pid → (rules, per NIC)
     let mut clients: BTreeMap<Option<u32>, BTreeMap<String, u64>> = BTreeMap::new();
+    // tenant → (pids, rules per NIC)
+    let mut tenants: BTreeMap<Option<u64>, TenantRules> = BTreeMap::new();
     for w in &state.rules.nics {
         let Some(s) = w.snapshot().await else { continue };
         let mut by_queue: BTreeMap<u32, u64> = BTreeMap::new();
         for r in &s.rules {
             *by_queue.entry(r.queue).or_default() += 1;
             *clients.entry(r.pid).or_default().entry(s.ifname.clone()).or_default() += 1;
+            let t = tenants.entry(r.tenant).or_default();
+            t.0.insert(r.pid);
+            *t.1.entry(s.ifname.clone()).or_default() += 1;
         }
         let nic_index = state.rules.nics.iter().position(|t| t.ifname == s.ifname);
         for g in state.gpus.values().filter(|g| Some(g.nic) == nic_index) {
@@ -141,6 +149,18 @@ pub async fn status_json(state: &ServerState) -> Value {
         .map(|(pid, per_nic)| {
             json!({
                 "pid": pid,
+                "rules": per_nic.values().sum::<u64>(),
+                "rules_by_nic": per_nic,
+            })
+        })
+        .collect();
+    let tenants: Vec<Value> = tenants
+        .into_iter()
+        .map(|(id, (pids, per_nic))| {
+            json!({
+                "tenant": id.map(|id| state.tenants.name_of(id).unwrap_or_else(|| format!("cgroup id {id}"))),
+                "cgroup_id": id,
+                "pids": pids.into_iter().flatten().collect::<Vec<_>>(),
                 "rules": per_nic.values().sum::<u64>(),
                 "rules_by_nic": per_nic,
             })
@@ -172,6 +192,8 @@ pub async fn status_json(state: &ServerState) -> Value {
         "uptime_seconds": m.uptime().as_secs_f64(),
         "nics": nics,
         "clients": clients,
+        "tenant_isolation": state.tenants.mode.name(),
+        "tenants": tenants,
         "registered_applications": state.registry.count(),
         "lease_clients": m.leases.clients.get(),
         "connections": connections,
@@ -279,6 +301,26 @@ pub fn status_text(v: &Value) -> String {
         "  {} registered application(s), {} lease client(s)\n",
         v["registered_applications"], v["lease_clients"]
     );
+    if v["tenant_isolation"].as_str().is_some_and(|m| m != "off") {
+        out += &format!("\ntenants (tenant_isolation={})\n", v["tenant_isolation"].as_str().unwrap_or("?"));
+        for t in v["tenants"].as_array().into_iter().flatten() {
+            let per: Vec<String> = t["rules_by_nic"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(n, k)| format!("{n} {k}"))
+                .collect();
+            let pids: Vec<String> =
+                t["pids"].as_array().into_iter().flatten().map(|p| p.to_string()).collect();
+            out += &format!(
+                "  {}: {} rules ({}), pid(s) {}\n",
+                t["tenant"].as_str().unwrap_or("unidentified"),
+                t["rules"],
+                per.join(", "),
+                if pids.is_empty() { "unknown".into() } else { pids.join(" ") }
+            );
+        }
+    }
     out += "\npools\n";
     for p in v["pools"].as_array().into_iter().flatten() {
         out += &format!(

@@ -39,7 +39,7 @@ use foldhash::HashMap;
 use tokio::sync::oneshot;
 
 use crate::endpoint::budget::ConnBudget;
-use crate::identity::{Client, ClientTracker, Lease};
+use crate::identity::{Client, ClientTracker, Lease, TenantPolicy};
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicError};
 use crate::rules::engine::Installed;
@@ -49,13 +49,24 @@ use crate::types::pci::PciAddr;
 use apply::{BookedCopy, NicFlows, NicRuleThread};
 pub use handoff::{Handoff, Inbox};
 
+/// Where a managed GPU sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSlot {
+    /// Its NIC's index (into [`RulePath::nics`]).
+    pub nic: usize,
+    /// Its index among that NIC's GPUs.
+    pub index: usize,
+    /// Its place among all the daemon's GPUs, in topology order.
+    pub ordinal: usize,
+}
+
 /// What the rule path serves from: one rule thread per NIC and the maps
 /// that pick a request's NIC.
 pub struct RulePath {
     /// One per NIC, in topology order.
     pub nics: Vec<NicRuleThread>,
-    /// Each managed GPU: its NIC's index and its index within that NIC.
-    gpus: HashMap<PciAddr, (usize, usize)>,
+    /// Each managed GPU and where it sits.
+    gpus: HashMap<PciAddr, GpuSlot>,
     /// Local address → NIC index, for requests without a GPU.
     addresses: RwLock<HashMap<IpAddr, usize>>,
     pub metrics: Arc<Metrics>,
@@ -66,18 +77,19 @@ pub struct RulePath {
     /// Set when shutdown starts: the NIC threads answer requests not yet
     /// started with UNAVAILABLE.
     pub stopping: Arc<AtomicBool>,
+    /// Tenant isolation: which GPU and which flow a client may use.
+    pub tenants: Arc<TenantPolicy>,
 }
 
 impl RulePath {
-    /// `gpus`: each managed GPU with its NIC's index (into `nics`) and its
-    /// index within that NIC.
     pub fn new(
         nics: Vec<NicRuleThread>,
-        gpus: impl IntoIterator<Item = (PciAddr, (usize, usize))>,
+        gpus: impl IntoIterator<Item = (PciAddr, GpuSlot)>,
         metrics: Arc<Metrics>,
         conn_limit: Arc<ConnBudget>,
         clients: Arc<ClientTracker>,
         stopping: Arc<AtomicBool>,
+        tenants: Arc<TenantPolicy>,
     ) -> RulePath {
         RulePath {
             nics,
@@ -87,12 +99,18 @@ impl RulePath {
             conn_limit,
             clients,
             stopping,
+            tenants,
         }
     }
 
-    /// The NIC index and GPU-within-NIC index of a managed GPU.
-    pub fn gpu(&self, pci: &PciAddr) -> Option<(usize, usize)> {
+    /// Where a managed GPU sits.
+    pub fn gpu(&self, pci: &PciAddr) -> Option<GpuSlot> {
         self.gpus.get(pci).copied()
+    }
+
+    /// The managed GPU at `index` of NIC `nic`.
+    pub fn gpu_at(&self, nic: usize, index: usize) -> Option<(PciAddr, GpuSlot)> {
+        self.gpus.iter().find(|(_, s)| s.nic == nic && s.index == index).map(|(p, s)| (*p, *s))
     }
 
     pub fn nic_for_address(&self, ip: IpAddr) -> Option<usize> {
@@ -112,11 +130,14 @@ impl RulePath {
 pub struct Requester {
     pub owner: Owner,
     pub lease: Option<Arc<Lease>>,
+    /// Who asks, for the tenant checks.
+    pub client: Client,
 }
 
 impl From<Client> for Requester {
     fn from(c: Client) -> Requester {
-        Requester { owner: Owner { pid: c.pid, lease: c.lease.as_ref().map(|l| l.id()) }, lease: c.lease }
+        let owner = Owner { pid: c.pid, lease: c.lease.as_ref().map(|l| l.id()), tenant: c.tenant_id() };
+        Requester { owner, lease: c.lease.clone(), client: c }
     }
 }
 
@@ -148,6 +169,7 @@ pub enum Job {
     },
     UninstallTo {
         flow: FlowSpec,
+        who: Requester,
         to: SocketReply,
     },
     Install {
@@ -159,6 +181,7 @@ pub enum Job {
     },
     Uninstall {
         flow: FlowSpec,
+        who: Requester,
         reply: oneshot::Sender<Result<Option<RuleEntry>, RuleFailure>>,
     },
     Reclaim {
@@ -186,7 +209,7 @@ impl Job {
     }
 
     /// An uninstall whose reply the NIC thread writes to the client.
-    pub fn uninstall_to(flow: FlowSpec, to: SocketReply) -> Job {
-        Job::UninstallTo { flow, to }
+    pub fn uninstall_to(flow: FlowSpec, who: Requester, to: SocketReply) -> Job {
+        Job::UninstallTo { flow, who, to }
     }
 }

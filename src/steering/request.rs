@@ -6,12 +6,18 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Handoff, Job, Requester, RulePath, SocketReply};
+use super::{GpuSlot, Handoff, Job, Requester, RulePath, SocketReply};
 use crate::endpoint::Reply;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
+use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
+
+/// The metric label of installs (`rx_rule_manager`).
+pub const ENDPOINT_INSTALL: &str = "rule_manager";
+/// The metric label of removals (`rx_rule_uninstall`).
+pub const ENDPOINT_UNINSTALL: &str = "rule_uninstall";
 use crate::wire::frame;
 use crate::wire::proto::{unix_socket_proto::Payload, UnixSocketProto};
 
@@ -54,7 +60,14 @@ pub fn start_rule(
         _ => return answered(StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
     };
     let (nic, gpu) = match resolve(rules, &req) {
-        Ok(t) => t,
+        Ok((pci, slot)) => {
+            if install {
+                if let Err(f) = check_install(rules, &who, &req, pci, slot) {
+                    return answered(f.code, Reply::Message(frame::error(f.code, f.message)));
+                }
+            }
+            (slot.nic, slot.index)
+        }
         Err(_) if !install => return RuleStart::General(msg),
         Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
     };
@@ -62,7 +75,7 @@ pub fn start_rule(
     let job = if install {
         Job::install_to(req.flow, gpu, req.queue, who, to)
     } else {
-        Job::uninstall_to(req.flow, to)
+        Job::uninstall_to(req.flow, who, to)
     };
     RuleStart::Handed { nic, job }
 }
@@ -77,7 +90,7 @@ pub async fn rule(rules: &RulePath, msg: UnixSocketProto, install: bool, who: Re
                 let r = if install {
                     install_rule(rules, &req, who).await
                 } else {
-                    uninstall_rule(rules, &req).await
+                    uninstall_rule(rules, &req, who).await
                 };
                 match r {
                     Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
@@ -95,15 +108,15 @@ pub async fn rule(rules: &RulePath, msg: UnixSocketProto, install: bool, who: Re
     reply
 }
 
-/// Target NIC and GPU-within-NIC: the named GPU, else the NIC owning `dst` → its first GPU.
-fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(usize, usize), RuleFailure> {
+/// The target GPU: the named one, else the first GPU of the NIC that owns `dst`.
+fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(PciAddr, GpuSlot), RuleFailure> {
     if let Some(gpu) = req.gpu {
-        return rules.gpu(&gpu).ok_or_else(|| {
+        return rules.gpu(&gpu).map(|s| (gpu, s)).ok_or_else(|| {
             RuleFailure::new(StatusCode::NotFound, format!("GPU {gpu} is not managed by this daemon"))
         });
     }
     let ip = req.flow.dst.ip();
-    rules.nic_for_address(ip).map(|nic| (nic, 0)).ok_or_else(|| {
+    rules.nic_for_address(ip).and_then(|nic| rules.gpu_at(nic, 0)).ok_or_else(|| {
         RuleFailure::new(
             StatusCode::NotFound,
             format!("no gpu_pci_addr given and {ip} is not an address of a managed NIC"),
@@ -111,18 +124,37 @@ fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(usize, usize), RuleFa
     })
 }
 
+/// Tenant checks of an install: the GPU must be the client's, and the
+/// flow its own TCP connection (the flow's destination is the local end).
+fn check_install(
+    rules: &RulePath,
+    who: &Requester,
+    req: &RuleRequest,
+    pci: PciAddr,
+    slot: GpuSlot,
+) -> Result<(), RuleFailure> {
+    let t = &rules.tenants;
+    if !t.checks() {
+        return Ok(());
+    }
+    t.check_gpu(ENDPOINT_INSTALL, &who.client, slot.ordinal, &pci.to_string())
+        .and_then(|_| t.check_flow(ENDPOINT_INSTALL, &who.client, req.flow.dst, req.flow.src))
+        .map_err(|d| RuleFailure::new(d.code(), d.message))
+}
+
 async fn install_rule(rules: &RulePath, req: &RuleRequest, who: Requester) -> Result<(), RuleFailure> {
-    let (nic, gpu) = resolve(rules, req)?;
-    rules.nics[nic].install(req.flow, gpu, req.queue, who).await.map(|_| ())
+    let (pci, slot) = resolve(rules, req)?;
+    check_install(rules, &who, req, pci, slot)?;
+    rules.nics[slot.nic].install(req.flow, slot.index, req.queue, who).await.map(|_| ())
 }
 
 /// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.
-async fn uninstall_rule(rules: &RulePath, req: &RuleRequest) -> Result<(), RuleFailure> {
+async fn uninstall_rule(rules: &RulePath, req: &RuleRequest, who: Requester) -> Result<(), RuleFailure> {
     match resolve(rules, req) {
-        Ok((nic, _)) => rules.nics[nic].uninstall(req.flow).await.map(|_| ()),
+        Ok((_, slot)) => rules.nics[slot.nic].uninstall(req.flow, who).await.map(|_| ()),
         Err(_) => {
             for w in &rules.nics {
-                w.uninstall(req.flow).await?;
+                w.uninstall(req.flow, who.clone()).await?;
             }
             Ok(())
         }

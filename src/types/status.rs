@@ -8,6 +8,7 @@ pub enum StatusCode {
     InvalidArgument = 3,
     NotFound = 5,
     AlreadyExists = 6,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     FailedPrecondition = 9,
     Internal = 13,
@@ -15,11 +16,12 @@ pub enum StatusCode {
 }
 
 /// Every code, in a fixed order.
-pub const ALL_CODES: [StatusCode; 8] = [
+pub const ALL_CODES: [StatusCode; 9] = [
     StatusCode::Ok,
     StatusCode::InvalidArgument,
     StatusCode::NotFound,
     StatusCode::AlreadyExists,
+    StatusCode::PermissionDenied,
     StatusCode::ResourceExhausted,
     StatusCode::FailedPrecondition,
     StatusCode::Internal,
@@ -33,6 +35,7 @@ impl StatusCode {
             StatusCode::InvalidArgument => "INVALID_ARGUMENT",
             StatusCode::NotFound => "NOT_FOUND",
             StatusCode::AlreadyExists => "ALREADY_EXISTS",
+            StatusCode::PermissionDenied => "PERMISSION_DENIED",
             StatusCode::ResourceExhausted => "RESOURCE_EXHAUSTED",
             StatusCode::FailedPrecondition => "FAILED_PRECONDITION",
             StatusCode::Internal => "INTERNAL",

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::identity::TenantPolicy;
 use crate::metrics::Metrics;
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine};
@@ -34,11 +35,13 @@ use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 
 mod queue;
+mod reply;
 mod thread;
 
 use super::{Job, Requester, SocketReply};
 use queue::JobQueue;
-use thread::{answer, booked_rule, NicThread};
+use reply::{answer, booked_rule};
+use thread::NicThread;
 
 /// First wait before a refused delete is tried again; doubles up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(20);
@@ -74,6 +77,9 @@ pub struct BookedRule {
     pub pid: Option<u32>,
     /// Whether the rule goes away by itself when that process exits.
     pub lease: bool,
+    /// The cgroup id of its tenant (tenant isolation on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<u64>,
     /// The NIC refused to delete it; the daemon is retrying.
     pub pending_delete: bool,
 }
@@ -132,6 +138,7 @@ impl NicRuleThread {
         nic: Arc<dyn NicControl>,
         metrics: Arc<Metrics>,
         stopping: Arc<AtomicBool>,
+        tenants: Arc<TenantPolicy>,
     ) -> std::io::Result<NicRuleThread> {
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
@@ -140,11 +147,11 @@ impl NicRuleThread {
         let state = NicThread::new(
             NicRuleEngine::new(ifname, capacity, &queues),
             gpu_names.clone(),
-            queues.concat(),
             nic.clone(),
             metrics.clone(),
             stopping,
             fast.clone(),
+            tenants,
         );
         state.reset_gauges();
         let core = Arc::new(NicCore { jobs: JobQueue::new(), state: Mutex::new(state), fast });
@@ -206,8 +213,8 @@ impl NicRuleThread {
         }
     }
 
-    pub async fn uninstall(&self, flow: FlowSpec) -> Result<Option<RuleEntry>, RuleFailure> {
-        self.ask(|reply| Job::Uninstall { flow, reply })
+    pub async fn uninstall(&self, flow: FlowSpec, who: Requester) -> Result<Option<RuleEntry>, RuleFailure> {
+        self.ask(|reply| Job::Uninstall { flow, who, reply })
             .await
             .unwrap_or_else(|| Err(unavailable("the daemon is shutting down")))
     }
@@ -296,6 +303,7 @@ mod tests {
             nic.clone(),
             Arc::new(Metrics::new()),
             Arc::new(AtomicBool::new(false)),
+            Arc::new(TenantPolicy::off()),
         )
         .unwrap();
         (nic, t)

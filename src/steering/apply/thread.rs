@@ -3,22 +3,22 @@
 //! and writes each rule request's reply to the client's socket itself.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::{Histogram, IntGauge};
 
+use crate::identity::TenantPolicy;
 use crate::metrics::Metrics;
 use crate::nic::{FlowSpec, NicControl, NicError};
 use crate::rules::engine::{Installed, NicRuleEngine, Removal};
-use crate::rules::table::{Owner, RuleEntry};
+use crate::rules::table::RuleEntry;
 use crate::rules::RuleFailure;
-use crate::types::status::StatusCode;
+use crate::steering::request::{ENDPOINT_INSTALL, ENDPOINT_UNINSTALL};
 
 use super::queue::{JobQueue, Taken};
+use super::reply::answer;
 use super::*;
 
 /// The metric series one NIC thread updates per request, resolved once
@@ -63,6 +63,8 @@ pub(super) struct NicThread {
     fast: Arc<AtomicBool>,
     /// Quick operations in a row.
     fast_streak: u32,
+    /// Tenant isolation: whose rule a client may remove, and the quota.
+    tenants: Arc<TenantPolicy>,
 }
 
 /// Answers whatever is left in the queue when the thread ends, even by a
@@ -105,12 +107,14 @@ impl NicThread {
     pub(super) fn new(
         engine: NicRuleEngine,
         gpu_names: Arc<[String]>,
-        queues: Vec<u32>,
         nic: Arc<dyn NicControl>,
         metrics: Arc<Metrics>,
         stopping: Arc<AtomicBool>,
         fast: Arc<AtomicBool>,
+        tenants: Arc<TenantPolicy>,
     ) -> Self {
+        let queues: Vec<u32> =
+            (0..gpu_names.len()).flat_map(|g| engine.rules().gpu(g).queues().to_vec()).collect();
         let series = Series::new(&metrics, &engine.ifname, &queues);
         NicThread {
             engine,
@@ -123,6 +127,7 @@ impl NicThread {
             retry_at: None,
             fast,
             fast_streak: 0,
+            tenants,
         }
     }
 
@@ -170,14 +175,15 @@ impl NicThread {
                     answer(to, r, Some(&self.metrics), Instant::now());
                 } else {
                     let metrics = self.metrics.clone();
-                    let _ = self.install(flow, gpu, hint, who.owner, |r, now| {
+                    let _ = self.install(flow, gpu, hint, &who, |r, now| {
                         answer(to, r.clone().map(drop), Some(&metrics), now)
                     });
                 }
             }
-            Job::UninstallTo { flow, to } => {
+            Job::UninstallTo { flow, who, to } => {
                 let metrics = self.metrics.clone();
-                let _ = self.uninstall(flow, |r, now| answer(to, r.clone().map(drop), Some(&metrics), now));
+                let _ =
+                    self.uninstall(flow, &who, |r, now| answer(to, r.clone().map(drop), Some(&metrics), now));
             }
             Job::Install { reply, .. } if stopping => {
                 let _ = reply.send(Err(unavailable("the daemon is shutting down")));
@@ -190,10 +196,10 @@ impl NicThread {
                     let _ = reply.send(Err(unavailable("the requesting process has exited")));
                     return;
                 }
-                let _ = reply.send(self.install(flow, gpu, hint, who.owner, |_, _| {}));
+                let _ = reply.send(self.install(flow, gpu, hint, &who, |_, _| {}));
             }
-            Job::Uninstall { flow, reply } => {
-                let _ = reply.send(self.uninstall(flow, |_, _| {}));
+            Job::Uninstall { flow, who, reply } => {
+                let _ = reply.send(self.uninstall(flow, &who, |_, _| {}));
             }
             Job::Reclaim { lease, reply } => {
                 let r = self.engine.reclaim(self.nic.as_ref(), lease);
@@ -234,12 +240,30 @@ impl NicThread {
         flow: FlowSpec,
         gpu: usize,
         hint: Option<u32>,
-        owner: Owner,
+        who: &Requester,
         reply: impl FnOnce(&Result<Installed, RuleFailure>, Instant),
     ) -> Result<Installed, RuleFailure> {
+        let owner = who.owner;
+        // The quota's place is taken first and given back if the rule turns
+        // out not to be a new one of this tenant's.
+        let before = self.engine.rules().get(&flow).map(|e| e.owner.tenant);
+        if before != Some(owner.tenant) {
+            if let Err(d) = self.tenants.take_rule(ENDPOINT_INSTALL, &who.client, owner.tenant) {
+                let r = Err(RuleFailure::new(d.code(), d.message));
+                reply(&r, Instant::now());
+                return r;
+            }
+        }
         let foreign_before = self.engine.rules().foreign_slots().len();
         let t = Instant::now();
         let r = self.engine.install(self.nic.as_ref(), flow, gpu, hint, owner);
+        match (&r, before) {
+            // Not booked: the place taken above stays unused.
+            (Err(_), b) if b != Some(owner.tenant) => self.tenants.give_rule(owner.tenant),
+            // Booked before for another tenant: it is this one's now.
+            (Ok(Installed::Existing(_)), Some(b)) if b != owner.tenant => self.tenants.give_rule(b),
+            _ => {}
+        }
         // One clock read ends both the NIC latency and the request's latency.
         let done = Instant::now();
         reply(&r, done);
@@ -263,8 +287,17 @@ impl NicThread {
     fn uninstall(
         &mut self,
         flow: FlowSpec,
+        who: &Requester,
         reply: impl FnOnce(&Result<Option<RuleEntry>, RuleFailure>, Instant),
     ) -> Result<Option<RuleEntry>, RuleFailure> {
+        if let Some(owner) = self.engine.rules().get(&flow).map(|e| e.owner.tenant) {
+            let shown = format!("{} -> {}", flow.src, flow.dst);
+            if let Err(d) = self.tenants.check_owner(ENDPOINT_UNINSTALL, &who.client, owner, &shown) {
+                let r = Err(RuleFailure::new(d.code(), d.message));
+                reply(&r, Instant::now());
+                return r;
+            }
+        }
         let t = Instant::now();
         let r = self.engine.uninstall(self.nic.as_ref(), &flow);
         // One clock read ends both the NIC latency and the request's latency.
@@ -288,6 +321,7 @@ impl NicThread {
     }
 
     fn removed(&self, e: &RuleEntry) {
+        self.tenants.give_rule(e.owner.tenant);
         self.series.installed.dec();
         self.queue_add(e.queue, -1);
     }
@@ -393,46 +427,4 @@ impl NicThread {
             foreign_slots: self.engine.rules().foreign_slots().iter().copied().collect(),
         }
     }
-}
-
-/// Writes a rule request's reply to the client's socket and counts it
-/// (its latency ends at `now`).
-pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Option<&Metrics>, now: Instant) {
-    use crate::wire::frame;
-    let encoded;
-    let (code, bytes) = match r {
-        Ok(()) => (StatusCode::Ok, frame::OK_FRAME),
-        Err(f) => {
-            tracing::debug!(op = to.op.name(), code = f.code.name(), error = %f.message, "rule request failed");
-            encoded = frame::encode(&frame::error(f.code, f.message)).unwrap_or_else(|e| {
-                frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
-                    .expect("a short reply fits")
-            });
-            (f.code, &encoded[..])
-        }
-    };
-    // The client first, the bookkeeping after.
-    to.conn.answer(bytes);
-    if let Some(m) = metrics {
-        m.rule_done(to.op, code, now.saturating_duration_since(to.started).as_secs_f64());
-    }
-}
-
-pub(super) fn booked_rule(gpu_names: &[String], f: &FlowSpec, e: &RuleEntry) -> BookedRule {
-    BookedRule {
-        loc: e.loc,
-        queue: e.queue,
-        gpu: gpu_names[e.gpu].clone(),
-        flow_type: if f.is_v6() { "tcp6" } else { "tcp4" },
-        src: fmt_addr(f.src),
-        dst: fmt_addr(f.dst),
-        pid: e.owner.pid.map(NonZeroU32::get),
-        lease: e.owner.lease.is_some(),
-        pending_delete: e.pending_delete,
-    }
-}
-
-/// `10.0.0.1:5000` / `[fd00::2]:41000` — SocketAddr's own Display form.
-fn fmt_addr(a: SocketAddr) -> String {
-    a.to_string()
 }

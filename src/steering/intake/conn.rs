@@ -328,7 +328,8 @@ impl Conn {
             return;
         }
         let install = self.endpoint == Endpoint::RuleManager;
-        let who = if install {
+        // Uninstalls need to know who asks only for the tenant checks.
+        let who = if install || cx.state.tenants.checks() {
             let state = &cx.state;
             self.requester.get_or_insert_with(|| Requester::of(&state.clients, self.shared.sock())).clone()
         } else {

@@ -1,0 +1,368 @@
+//! Deciding what a client may do (`--tenant_isolation`): use a GPU, steer
+//! a flow, remove a rule, hold one more rule. Each check gives the same
+//! answer in `audit` and `enforce`; only `enforce` refuses. Every refusal,
+//! real or audited, is counted (`tcpx_rxdm_requests_refused_total`) and
+//! logged, at most one line per reason a second.
+//!
+//! No lock shared between tenants is held across a kernel call: the flow
+//! lookups use one `sock_diag` socket per thread and network namespace, and
+//! the quota's lock only guards a counter.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::tenant::{GpuDevices, Tenant};
+use super::Client;
+use crate::config::flags::TenantIsolation;
+use crate::metrics::Metrics;
+use crate::netlink::sock_diag::SockDiag;
+use crate::types::status::StatusCode;
+
+/// Why a request is (or would be) refused; the metric's `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A GPU whose device node the client does not see.
+    Gpu,
+    /// A flow whose TCP socket is not the client's tenant's.
+    Flow,
+    /// A rule another tenant installed.
+    Owner,
+    /// Over `--max_rules_per_tenant`.
+    Quota,
+    /// A client whose tenant cannot be told.
+    Unidentified,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 5] =
+        [Refusal::Gpu, Refusal::Flow, Refusal::Owner, Refusal::Quota, Refusal::Unidentified];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::Gpu => "gpu",
+            Refusal::Flow => "flow",
+            Refusal::Owner => "owner",
+            Refusal::Quota => "quota",
+            Refusal::Unidentified => "unidentified",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The endpoints whose requests are checked (the metric's `endpoint` label).
+pub const CHECKED_ENDPOINTS: [&str; 5] =
+    ["rule_manager", "rule_uninstall", "gpu_fd", "gpu_metadata", "gpu_ipc_handle"];
+
+/// The hint an unidentified client's refusal carries.
+const UNIDENTIFIED: &str =
+    "cannot tell this client's tenant: its process is not visible to the daemon and the \
+kernel gave no pidfd information (Linux 6.13+); run the daemon in the workload's process namespace \
+(hostPID: true for the node-wide DaemonSet, shareProcessNamespace: true for a sidecar)";
+
+/// A refusal in `enforce` mode: what to answer the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    pub reason: Refusal,
+    pub message: String,
+}
+
+impl Denied {
+    /// The reply's status: RESOURCE_EXHAUSTED over the quota, else PERMISSION_DENIED.
+    pub fn code(&self) -> StatusCode {
+        match self.reason {
+            Refusal::Quota => StatusCode::ResourceExhausted,
+            _ => StatusCode::PermissionDenied,
+        }
+    }
+}
+
+/// The isolation policy and its state: the mode, the devices, the quota.
+pub struct TenantPolicy {
+    pub mode: TenantIsolation,
+    pub max_rules: u32,
+    pub devices: GpuDevices,
+    /// Where cgroup v2 is mounted (for the `/proc/<pid>/cgroup` fallback).
+    pub cgroup2: Option<PathBuf>,
+    metrics: Option<Arc<Metrics>>,
+    /// Rules held per tenant (cgroup id).
+    held: Mutex<HashMap<u64, u32>>,
+    /// Tenants seen, by cgroup id: how to name them.
+    names: Mutex<HashMap<u64, String>>,
+    /// Per reason: when a line was last logged (ms since `epoch`), and how many were not.
+    last_log: [AtomicU64; 5],
+    unlogged: [AtomicU64; 5],
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for TenantPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantPolicy").field("mode", &self.mode).field("max_rules", &self.max_rules).finish()
+    }
+}
+
+thread_local! {
+    /// This thread's `sock_diag` sockets, by network namespace inode.
+    static DIAG: RefCell<HashMap<u64, SockDiag>> = RefCell::new(HashMap::new());
+}
+
+/// Sockets kept per thread at most (one per network namespace seen).
+const DIAG_CACHE: usize = 64;
+
+impl TenantPolicy {
+    pub fn new(
+        mode: TenantIsolation,
+        max_rules: u32,
+        devices: GpuDevices,
+        cgroup2: Option<PathBuf>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> TenantPolicy {
+        if let (Some(m), false) = (&metrics, mode == TenantIsolation::Off) {
+            for e in CHECKED_ENDPOINTS {
+                for r in Refusal::ALL {
+                    m.requests_refused.with_label_values(&[e, r.name(), mode.name()]);
+                }
+            }
+        }
+        TenantPolicy {
+            mode,
+            max_rules,
+            devices,
+            cgroup2,
+            metrics,
+            held: Mutex::default(),
+            names: Mutex::default(),
+            last_log: Default::default(),
+            unlogged: Default::default(),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// No checks at all.
+    pub fn off() -> TenantPolicy {
+        TenantPolicy::new(TenantIsolation::Off, 0, GpuDevices::default(), None, None)
+    }
+
+    /// Whether clients are checked (audit or enforce).
+    pub fn checks(&self) -> bool {
+        self.mode != TenantIsolation::Off
+    }
+
+    /// Remembers how to name `t` (for `status`).
+    pub fn saw(&self, t: &Tenant) {
+        self.names.lock().expect("tenant names lock").entry(t.cgroup_id).or_insert_with(|| t.name());
+    }
+
+    /// The name of tenant `id`, if it was seen.
+    pub fn name_of(&self, id: u64) -> Option<String> {
+        self.names.lock().expect("tenant names lock").get(&id).cloned()
+    }
+
+    /// Records a refusal: counted and logged in audit and enforce; in
+    /// enforce, the answer to send.
+    pub fn refuse(
+        &self,
+        endpoint: &str,
+        reason: Refusal,
+        who: &Client,
+        message: String,
+    ) -> Result<(), Denied> {
+        if !self.checks() {
+            return Ok(());
+        }
+        if let Some(m) = &self.metrics {
+            m.requests_refused.with_label_values(&[endpoint, reason.name(), self.mode.name()]).inc();
+        }
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let i = reason.index();
+        let last = self.last_log[i].load(Ordering::Relaxed);
+        if (last == 0 || now >= last + 1000)
+            && self.last_log[i]
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let unlogged = self.unlogged[i].swap(0, Ordering::Relaxed);
+            let tenant = who.tenant.as_ref().map(|t| t.name());
+            match self.mode {
+                TenantIsolation::Enforce => tracing::warn!(
+                    endpoint, reason = reason.name(), pid = ?who.pid, tenant = ?tenant, unlogged, "refused: {message}"
+                ),
+                _ => tracing::warn!(
+                    endpoint, reason = reason.name(), pid = ?who.pid, tenant = ?tenant, unlogged,
+                    "would refuse (tenant_isolation=audit): {message}"
+                ),
+            }
+        } else {
+            self.unlogged[i].fetch_add(1, Ordering::Relaxed);
+        }
+        match self.mode {
+            TenantIsolation::Enforce => Err(Denied { reason, message }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The client's tenant, or the unidentified refusal.
+    fn tenant<'a>(&self, endpoint: &str, who: &'a Client) -> Result<Option<&'a Tenant>, Denied> {
+        match &who.tenant {
+            Some(t) => Ok(Some(t)),
+            None => self.refuse(endpoint, Refusal::Unidentified, who, UNIDENTIFIED.into()).map(|_| None),
+        }
+    }
+
+    /// May `who` use the GPU at topology place `gpu` (called `name`)?
+    pub fn check_gpu(&self, endpoint: &str, who: &Client, gpu: usize, name: &str) -> Result<(), Denied> {
+        if !self.checks() {
+            return Ok(());
+        }
+        let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
+        if t.sees_gpu(gpu) {
+            return Ok(());
+        }
+        let minor = self.devices.minors.get(gpu).copied().unwrap_or(gpu as u32);
+        let msg = format!(
+            "GPU {name} is not this client's: /dev/nvidia{minor} is not in its mount namespace (tenant {})",
+            t.name()
+        );
+        self.refuse(endpoint, Refusal::Gpu, who, msg)
+    }
+
+    /// May `who` steer the TCP connection whose local end is `local` and
+    /// remote end `remote`? Only if that socket exists in the client's
+    /// network namespace and belongs to the client's cgroup.
+    pub fn check_flow(
+        &self,
+        endpoint: &str,
+        who: &Client,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Result<(), Denied> {
+        if !self.checks() {
+            return Ok(());
+        }
+        let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
+        let found = match &t.net {
+            Some(ns) => socket_cgroup(ns, local, remote),
+            None => Err("its network namespace could not be opened".to_string()),
+        };
+        let why = match found {
+            Ok(Some(id)) if id == t.cgroup_id => return Ok(()),
+            Ok(Some(_)) => "the connection belongs to another cgroup".to_string(),
+            Ok(None) => "no such TCP connection in the client's network namespace".to_string(),
+            Err(e) => e,
+        };
+        let msg = format!("flow {remote} -> {local} is not this client's: {why} (tenant {})", t.name());
+        self.refuse(endpoint, Refusal::Flow, who, msg)
+    }
+
+    /// May `who` remove a rule installed by tenant `owner`?
+    pub fn check_owner(
+        &self,
+        endpoint: &str,
+        who: &Client,
+        owner: Option<u64>,
+        flow: &str,
+    ) -> Result<(), Denied> {
+        if !self.checks() {
+            return Ok(());
+        }
+        let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
+        match owner {
+            Some(o) if o != t.cgroup_id => {
+                let owner = self.name_of(o).unwrap_or_else(|| format!("cgroup id {o}"));
+                let msg = format!("the rule for flow {flow} belongs to tenant {owner}, not to {}", t.name());
+                self.refuse(endpoint, Refusal::Owner, who, msg)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes one rule of `tenant`'s quota; `Err` when it is used up (the
+    /// rule is counted anyway in audit mode, so that the count stays right).
+    pub fn take_rule(&self, endpoint: &str, who: &Client, tenant: Option<u64>) -> Result<(), Denied> {
+        let Some(id) = tenant else { return Ok(()) };
+        if self.max_rules == 0 || !self.checks() {
+            return Ok(());
+        }
+        let held = {
+            let mut map = self.held.lock().expect("tenant quota lock");
+            let n = map.entry(id).or_default();
+            if *n < self.max_rules {
+                *n += 1;
+                return Ok(());
+            }
+            *n
+        };
+        let name = self.name_of(id).unwrap_or_else(|| format!("cgroup id {id}"));
+        let msg = format!(
+            "tenant {name} holds {held} rules, the limit (--max_rules_per_tenant={})",
+            self.max_rules
+        );
+        self.refuse(endpoint, Refusal::Quota, who, msg)?;
+        *self.held.lock().expect("tenant quota lock").entry(id).or_default() += 1;
+        Ok(())
+    }
+
+    /// Gives back one rule of `tenant`'s quota (a rule went away, or a taken
+    /// place was not used).
+    pub fn give_rule(&self, tenant: Option<u64>) {
+        let Some(id) = tenant else { return };
+        if self.max_rules == 0 || !self.checks() {
+            return;
+        }
+        let mut map = self.held.lock().expect("tenant quota lock");
+        if let Some(n) = map.get_mut(&id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&id);
+            }
+        }
+    }
+
+    /// Rules held by tenant `id`, as the quota counts them.
+    pub fn rules_held(&self, id: u64) -> u32 {
+        self.held.lock().expect("tenant quota lock").get(&id).copied().unwrap_or(0)
+    }
+}
+
+/// The cgroup id of the TCP socket `local`/`remote` in namespace `ns`,
+/// through this thread's `sock_diag` socket for it.
+fn socket_cgroup(
+    ns: &super::tenant::NetNs,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Result<Option<u64>, String> {
+    DIAG.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if !cache.contains_key(&ns.inode) {
+            if cache.len() >= DIAG_CACHE {
+                cache.clear();
+            }
+            let own = nix::sys::stat::stat("/proc/thread-self/ns/net").map(|s| s.st_ino).ok();
+            let diag = if own == Some(ns.inode) {
+                SockDiag::open()
+            } else {
+                SockDiag::open_in(std::os::fd::AsFd::as_fd(&ns.fd))
+            };
+            cache.insert(ns.inode, diag.map_err(|e| format!("cannot look into its network namespace: {e}"))?);
+        }
+        let diag = cache.get_mut(&ns.inode).expect("inserted above");
+        match diag.find_tcp(local, remote) {
+            Ok(found) => Ok(found.map(|s| s.cgroup_id.unwrap_or(0))),
+            Err(e) => {
+                cache.remove(&ns.inode);
+                Err(format!("the connection could not be looked up: {e}"))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+#[path = "access_tests.rs"]
+mod tests;

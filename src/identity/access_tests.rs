@@ -1,0 +1,103 @@
+//! Unit tests of the tenant checks.
+use super::*;
+use crate::identity::Client;
+
+fn policy(mode: TenantIsolation, max_rules: u32) -> (TenantPolicy, Arc<Metrics>) {
+    let m = Arc::new(Metrics::new());
+    let devices = GpuDevices { minors: vec![0, 1, 2], simulated: true };
+    (TenantPolicy::new(mode, max_rules, devices, None, Some(m.clone())), m)
+}
+
+fn client(cgroup: u64, gpus: u64) -> Client {
+    Client { tenant: Some(Arc::new(Tenant::for_test(cgroup, gpus))), ..Client::default() }
+}
+
+fn refused(m: &Metrics, endpoint: &str, reason: Refusal, mode: &str) -> u64 {
+    m.requests_refused.with_label_values(&[endpoint, reason.name(), mode]).get()
+}
+
+#[test]
+fn a_gpu_is_usable_only_where_its_device_node_is_seen() {
+    let (p, m) = policy(TenantIsolation::Enforce, 0);
+    let a = client(10, 0b001);
+    assert_eq!(p.check_gpu("gpu_fd", &a, 0, "0000:04:00.0"), Ok(()));
+    let d = p.check_gpu("gpu_fd", &a, 2, "0000:0a:00.0").unwrap_err();
+    assert_eq!(d.code(), StatusCode::PermissionDenied);
+    assert!(d.message.contains("0000:0a:00.0") && d.message.contains("/dev/nvidia2"), "{}", d.message);
+    assert_eq!(refused(&m, "gpu_fd", Refusal::Gpu, "enforce"), 1);
+}
+
+#[test]
+fn audit_decides_the_same_but_serves() {
+    let (p, m) = policy(TenantIsolation::Audit, 0);
+    let a = client(10, 0b001);
+    assert_eq!(p.check_gpu("gpu_fd", &a, 2, "0000:0a:00.0"), Ok(()));
+    assert_eq!(p.check_gpu("gpu_fd", &Client::default(), 0, "0000:04:00.0"), Ok(()));
+    assert_eq!(refused(&m, "gpu_fd", Refusal::Gpu, "audit"), 1);
+    assert_eq!(refused(&m, "gpu_fd", Refusal::Unidentified, "audit"), 1);
+    assert_eq!(refused(&m, "gpu_fd", Refusal::Gpu, "enforce"), 0);
+}
+
+#[test]
+fn off_checks_nothing_and_counts_nothing() {
+    let p = TenantPolicy::off();
+    assert!(!p.checks());
+    assert_eq!(p.check_gpu("gpu_fd", &Client::default(), 5, "x"), Ok(()));
+    assert_eq!(p.check_owner("rule_uninstall", &Client::default(), Some(3), "f"), Ok(()));
+    assert_eq!(p.take_rule("rule_manager", &Client::default(), Some(3)), Ok(()));
+}
+
+#[test]
+fn an_unidentified_client_is_refused_with_the_fix() {
+    let (p, m) = policy(TenantIsolation::Enforce, 0);
+    let d = p.check_gpu("gpu_fd", &Client::default(), 0, "0000:04:00.0").unwrap_err();
+    assert_eq!(d.reason, Refusal::Unidentified);
+    assert!(d.message.contains("hostPID") && d.message.contains("shareProcessNamespace"), "{}", d.message);
+    assert_eq!(refused(&m, "gpu_fd", Refusal::Unidentified, "enforce"), 1);
+}
+
+#[test]
+fn only_the_owner_removes_a_rule() {
+    let (p, m) = policy(TenantIsolation::Enforce, 0);
+    let (a, b) = (client(10, 1), client(20, 1));
+    p.saw(a.tenant.as_ref().unwrap());
+    assert_eq!(p.check_owner("rule_uninstall", &a, Some(10), "f"), Ok(()));
+    let d = p.check_owner("rule_uninstall", &b, Some(10), "10.0.0.2:1 -> 10.0.0.1:2").unwrap_err();
+    assert_eq!((d.reason, d.code()), (Refusal::Owner, StatusCode::PermissionDenied));
+    assert!(d.message.contains("/test/10"), "names the owner: {}", d.message);
+    // A rule booked without a tenant (isolation was off) is anybody's.
+    assert_eq!(p.check_owner("rule_uninstall", &b, None, "f"), Ok(()));
+    assert_eq!(refused(&m, "rule_uninstall", Refusal::Owner, "enforce"), 1);
+}
+
+#[test]
+fn the_quota_counts_rules_per_tenant() {
+    let (p, m) = policy(TenantIsolation::Enforce, 2);
+    let a = client(10, 1);
+    assert_eq!(p.take_rule("rule_manager", &a, Some(10)), Ok(()));
+    assert_eq!(p.take_rule("rule_manager", &a, Some(10)), Ok(()));
+    let d = p.take_rule("rule_manager", &a, Some(10)).unwrap_err();
+    assert_eq!(d.code(), StatusCode::ResourceExhausted);
+    assert!(d.message.contains("--max_rules_per_tenant=2"), "{}", d.message);
+    // Another tenant has its own.
+    assert_eq!(p.take_rule("rule_manager", &client(20, 1), Some(20)), Ok(()));
+    p.give_rule(Some(10));
+    assert_eq!(p.rules_held(10), 1);
+    assert_eq!(p.take_rule("rule_manager", &a, Some(10)), Ok(()));
+    assert_eq!(refused(&m, "rule_manager", Refusal::Quota, "enforce"), 1);
+    // In audit mode the rule over the limit is served and counted.
+    let (p, _) = policy(TenantIsolation::Audit, 1);
+    assert_eq!(p.take_rule("rule_manager", &a, Some(10)), Ok(()));
+    assert_eq!(p.take_rule("rule_manager", &a, Some(10)), Ok(()));
+    assert_eq!(p.rules_held(10), 2);
+}
+
+#[test]
+fn refusals_are_logged_at_most_once_a_second_per_reason() {
+    let (p, _) = policy(TenantIsolation::Enforce, 0);
+    let a = client(10, 0);
+    for _ in 0..100 {
+        let _ = p.check_gpu("gpu_fd", &a, 0, "g");
+    }
+    assert_eq!(p.unlogged[Refusal::Gpu.index()].load(Ordering::Relaxed), 99);
+}

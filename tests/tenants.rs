@@ -1,0 +1,344 @@
+//! Tenants on one node (`--tenant_isolation`): two client processes, each in
+//! a cgroup v2 group of its own and a mount namespace of its own that holds
+//! only its own `/dev/nvidia<N>` (regular files stand for the sim GPUs),
+//! each with real TCP connections on loopback. No kernel check is faked.
+//!
+//! Needs root: cgroups, mount namespaces.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use common::{encoded, require_root, Daemon};
+use prost::Message;
+use tcpx_rxdm::wire::client::{self, status_code};
+use tcpx_rxdm::wire::proto::UnixSocketProto;
+
+/// Tenant A's GPU (first in the sim topology: `/dev/nvidia0`) and B's (third: `/dev/nvidia2`).
+const GPU_A: &str = "0000:04:00.0";
+const GPU_B: &str = "0000:0a:00.0";
+const PERMISSION_DENIED: i32 = 7;
+const RESOURCE_EXHAUSTED: i32 = 8;
+
+/// A cgroup v2 group of the test's own, removed at the end.
+struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    fn new(name: &str) -> Cgroup {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
+            })
+            .expect("a cgroup2 mount");
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = PathBuf::from(root).join(format!("tcpx-test-{}-{n}-{name}", std::process::id()));
+        std::fs::create_dir(&path).unwrap();
+        Cgroup { path }
+    }
+
+    /// The path as `/proc/<pid>/cgroup` shows it (relative to the cgroup2 root).
+    fn name(&self) -> String {
+        format!("/{}", self.path.file_name().unwrap().to_string_lossy())
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A client process driven over its stdin: `conn 4|6` opens a loopback TCP
+/// connection to itself and prints the accepted socket's ends; `req PATH HEX`
+/// sends one request on a new connection and prints the reply (`fd` when a
+/// file descriptor came).
+const AGENT_PY: &str = r#"
+import os, socket, sys
+held = []
+def out(s):
+    sys.stdout.write(s + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "conn":
+        six = cmd[1] == "6"
+        fam, host = (socket.AF_INET6, "::1") if six else (socket.AF_INET, "127.0.0.1")
+        l = socket.socket(fam); l.bind((host, 0)); l.listen(4)
+        c = socket.socket(fam); c.connect(l.getsockname()[:2])
+        s, peer = l.accept()
+        held += [l, c, s]
+        loc = s.getsockname()
+        out("conn %s %d %s %d" % (loc[0], loc[1], peer[0], peer[1]))
+    elif cmd[0] == "req":
+        u = socket.socket(socket.AF_UNIX); u.connect(cmd[1]); u.sendall(bytes.fromhex(cmd[2]))
+        msg, anc, flags, addr = u.recvmsg(4096, socket.CMSG_SPACE(4))
+        if anc:
+            held.append(anc); out("fd")
+        else:
+            while len(msg) < 2 or len(msg) < 2 + int.from_bytes(msg[:2], "big"):
+                more = u.recv(4096)
+                if not more: break
+                msg += more
+            out("reply " + msg.hex())
+        u.close()
+"#;
+
+struct Agent {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+enum Reply {
+    Fd,
+    Message(UnixSocketProto),
+}
+
+impl Reply {
+    fn code(&self) -> i32 {
+        match self {
+            Reply::Fd => 0,
+            Reply::Message(m) => status_code(m),
+        }
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Reply::Fd => "fd".into(),
+            Reply::Message(m) => m.status.as_ref().map(|s| s.message.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+impl Agent {
+    /// A client in cgroup `cg`, seeing only `/dev/nvidia<minor>`.
+    fn start(cg: &Cgroup, minor: u32) -> Agent {
+        let script = r#"echo $$ > "$CG/cgroup.procs" && exec unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /dev && : > "/dev/nvidia$MINOR" && exec python3 -u -c "$AGENT_PY"'"#;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .env("CG", &cg.path)
+            .env("MINOR", minor.to_string())
+            .env("AGENT_PY", AGENT_PY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Agent { child, stdin, stdout }
+    }
+
+    fn ask(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").unwrap();
+        let mut out = String::new();
+        assert!(self.stdout.read_line(&mut out).unwrap() > 0, "agent ended on {line:?}");
+        out.trim().to_string()
+    }
+
+    /// A loopback TCP connection of this client: (local end, remote end) of
+    /// the accepted socket, as a steering rule sees the flow.
+    fn conn(&mut self, v6: bool) -> (SocketAddr, SocketAddr) {
+        let a = self.ask(if v6 { "conn 6" } else { "conn 4" });
+        let f: Vec<&str> = a.split_whitespace().collect();
+        let addr = |ip: &str, port: &str| SocketAddr::new(ip.parse().unwrap(), port.parse().unwrap());
+        (addr(f[1], f[2]), addr(f[3], f[4]))
+    }
+
+    fn req(&mut self, path: &Path, msg: &UnixSocketProto) -> Reply {
+        let hex: String = encoded(msg).iter().map(|b| format!("{b:02x}")).collect();
+        let a = self.ask(&format!("req {} {hex}", path.display()));
+        if a == "fd" {
+            return Reply::Fd;
+        }
+        let hex = a.strip_prefix("reply ").expect("reply line");
+        let bytes: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        Reply::Message(UnixSocketProto::decode(&bytes[2..]).unwrap())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The rule request for the flow whose local end is `local` (the packet's
+/// destination) and remote end `remote`.
+fn rule(local: SocketAddr, remote: SocketAddr, gpu: &str) -> UnixSocketProto {
+    let flow_type = if local.is_ipv6() { 5 } else { 1 };
+    let (src, dst) =
+        ((remote.ip().to_string(), remote.port() as i32), (local.ip().to_string(), local.port() as i32));
+    client::rule_request(flow_type, (&src.0, src.1), (&dst.0, dst.1), Some(gpu), None)
+}
+
+fn pool(gpu: &str) -> UnixSocketProto {
+    UnixSocketProto {
+        payload: Some(tcpx_rxdm::wire::proto::unix_socket_proto::Payload::RawBytes(gpu.as_bytes().to_vec())),
+        status: None,
+    }
+}
+
+fn refused(metrics: &str, endpoint: &str, reason: &str, mode: &str) -> f64 {
+    let series = format!(
+        "tcpx_rxdm_requests_refused_total{{endpoint=\"{endpoint}\",mode=\"{mode}\",reason=\"{reason}\"}}"
+    );
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing"))
+}
+
+/// Source ports of the booked rules.
+fn booked(d: &Daemon) -> Vec<String> {
+    let flows = d.flows();
+    flows["nics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["rules"].as_array().unwrap().clone())
+        .map(|r| r["src"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: cgroups and mount namespaces"]
+fn each_tenant_gets_only_its_own_gpus_and_flows() {
+    require_root("cgroups and mount namespaces");
+    let d = Daemon::start(&["--tenant_isolation=enforce", "--max_rules_per_tenant=3"]);
+    let (cga, cgb) = (Cgroup::new("a"), Cgroup::new("b"));
+    let (mut a, mut b) = (Agent::start(&cga, 0), Agent::start(&cgb, 2));
+    let rm = d.sock("rx_rule_manager");
+    let un = d.sock("rx_rule_uninstall");
+
+    // Pools: A gets its own, not B's.
+    assert!(matches!(a.req(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A)), Reply::Fd));
+    let r = a.req(&d.sock(&format!("get_gpu_fd_{GPU_B}")), &pool(GPU_B));
+    assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
+    assert!(r.text().contains(GPU_B), "names the GPU: {}", r.text());
+    let r = a.req(&d.sock(&format!("get_gpu_metadata_{GPU_B}")), &pool(GPU_B));
+    assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
+    assert!(matches!(b.req(&d.sock(&format!("get_gpu_fd_{GPU_B}")), &pool(GPU_B)), Reply::Fd));
+
+    // The NCCL plugin's sequence: accept, then install for that connection,
+    // from the same process; IPv4 and IPv6.
+    let (la, ra) = a.conn(false);
+    let r = a.req(&rm, &rule(la, ra, GPU_A));
+    assert_eq!(r.code(), 0, "{}", r.text());
+    let (la6, ra6) = a.conn(true);
+    let r = a.req(&rm, &rule(la6, ra6, GPU_A));
+    assert_eq!(r.code(), 0, "IPv6: {}", r.text());
+
+    // A's rule for B's connection is refused; B's own for it works.
+    let (lb, rb) = b.conn(false);
+    let r = a.req(&rm, &rule(lb, rb, GPU_A));
+    assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
+    assert!(r.text().contains(&rb.to_string()), "names the flow: {}", r.text());
+    let r = b.req(&rm, &rule(lb, rb, GPU_B));
+    assert_eq!(r.code(), 0, "{}", r.text());
+    // Nor may A steer its own connection to B's GPU.
+    let (la2, ra2) = a.conn(false);
+    let r = a.req(&rm, &rule(la2, ra2, GPU_B));
+    assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
+    assert!(r.text().contains(GPU_B), "{}", r.text());
+
+    // B cannot remove A's rule; A can.
+    let r = b.req(&un, &rule(la, ra, GPU_A));
+    assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
+    assert!(booked(&d).contains(&ra.to_string()), "A's rule stays");
+    let r = a.req(&un, &rule(la, ra, GPU_A));
+    assert_eq!(r.code(), 0, "{}", r.text());
+    assert!(!booked(&d).contains(&ra.to_string()), "A's rule is gone");
+
+    // Quota: A holds one rule (IPv6); two more fit, the third does not.
+    for _ in 0..2 {
+        let (l, r2) = a.conn(false);
+        let r = a.req(&rm, &rule(l, r2, GPU_A));
+        assert_eq!(r.code(), 0, "{}", r.text());
+    }
+    let (l, r2) = a.conn(false);
+    let r = a.req(&rm, &rule(l, r2, GPU_A));
+    assert_eq!(r.code(), RESOURCE_EXHAUSTED, "{}", r.text());
+    assert!(r.text().contains("--max_rules_per_tenant=3"), "{}", r.text());
+    // B's share is its own.
+    let (l, r2) = b.conn(false);
+    assert_eq!(b.req(&rm, &rule(l, r2, GPU_B)).code(), 0);
+
+    // Counted and logged.
+    let (_, m) = d.http_get("/metrics");
+    assert_eq!(refused(&m, "gpu_fd", "gpu", "enforce"), 1.0);
+    assert_eq!(refused(&m, "gpu_metadata", "gpu", "enforce"), 1.0);
+    assert_eq!(refused(&m, "rule_manager", "flow", "enforce"), 1.0);
+    assert_eq!(refused(&m, "rule_manager", "gpu", "enforce"), 1.0);
+    assert_eq!(refused(&m, "rule_uninstall", "owner", "enforce"), 1.0);
+    assert_eq!(refused(&m, "rule_manager", "quota", "enforce"), 1.0);
+    let line =
+        d.wait_for_log("reason=\"owner\"", Duration::from_secs(5)).expect("an owner refusal is logged");
+    assert!(
+        line.contains(&cgb.name()) && line.contains(&b.child.id().to_string()),
+        "names pid and cgroup: {line}"
+    );
+
+    // status groups the rules by tenant.
+    let (code, out, _) = common::run_bin(&["status", "--json", &d.uds_arg()]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tenants = v["tenants"].as_array().unwrap();
+    let of = |cg: &Cgroup| {
+        tenants
+            .iter()
+            .find(|t| t["tenant"] == cg.name())
+            .unwrap_or_else(|| panic!("{cg:?}: {v}", cg = cg.name()))
+            .clone()
+    };
+    assert_eq!(of(&cga)["rules"], 3);
+    assert_eq!(of(&cgb)["rules"], 2);
+    assert_eq!(of(&cga)["pids"][0], a.child.id());
+}
+
+#[test]
+#[ignore = "needs root: cgroups and mount namespaces"]
+fn audit_serves_what_enforce_would_refuse_and_counts_it() {
+    require_root("cgroups and mount namespaces");
+    let d = Daemon::start(&["--tenant_isolation=audit"]);
+    let (cga, cgb) = (Cgroup::new("a"), Cgroup::new("b"));
+    let (mut a, mut b) = (Agent::start(&cga, 0), Agent::start(&cgb, 2));
+    assert!(matches!(a.req(&d.sock(&format!("get_gpu_fd_{GPU_B}")), &pool(GPU_B)), Reply::Fd));
+    let (lb, rb) = b.conn(false);
+    assert_eq!(a.req(&d.sock("rx_rule_manager"), &rule(lb, rb, GPU_A)).code(), 0);
+    let (_, m) = d.http_get("/metrics");
+    assert_eq!(refused(&m, "gpu_fd", "gpu", "audit"), 1.0);
+    assert_eq!(refused(&m, "rule_manager", "flow", "audit"), 1.0);
+    assert!(d.wait_for_log("would refuse (tenant_isolation=audit)", Duration::from_secs(5)).is_some());
+}
+
+#[test]
+#[ignore = "needs root: cgroups and mount namespaces"]
+fn off_checks_nothing() {
+    require_root("cgroups and mount namespaces");
+    let d = Daemon::start(&["--tenant_isolation=off"]);
+    let (cga, cgb) = (Cgroup::new("a"), Cgroup::new("b"));
+    let (mut a, mut b) = (Agent::start(&cga, 0), Agent::start(&cgb, 2));
+    assert!(matches!(a.req(&d.sock(&format!("get_gpu_fd_{GPU_B}")), &pool(GPU_B)), Reply::Fd));
+    let (lb, rb) = b.conn(false);
+    assert_eq!(a.req(&d.sock("rx_rule_manager"), &rule(lb, rb, GPU_A)).code(), 0);
+    assert_eq!(b.req(&d.sock("rx_rule_uninstall"), &rule(lb, rb, GPU_A)).code(), 0);
+    let (_, m) = d.http_get("/metrics");
+    assert!(!m.contains("tcpx_rxdm_requests_refused_total{"), "no series when off");
+}
