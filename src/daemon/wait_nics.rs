@@ -111,17 +111,18 @@ mod tests {
     async fn a_nic_that_appears_within_the_bound_is_waited_for() {
         let (_tmp, sysfs, preset) = layout();
         let nic = sysfs.join("class/net/eth7");
+        let t = Instant::now();
         let appear = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(700));
             std::fs::create_dir(nic).unwrap();
         });
-        let t = Instant::now();
         let config = load(flags(&sysfs, &preset, "10s")).await.unwrap();
         let waited = t.elapsed();
         appear.join().unwrap();
         assert_eq!(config.topology.nics[0].ifname, "eth7");
         assert!(waited >= Duration::from_millis(700), "returned before the NIC was there: {waited:?}");
-        assert!(waited < Duration::from_millis(700) + 4 * POLL, "noticed late: {waited:?}");
+        // A few polls of slack for a loaded machine; far from the 10 s bound.
+        assert!(waited < Duration::from_millis(700) + 8 * POLL, "noticed late: {waited:?}");
     }
 
     #[tokio::test]
