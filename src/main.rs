@@ -19,6 +19,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // clap prints the message naming the flag; usage errors exit 2, --help 0.
             let _ = e.print();
+            if e.exit_code() != 0 {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                failed_status(first.trim_start_matches("error: "), e.exit_code());
+            }
             return ExitCode::from(e.exit_code() as u8);
         }
     };
@@ -41,25 +46,33 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "could not start the async runtime");
+            failed_status(&format!("could not start the async runtime: {e}"), 1);
             return ExitCode::from(1);
         }
     };
     match rt.block_on(serve(flags)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // One line per fatal error: the log goes to stderr, i.e. the journal.
             tracing::error!(error = %e, "tcpx-rxdm stopped");
-            eprintln!("tcpx-rxdm: {e}");
+            failed_status(&e.to_string(), e.exit_code().into());
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// Tells the service manager why the process exits with `code`, so that
+/// `systemctl status` shows it after a failed start.
+fn failed_status(why: &str, code: i32) {
+    daemon::notify::send(&daemon::notify::status(&format!("failed (exit {code}): {why}")));
 }
 
 /// The one assembly point: the configuration, the real backends and the
 /// signals, handed to the daemon.
 async fn serve(flags: Flags) -> Result<(), daemon::DaemonError> {
     // Handlers first, so that a signal during startup is kept, not fatal.
-    let shutdown = daemon::shutdown_on_signals().map_err(daemon::DaemonError::Signals)?;
-    let mut config = daemon::Config::load(flags)?;
+    let shutdown = daemon::shutdown_on_signals(flags.node_wide).map_err(daemon::DaemonError::Signals)?;
+    let mut config = daemon::load_config_waiting_for_nics(flags).await?;
     let backends = daemon::select_backends(&mut config)?;
     daemon::run(config, backends, shutdown).await
 }
@@ -106,8 +119,7 @@ fn split_sub_args(args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
                 f if f.starts_with("json=") => return Err(format!("--json: invalid value {:?}", &f[5..])),
                 f => {
                     // A value in the next word for non-boolean flags (`--uds_path /x`).
-                    let boolean =
-                        ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited"];
+                    let boolean = tcpx_rxdm::config::flags::BOOL_FLAGS;
                     let name = f.trim_start_matches("no");
                     value_next = !f.contains('=')
                         && !boolean.contains(&f)

@@ -241,6 +241,12 @@ fn daemonset_keeps_leases_on_and_podmonitor_finds_it() {
     let (c, _) = daemon_container(pod);
     let flags = parse(&container_argv(c), "daemonset");
     assert!(flags.leases && !flags.monitor_shutdown);
+    // Node-wide: no workload Pod can end it through the shared folder or a signal.
+    assert!(flags.node_wide && flags.shutdown_file().is_none());
+    // Late NICs are waited for within the startup probe's allowance.
+    let probe = &c["startupProbe"];
+    let allowance = probe["periodSeconds"].as_u64().unwrap() * probe["failureThreshold"].as_u64().unwrap();
+    assert!(!flags.wait_for_nics.is_zero() && flags.wait_for_nics.as_secs() + 20 <= allowance);
     // Leases across Pods on kernels before 6.5 need the host's pid namespace.
     assert_eq!(pod["hostPID"], true);
     for r in ["cpu", "memory"] {
@@ -366,13 +372,45 @@ fn systemd_unit_command_line_and_socket_folder_agree() {
     let argv: Vec<String> =
         one("ExecStart").split_whitespace().filter(|w| !w.starts_with('$')).map(String::from).collect();
     let flags = parse(&argv, "ExecStart");
+    // Node-wide: no client can end it.
+    assert!(flags.node_wide);
     assert!(!flags.monitor_shutdown);
+    assert_eq!(flags.shutdown_file(), None);
+    assert!(!flags.shutdown_when_all_clients_exited);
     assert_eq!(flags.uds_path, Path::new("/run").join(one("RuntimeDirectory")));
-    // The group that owns the runtime folder also owns the sockets, and may enter the folder.
+    // The group that owns the runtime folder also owns the sockets, and may enter
+    // the folder, but not write it (no replacing the daemon's sockets).
     assert_eq!(flags.socket_group.as_deref(), Some(one("Group")));
     let dir_mode = u32::from_str_radix(one("RuntimeDirectoryMode"), 8).unwrap();
-    assert_eq!(dir_mode & 0o070, 0o070, "group cannot enter the socket folder");
+    assert_eq!(dir_mode & 0o070, 0o050, "group cannot enter the socket folder, or may write it");
     assert_eq!(dir_mode & 0o007, 0, "socket folder open to everyone");
+    // The extra arguments come last, so that they override the unit's flags.
+    assert_eq!(one("ExecStart").split_whitespace().last(), Some("$TCPX_RXDM_ARGS"));
+    let extra: Vec<String> = argv.iter().cloned().chain(["--gpu_nic_preset=sim".to_string()]).collect();
+    assert_eq!(parse(&extra, "ExecStart + TCPX_RXDM_ARGS").gpu_nic_preset, "sim");
+    // Late NICs are waited for, within the start timeout.
+    let secs = |k: &str| one(k).trim_end_matches('s').parse::<u64>().unwrap_or_else(|_| panic!("{k}="));
+    assert!(!flags.wait_for_nics.is_zero());
+    assert!(flags.wait_for_nics.as_secs() + 30 <= secs("TimeoutStartSec"), "no time left to prime NICs");
+    // The restart loop is bounded: StartLimitBurst starts always fit in the interval,
+    // even when each start runs until TimeoutStartSec.
+    let unit_sec = &unit["Unit"];
+    let unit_one = |k: &str| unit_sec[k].last().unwrap().parse::<u64>().unwrap();
+    let (interval, burst) = (unit_one("StartLimitIntervalSec"), unit_one("StartLimitBurst"));
+    assert!(burst >= 2);
+    assert!(
+        (burst - 1) * (secs("RestartSec") + secs("TimeoutStartSec")) < interval,
+        "the start limit never trips"
+    );
+    // Documentation= names files the install steps install.
+    let install = read("deploy/README.md");
+    for doc in unit_sec["Documentation"].iter().flat_map(|v| v.split_whitespace()) {
+        let path = doc.strip_prefix("file:").unwrap_or_else(|| panic!("{doc}: not a file: URL"));
+        assert!(
+            install.lines().any(|l| l.starts_with("install ") && l.split_whitespace().any(|w| w == path)),
+            "{path} is not installed by deploy/README.md's steps"
+        );
+    }
     assert_eq!(flags.socket_mode & 0o060, 0o060);
     // Hardening leaves what the daemon needs.
     assert!(one("CapabilityBoundingSet").split_whitespace().any(|c| c == "CAP_NET_ADMIN"));

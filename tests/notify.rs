@@ -100,3 +100,60 @@ fn abstract_notify_socket_and_failed_startup_status() {
     assert!(msgs.iter().all(|m| !m.contains("READY=1")), "{msgs:?}");
     assert!(msgs.iter().any(|m| m.starts_with("STATUS=startup failed: ") && m.contains("RSS")), "{msgs:?}");
 }
+
+/// Runs the daemon to its exit with `NOTIFY_SOCKET` set; returns the exit
+/// code, its stderr and the datagrams it sent.
+fn run_notified(args: &[&str]) -> (i32, String, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let rx = UnixDatagram::bind(&path).unwrap();
+    rx.set_nonblocking(true).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(args)
+        .env("NOTIFY_SOCKET", &path)
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let mut msgs = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = rx.recv(&mut buf) {
+        msgs.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned(), msgs)
+}
+
+#[test]
+fn every_failed_start_says_why_in_status_and_logs_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = format!("--uds_path={}", dir.path().join("s").display());
+    let sysfs = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(sysfs.path().join("class/net")).unwrap();
+    let sysfs_arg = format!("--sysfs_root={}", sysfs.path().display());
+    let cases: [(&[&str], i32, &str); 4] = [
+        // A bad flag (clap): exit 2, the flag named.
+        (&["--gpu_nic_preset=bogus"], 2, "--gpu_nic_preset"),
+        // A configuration error found by the daemon: exit 2.
+        (&["--gpu_nic_preset=a3vm", &sysfs_arg, "--metrics_address=", &uds], 2, "eth1"),
+        // A NIC that never came up within --wait_for_nics: exit 2, the wait named.
+        (
+            &["--gpu_nic_preset=a3vm", &sysfs_arg, "--wait_for_nics=300ms", "--metrics_address=", &uds],
+            2,
+            "--wait_for_nics",
+        ),
+        // A startup step that fails: exit 1.
+        (&["--gpu_nic_preset=sim", "--sim_fault=set_rss:EOPNOTSUPP:1", "--metrics_address=", &uds], 1, "RSS"),
+    ];
+    for (args, code, needle) in cases {
+        let (got, stderr, msgs) = run_notified(args);
+        assert_eq!(got, code, "{args:?}: {stderr}");
+        let last = msgs.last().unwrap_or_else(|| panic!("{args:?}: no datagram; stderr: {stderr}"));
+        assert!(last.starts_with(&format!("STATUS=failed (exit {code}): ")), "{args:?}: {msgs:?}");
+        assert!(last.contains(needle), "{args:?}: {last:?}");
+        assert!(msgs.iter().all(|m| !m.contains("READY=1")), "{args:?}: {msgs:?}");
+        // The journal gets the error once, not a log line plus a second copy.
+        let why = last.split_once("): ").unwrap().1;
+        let copies = stderr.lines().filter(|l| l.contains(why)).count();
+        assert_eq!(copies, 1, "{args:?}: {why:?} appears {copies} times in\n{stderr}");
+    }
+}

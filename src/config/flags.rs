@@ -4,8 +4,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use std::time::Duration;
+
 use clap::builder::BoolishValueParser;
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 use crate::gpu::BinderKind;
 use crate::gpu::ShmemType;
@@ -16,8 +20,14 @@ use crate::nic::sim::{Fault, SimDelay};
 pub const PRESET_NAMES: [&str; 6] = ["auto", "a3vm", "a3vm4gpu4nic", "a6", "sim", "manual"];
 
 /// Boolean flags, for `--noflag` and `--flag` / `--flag=bool` forms.
-const BOOL_FLAGS: [&str; 5] =
-    ["monitor_shutdown", "show_version", "leases", "shutdown_when_all_clients_exited", "claim_sim_nics"];
+pub const BOOL_FLAGS: [&str; 6] = [
+    "monitor_shutdown",
+    "show_version",
+    "leases",
+    "shutdown_when_all_clients_exited",
+    "claim_sim_nics",
+    "node_wide",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NicBackendKind {
@@ -101,11 +111,18 @@ pub enum SetupParam {
     Tune(TuningParams),
 }
 
+/// How repeated flags combine, under `--help`.
+const AFTER_HELP: &str = "Flags take the absl forms --flag=V, --flag V, -flag=V and -flag V; booleans \
+also --flag and --noflag. A flag given again overrides the earlier value (as with absl), so words \
+appended to a command line change any flag it already sets; only --sim_fault and --sim_delay add up.";
+
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "tcpx-rxdm",
     about = "Receive-datapath manager for GPUDirect-TCPX NICs",
-    disable_version_flag = true
+    disable_version_flag = true,
+    args_override_self = true,
+    after_help = AFTER_HELP
 )]
 pub struct Flags {
     /// auto (sysfs discovery), a3vm, a3vm4gpu4nic, a6, sim, manual, or a path to a preset file.
@@ -232,6 +249,17 @@ pub struct Flags {
     /// before it is closed; 0 never. Registry and pool connections never are.
     #[arg(long = "client_idle_timeout", default_value_t = 60)]
     pub client_idle_timeout: u64,
+    /// A node-wide daemon (systemd unit, DaemonSet) that no client can end: no
+    /// --shutdown_file, no --monitor_shutdown, no --shutdown_when_all_clients_exited
+    /// (setting one of them too is an error), and SIGHUP is logged and ignored.
+    #[arg(long = "node_wide", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub node_wide: bool,
+    /// How long to wait for the topology's NICs to appear (a NIC slow to come up at
+    /// boot) before failing: seconds, or with a unit (500ms, 90s, 2m); 0 fails at once.
+    /// With discovery (auto, a6) it waits until discovery finds the NICs.
+    #[arg(long = "wait_for_nics", default_value = "0", value_parser = parse_wait)]
+    pub wait_for_nics: Duration,
 }
 
 impl Flags {
@@ -253,7 +281,38 @@ impl Flags {
 
     /// Parses normalised-or-not arguments (the program name first).
     pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, clap::Error> {
-        Flags::try_parse_from(normalize_args(args))
+        let mut cmd = Flags::command();
+        let matches = cmd.try_get_matches_from_mut(normalize_args(args))?;
+        let mut flags = Flags::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+        if flags.node_wide {
+            flags.make_node_wide(&matches).map_err(|msg| cmd.error(ErrorKind::ArgumentConflict, msg))?;
+        }
+        Ok(flags)
+    }
+
+    /// `--node_wide`: turns off every way a client could end the daemon, and
+    /// refuses a command line that asks for one of them explicitly.
+    fn make_node_wide(&mut self, matches: &ArgMatches) -> Result<(), String> {
+        let given = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+        let conflict = if given("shutdown_file") && !self.shutdown_file.is_empty() {
+            Some(format!("--shutdown_file={}", self.shutdown_file))
+        } else if given("monitor_shutdown") && self.monitor_shutdown {
+            Some("--monitor_shutdown".to_string())
+        } else if given("shutdown_when_all_clients_exited") && self.shutdown_when_all_clients_exited {
+            Some("--shutdown_when_all_clients_exited".to_string())
+        } else {
+            None
+        };
+        if let Some(flag) = conflict {
+            return Err(format!(
+                "--node_wide: a node-wide daemon never ends on a client's behalf; drop {flag} \
+                 (or --node_wide for a per-job daemon)"
+            ));
+        }
+        self.shutdown_file.clear();
+        self.monitor_shutdown = false;
+        self.shutdown_when_all_clients_exited = false;
+        Ok(())
     }
 }
 
@@ -352,6 +411,26 @@ fn parse_uds_path(s: &str) -> Result<PathBuf, String> {
         ));
     }
     Ok(PathBuf::from(s))
+}
+
+/// `--wait_for_nics`: whole seconds, or a number with `ms`, `s` or `m`.
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    let (digits, unit_ms) = if let Some(d) = s.strip_suffix("ms") {
+        (d, 1)
+    } else if let Some(d) = s.strip_suffix('s') {
+        (d, 1000)
+    } else if let Some(d) = s.strip_suffix('m') {
+        (d, 60_000)
+    } else {
+        (s, 1000)
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_ms))
+        .filter(|ms| *ms <= 3_600_000)
+        .map(Duration::from_millis)
+        .ok_or_else(|| "expected a duration of at most 1 hour: 90, 90s, 1500ms or 2m".into())
 }
 
 /// `--metrics_address`: `None` when set empty (HTTP disabled).

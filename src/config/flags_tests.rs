@@ -89,3 +89,102 @@ fn job_end_and_lease_flags() {
     let e = parse(&["--wait_time_before_exit=-1"]).unwrap_err();
     assert!(e.to_string().contains("--wait_time_before_exit"), "{e}");
 }
+
+#[test]
+fn a_later_flag_overrides_an_earlier_one() {
+    // Every form, as appended to a unit's or a script's command line.
+    let f = parse(&["--gpu_nic_preset=auto", "--uds_path=/run/tcpx", "--gpu_nic_preset", "sim"]).unwrap();
+    assert_eq!(f.gpu_nic_preset, "sim");
+    let f = parse(&["--uds_path=/run/tcpx", "-uds_path=/a", "--uds_path", "/b"]).unwrap();
+    assert_eq!(f.uds_path, PathBuf::from("/b"));
+    assert!(parse(&["--nomonitor_shutdown", "--monitor_shutdown"]).unwrap().monitor_shutdown);
+    assert!(!parse(&["--monitor_shutdown", "--nomonitor_shutdown"]).unwrap().monitor_shutdown);
+    assert!(!parse(&["--leases=true", "-noleases"]).unwrap().leases);
+    let f = parse(&["--metrics_address=0.0.0.0:9467", "--metrics_address="]).unwrap();
+    assert_eq!(f.metrics_address, ListenAddr(None));
+    let f = parse(&["--setup_param=", "--setup_param", "--verbose 10 20 1"]).unwrap();
+    assert_eq!(f.setup_param, SetupParam::Tune(TuningParams { initcwnd: 10, rto_min_ms: 20, quickack: 1 }));
+    assert_eq!(parse(&["--log_format=json", "--log_format=text"]).unwrap().log_format, LogFormat::Text);
+    // Repeatable flags still add up.
+    assert_eq!(
+        parse(&["--sim_fault=add_rule:EBUSY:1", "--sim_fault=del_rule:EIO:1"]).unwrap().sim_fault.len(),
+        2
+    );
+    // A bad later value is still an error naming the flag.
+    let e = parse(&["--max_rx_rules=4", "--max_rx_rules=x"]).unwrap_err();
+    assert!(e.to_string().contains("--max_rx_rules"), "{e}");
+    assert_eq!(e.exit_code(), 2);
+}
+
+#[test]
+fn every_flag_may_be_repeated() {
+    // One value each flag accepts; given twice, the command line still parses.
+    let cmd = <Flags as clap::CommandFactory>::command();
+    for arg in cmd.get_arguments().filter(|a| a.get_long().is_some_and(|l| l != "help")) {
+        let long = arg.get_long().unwrap();
+        let value = match long {
+            "gpu_nic_preset" => "sim".to_string(),
+            "sim_fault" => "add_rule:EBUSY:1".to_string(),
+            "sim_delay" => "add_rule:1".to_string(),
+            "metrics_address" => "127.0.0.1:1".to_string(),
+            "setup_param" => "--verbose 1 2 3".to_string(),
+            "socket_mode" => "0600".to_string(),
+            "wait_for_nics" => "5s".to_string(),
+            l if BOOL_FLAGS.contains(&l) => "true".to_string(),
+            _ => match arg.get_possible_values().first() {
+                Some(v) => v.get_name().to_string(),
+                None if arg
+                    .get_default_values()
+                    .first()
+                    .is_some_and(|d| d.to_string_lossy().parse::<u64>().is_ok()) =>
+                {
+                    "7".to_string()
+                }
+                None => "/x".to_string(),
+            },
+        };
+        let a = format!("--{long}={value}");
+        let r = parse(&[&a, &a]);
+        assert!(r.is_ok(), "{a} twice: {}", r.unwrap_err());
+    }
+}
+
+#[test]
+fn help_says_a_later_flag_wins() {
+    let help = <Flags as clap::CommandFactory>::command().render_help().to_string();
+    assert!(help.contains("overrides the earlier value"), "{help}");
+}
+
+#[test]
+fn node_wide_turns_off_every_client_triggered_end() {
+    let f = parse(&["--uds_path=/run/tcpx", "--node_wide"]).unwrap();
+    assert!(f.node_wide);
+    assert_eq!(f.shutdown_file(), None, "the sidecar's shutdown file must not end a node-wide daemon");
+    assert!(!f.monitor_shutdown);
+    assert!(!f.shutdown_when_all_clients_exited);
+    // Explicitly off is fine; explicitly on is a conflict naming both flags.
+    assert!(parse(&["--node_wide", "--nomonitor_shutdown", "--shutdown_file="]).is_ok());
+    for bad in ["--shutdown_file=done", "--monitor_shutdown", "--shutdown_when_all_clients_exited"] {
+        let e = parse(&["--node_wide", bad]).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{bad}");
+        let msg = e.to_string();
+        assert!(msg.contains("--node_wide") && msg.contains(bad.split('=').next().unwrap()), "{msg}");
+    }
+    // A later --nonode_wide gives the per-job defaults back.
+    let f = parse(&["--node_wide", "--nonode_wide"]).unwrap();
+    assert_eq!(f.shutdown_file(), Some(PathBuf::from("/run/tcpx/terminated")));
+    assert!(f.monitor_shutdown);
+}
+
+#[test]
+fn wait_for_nics_takes_seconds_or_a_unit() {
+    assert_eq!(parse(&[]).unwrap().wait_for_nics, Duration::ZERO);
+    assert_eq!(parse(&["--wait_for_nics=90"]).unwrap().wait_for_nics, Duration::from_secs(90));
+    assert_eq!(parse(&["--wait_for_nics=90s"]).unwrap().wait_for_nics, Duration::from_secs(90));
+    assert_eq!(parse(&["--wait_for_nics", "1500ms"]).unwrap().wait_for_nics, Duration::from_millis(1500));
+    assert_eq!(parse(&["--wait_for_nics=2m"]).unwrap().wait_for_nics, Duration::from_secs(120));
+    for bad in ["-1", "soon", "5h", "61m", ""] {
+        let e = parse(&[&format!("--wait_for_nics={bad}")]).unwrap_err();
+        assert!(e.to_string().contains("--wait_for_nics"), "{bad}: {e}");
+    }
+}

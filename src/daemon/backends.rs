@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::config::flags::{GpuBackendKind, NicBackendKind};
+use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
 use crate::gpu::{
     select_binder, spread_gpus, CudaAllocator, HostAllocator, PoolAllocator, QueueBinder, ShmemType,
@@ -30,19 +30,10 @@ pub struct Backends {
 pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
     let Config { flags, topology: topo, source } = config;
     let source: &Source = source;
-    // `auto`: the sim preset means simulated NICs (its eth1..eth4 may exist on
-    // the host and must not be touched); anything else means real NICs,
-    // which must then exist.
-    let use_sim = match flags.nic_backend {
-        NicBackendKind::Sim => true,
-        NicBackendKind::Auto => *source == Source::Preset("sim"),
-        NicBackendKind::Ethtool => false,
-    };
-    if flags.nic_backend == NicBackendKind::Auto && !use_sim {
-        let class_net = flags.sysfs_root().join("class/net");
-        if let Some(n) = topo.nics.iter().find(|n| !class_net.join(&n.ifname).exists()) {
-            return Err(FlagError::NicNotFound { ifname: n.ifname.clone(), class_net }.into());
-        }
+    // Real NICs must exist.
+    let use_sim = uses_sim(flags.nic_backend, source);
+    if let Some(e) = missing_nic(flags, topo, source) {
+        return Err(e.into());
     }
     // Before the NIC backend: a sim topology may be re-placed onto real GPUs.
     let alloc: Arc<dyn PoolAllocator> = match flags.gpu_backend {
@@ -82,6 +73,27 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
     };
     let binder: Arc<dyn QueueBinder> = Arc::from(select_binder(flags.bind_backend, use_sim));
     Ok(Backends { nic, alloc, binder })
+}
+
+/// `auto`: the sim preset means simulated NICs (its eth1..eth4 may exist on
+/// the host and must not be touched); anything else means real NICs.
+fn uses_sim(kind: NicBackendKind, source: &Source) -> bool {
+    match kind {
+        NicBackendKind::Sim => true,
+        NicBackendKind::Auto => *source == Source::Preset("sim"),
+        NicBackendKind::Ethtool => false,
+    }
+}
+
+/// With `--nic_backend=auto` and real NICs, the first NIC of the topology
+/// that is not (yet) under `<sysfs>/class/net`.
+pub fn missing_nic(flags: &Flags, topo: &Topology, source: &Source) -> Option<FlagError> {
+    if flags.nic_backend != NicBackendKind::Auto || uses_sim(flags.nic_backend, source) {
+        return None;
+    }
+    let class_net = flags.sysfs_root().join("class/net");
+    let n = topo.nics.iter().find(|n| !class_net.join(&n.ifname).exists())?;
+    Some(FlagError::NicNotFound { ifname: n.ifname.clone(), class_net })
 }
 
 /// The CUDA backend, checked against the topology: every GPU must be visible

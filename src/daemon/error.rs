@@ -92,6 +92,13 @@ pub enum DaemonError {
     /// Shutdown finished but some restore steps failed (each was logged).
     #[error("{} restore step(s) failed", .0.len())]
     Restore(Vec<TeardownError>),
+    /// A NIC was still missing when `--wait_for_nics` ran out.
+    #[error("{source} (still missing after waiting {waited:?}, --wait_for_nics)")]
+    NicsNotUp {
+        waited: std::time::Duration,
+        #[source]
+        source: Box<DaemonError>,
+    },
     /// A NIC failed under the running daemon; it was restored and stopped.
     #[error("stopped because {0}")]
     NicFailed(StopReason),
@@ -124,6 +131,7 @@ impl DaemonError {
             | DaemonError::SocketGroup(_)
             | DaemonError::Channels(_)
             | DaemonError::ShutdownFile(JobEndError::NoFolder { .. }) => EXIT_CONFIG,
+            DaemonError::NicsNotUp { source, .. } => source.exit_code(),
             _ => EXIT_FAILURE,
         }
     }

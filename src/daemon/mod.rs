@@ -17,6 +17,7 @@ pub mod notify;
 mod signals;
 mod startup;
 mod teardown;
+mod wait_nics;
 
 use std::future::Future;
 use std::io::Write;
@@ -37,7 +38,8 @@ use crate::types::topology::Topology;
 pub use backends::{select as select_backends, Backends};
 pub use error::{DaemonError, TeardownError, EXIT_CONFIG, EXIT_FAILURE};
 pub use events::StopReason;
-pub use signals::shutdown_on_signals;
+pub use signals::{shutdown_on_signals, HUP_IGNORED};
+pub use wait_nics::{load as load_config_waiting_for_nics, POLL as NIC_POLL};
 
 use events::next_fatal_event;
 use http_routes::Routes;
@@ -137,7 +139,8 @@ pub async fn run(
     {
         Ok(m) => m,
         Err(e) => {
-            tracing::error!(error = %e, "startup failed; undoing what was applied");
+            // The error itself is logged once, by the caller, when the process exits.
+            tracing::warn!("startup failed; undoing what was applied");
             notify::send(&notify::status(&format!("startup failed: {e}")));
             let _ = shutdown_tx.send(true);
             for err in node.teardown().await {
