@@ -212,7 +212,8 @@ pub fn ask(uds: &Path, request: &str) -> Result<Value, String> {
             uds.display()
         ),
         std::io::ErrorKind::PermissionDenied => format!(
-            "{}: permission denied: the sockets follow --socket_mode/--socket_group; run as root or a member of that group",
+            "{}: permission denied: it shows every client's flows, so only the daemon's user may read it \
+             (--status_socket_mode, 0600 by default); run as that user (root)",
             path.display()
         ),
         _ => format!("{}: {e}", path.display()),
