@@ -10,9 +10,11 @@
 //! - [`env`]: the variables, their reasons, and the output forms.
 //! - [`check`]: an environment against them.
 //! - [`file`]: the daemon's `nccl.env`, written atomically.
+//! - [`command`]: the `nccl-env` subcommand.
 
 pub mod bindings;
 pub mod check;
+pub mod command;
 pub mod cpus;
 pub mod env;
 pub mod file;
