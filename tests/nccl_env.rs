@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::sysfs::*;
+use common::Daemon;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tcpx-rxdm");
 
@@ -318,4 +319,39 @@ fn check_reads_the_process_environment_and_prints_fixes() {
         "{out}"
     );
     assert!(out.contains("    → NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX=/run/tcpx\n"), "{out}");
+}
+
+#[test]
+fn the_daemon_writes_the_file_once_ready_and_removes_it_at_shutdown() {
+    use std::os::unix::fs::MetadataExt;
+    let fs = a3_8g();
+    let sys = sysfs_arg(&fs);
+    let mut d = Daemon::start(&[&sys]);
+    let path = d.dir.path().join("nccl.env");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}; log:\n{}", d.log().join("\n")));
+    // The same as the command prints for the daemon's flags (sim NICs are named eth1..eth4).
+    let uds = format!("--uds_path={}", d.dir.path().display());
+    let (code, out, err) = run(&["nccl-env", "--gpu_nic_preset=sim", &sys, &uds], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(text, out);
+    let v = exports(&text);
+    assert_eq!(v["NCCL_GPUDIRECTTCPX_TX_BINDINGS"], TX_8G);
+    assert_eq!(v["NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX"], d.dir.path().display().to_string());
+    assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o640);
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(d.wait_exit(std::time::Duration::from_secs(10)).code(), Some(0));
+    assert!(!path.exists(), "nccl.env left behind");
+}
+
+#[test]
+fn a_daemon_on_a_node_it_cannot_read_runs_without_the_file() {
+    let empty = tempfile::tempdir().unwrap();
+    let sys = format!("--sysfs_root={}", empty.path().display());
+    let d = Daemon::start(&[&sys]);
+    assert!(!d.dir.path().join("nccl.env").exists());
+    assert!(
+        d.log().iter().any(|l| l.contains("NCCL settings not written") && l.contains("no control NIC")),
+        "{:?}",
+        d.log()
+    );
 }
