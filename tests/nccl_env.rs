@@ -355,3 +355,40 @@ fn a_daemon_on_a_node_it_cannot_read_runs_without_the_file() {
         d.log()
     );
 }
+
+/// `doctor --json` on sim NICs over the a3-highgpu-8g fixture with `env`;
+/// returns its "NCCL settings" checks as (name, status).
+fn doctor_nccl(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    let fs = a3_8g();
+    // doctor only reads: the folder need not exist.
+    let uds = "--uds_path=/run/tcpx-doctor-test";
+    let (_, out, err) = run(&["doctor", "--json", "--gpu_nic_preset=sim", &sysfs_arg(&fs), uds], env);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["section"] == "NCCL settings")
+        .map(|c| (c["name"].as_str().unwrap().to_string(), c["status"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+#[test]
+fn doctor_checks_the_nccl_settings_when_they_are_set() {
+    assert_eq!(doctor_nccl(&[]), [("environment".to_string(), "skip".to_string())]);
+    let vars = exports(&golden("nccl-a3-highgpu-8g.env"));
+    let env: Vec<(&str, &str)> = vars
+        .iter()
+        .filter(|(k, _)| *k != "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut ok = env.clone();
+    ok.push(("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", "/run/tcpx-doctor-test"));
+    assert_eq!(doctor_nccl(&ok), [("environment".to_string(), "pass".to_string())]);
+    let mut with_tmp = env.clone();
+    with_tmp.push(("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", "/tmp"));
+    assert_eq!(
+        doctor_nccl(&with_tmp),
+        [("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX".to_string(), "fail".to_string())]
+    );
+}

@@ -14,6 +14,7 @@ mod gpu;
 mod header_split;
 mod host;
 mod kernel;
+mod nccl;
 mod nic;
 mod node;
 mod report;
@@ -102,6 +103,7 @@ fn run(flags: &Flags) -> Report {
     check_kernel(&mut r, &ctx);
     check_gpus(&mut r, &mut ctx);
     check_host(&mut r, &ctx);
+    nccl::check_nccl(&mut r, &ctx);
     r
 }
 
