@@ -392,3 +392,29 @@ fn doctor_checks_the_nccl_settings_when_they_are_set() {
         [("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX".to_string(), "fail".to_string())]
     );
 }
+
+#[test]
+fn the_kubernetes_workloads_source_the_daemons_file_and_set_nothing_by_hand() {
+    for rel in ["tcpx-daemon-sidecar.yaml", "native-sidecar-job.yaml", "nccl-allgather.yaml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes").join(rel);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let job = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+            .find(|d| d["kind"] == "Job")
+            .unwrap();
+        let pod = &job["spec"]["template"]["spec"];
+        let workload =
+            &pod["containers"].as_sequence().unwrap().iter().find(|c| c["name"] != "tcpx-daemon").unwrap();
+        let script: Vec<&str> =
+            workload["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let script = script.join(" ");
+        assert!(script.contains(". /run/tcpx/nccl.env"), "{rel}: {script}");
+        let mounted =
+            workload["volumeMounts"].as_sequence().unwrap().iter().any(|m| m["mountPath"] == "/run/tcpx");
+        assert!(mounted, "{rel}: /run/tcpx not mounted");
+        for e in workload["env"].as_sequence().unwrap() {
+            let name = e["name"].as_str().unwrap();
+            assert!(!name.starts_with("NCCL_GPUDIRECTTCPX_"), "{rel}: {name} set by hand");
+        }
+    }
+}
