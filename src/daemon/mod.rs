@@ -8,6 +8,7 @@
 //! pass recording fakes and a channel.
 
 mod backends;
+pub(crate) mod datapath;
 mod debug_view;
 mod error;
 mod events;
@@ -153,6 +154,11 @@ pub async fn run(
     drop(events_tx); // monitors hold their own senders
     let state = node.state.clone().expect("set by startup");
     crate::endpoint::memory::spawn_trimmer(state.conn_limit.clone(), shutdown_rx.clone());
+    let health =
+        datapath::Datapath::new(&config.topology, backends.nic.clone(), metrics.clone(), Default::default());
+    let health = Arc::new(health);
+    let _ = routes.datapath.set(health.clone());
+    tokio::spawn(datapath::tick(health, shutdown_rx.clone()));
 
     // Before readiness is signalled, so a workload that waits for it finds the file.
     write_nccl_env(&config, gid.map(|g| g.as_raw()));
