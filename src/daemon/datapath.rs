@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
-use crate::nic::steering::{Episode, MissConfig, Sample, SteeringWatch};
+use crate::nic::steering_miss::{Episode, MissConfig, Sample, SteeringWatch};
 use crate::nic::NicControl;
 use crate::types::topology::Topology;
 

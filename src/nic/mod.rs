@@ -17,7 +17,7 @@ pub(crate) mod prime;
 pub mod queue_stats;
 mod recording;
 pub mod sim;
-pub mod steering;
+pub mod steering_miss;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
