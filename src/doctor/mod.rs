@@ -10,6 +10,7 @@
 //! socket-folder lock is tested with a non-blocking shared lock on a
 //! separately opened descriptor, released at once.
 
+mod datapath;
 mod gpu;
 mod header_split;
 mod host;
@@ -104,6 +105,7 @@ fn run(flags: &Flags) -> Report {
     check_gpus(&mut r, &mut ctx);
     check_host(&mut r, &ctx);
     nccl::check_nccl(&mut r, &ctx);
+    datapath::check_datapath(&mut r, &ctx);
     r
 }
 

@@ -142,6 +142,8 @@ pub async fn status_json(state: &ServerState) -> Value {
             "rules_by_queue": by_queue.iter().map(|(q, n)| json!({ "queue": q, "rules": n })).collect::<Vec<_>>(),
             "nic_rules": s.nic_rules.as_ref().map(|r| r.len()),
             "nic_error": s.nic_error,
+            "steering_miss": m.steering_miss.with_label_values(&[&s.ifname]).get() == 1,
+            "rx_bytes_by_role": m.rx_bytes_by_role(&s.ifname),
         }));
     }
     let clients: Vec<Value> = clients
@@ -281,6 +283,12 @@ pub fn status_text(v: &Value) -> String {
         );
         if let Some(e) = n["nic_error"].as_str() {
             out += &format!("    NIC listing failed: {e}\n");
+        }
+        let role = |r: &str| n["rx_bytes_by_role"][r].as_u64().map(human_bytes).unwrap_or_else(|| "?".into());
+        out +=
+            &format!("    received: {} on GPU queues, {} on host (RSS) queues\n", role("gpu"), role("rss"));
+        if n["steering_miss"].as_bool() == Some(true) {
+            out += "    STEERING MISS: rules are installed but traffic lands on the host queues, none on the GPU queues\n";
         }
     }
     out += "\nclients\n";
@@ -425,5 +433,26 @@ pub fn client_main(flags: &Flags, words: &[String], json: bool) -> u8 {
             eprintln!("tcpx-rxdm status: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steering_miss_is_shown_under_its_nic() {
+        let nic = |name: &str, miss: bool| {
+            json!({ "ifname": name, "rules": 3, "slots": 10, "slots_free": 7, "rules_by_queue": [],
+                    "steering_miss": miss, "rx_bytes_by_role": { "gpu": 2048, "rss": 0 } })
+        };
+        let v = json!({ "version": "x", "pid": 1, "ready": true, "uptime_seconds": 1.0,
+                        "nics": [nic("eth1", false), nic("eth2", true)] });
+        let text = status_text(&v);
+        let eth2 = text.split("  eth2:").nth(1).unwrap();
+        assert!(eth2.contains("    STEERING MISS: rules are installed"), "{text}");
+        let eth1 = text.split("  eth1:").nth(1).unwrap().split("  eth2:").next().unwrap();
+        assert!(eth1.contains("received: 2.0 KiB on GPU queues, 0 B on host (RSS) queues"), "{text}");
+        assert!(!eth1.contains("STEERING MISS"), "{text}");
     }
 }
