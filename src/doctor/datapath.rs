@@ -12,7 +12,7 @@ const SECTION: &str = "datapath (running daemon)";
 /// What to check when a NIC misses its steering.
 const MISS_FIX: &str = "check ntuple and header split on the NIC (`tcpx-rxdm doctor` above), that the \
      workload's NCCL_GPUDIRECTTCPX_SOCKET_IFNAME lists it (`tcpx-rxdm nccl-env --check`), and \
-     deploy/README.md's troubleshooting section";
+     docs/TROUBLESHOOTING.md";
 
 pub(super) fn check_datapath(r: &mut Report, ctx: &Ctx) {
     let Some(pid) = &ctx.daemon else {
@@ -68,6 +68,6 @@ mod tests {
         assert_eq!(lines[1].0, "eth2");
         assert_eq!(lines[1].1, Status::Fail);
         assert!(lines[1].2.starts_with("steering miss: 4 rules installed"), "{}", lines[1].2);
-        assert!(lines[1].3.as_deref().is_some_and(|f| f.contains("troubleshooting")));
+        assert!(lines[1].3.as_deref().is_some_and(|f| f.contains("docs/TROUBLESHOOTING.md")));
     }
 }
