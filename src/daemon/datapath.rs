@@ -186,39 +186,46 @@ mod tests {
             .contains(r#"tcpx_rxdm_queue_rx_bytes_total{nic="eth1",queue="9",role="gpu"} 500"#));
     }
 
-    /// Drives `secs` seconds of RSS (and GPU) traffic on eth2 with `rules` installed.
-    fn drive(
-        sim: &SimNic,
-        m: &Metrics,
-        dp: &Datapath,
-        t: &mut Instant,
-        secs: u32,
-        rules: i64,
-        rss: u64,
-        gpu: u64,
-    ) {
-        m.rules_installed.with_label_values(&["eth2"]).set(rules);
-        for _ in 0..secs {
-            *t += Duration::from_secs(1);
-            sim.receive("eth2", 3, rss);
-            sim.receive("eth2", 12, gpu);
-            dp.refresh(*t);
+    /// The daemon's NICs on a fake clock.
+    struct Rig {
+        sim: Arc<SimNic>,
+        m: Arc<Metrics>,
+        dp: Datapath,
+        t: Instant,
+    }
+
+    impl Rig {
+        /// `secs` seconds of `rss` and `gpu` bytes a second on eth2, with `rules` installed.
+        fn drive(&mut self, secs: u32, rules: i64, rss: u64, gpu: u64) {
+            self.m.rules_installed.with_label_values(&["eth2"]).set(rules);
+            for _ in 0..secs {
+                self.t += Duration::from_secs(1);
+                self.sim.receive("eth2", 3, rss);
+                self.sim.receive("eth2", 12, gpu);
+                self.dp.refresh(self.t);
+            }
+        }
+
+        fn miss(&self, nic: &str) -> i64 {
+            self.m.steering_miss.with_label_values(&[nic]).get()
         }
     }
 
     #[test]
     fn a_sim_miss_is_flagged_within_the_window_and_cleared_when_gpu_queues_receive() {
-        let (sim, m, dp, mut t) = setup();
-        let miss = || m.steering_miss.with_label_values(&["eth2"]).get();
+        let (sim, m, dp, t) = setup();
         dp.refresh(t);
-        drive(&sim, &m, &dp, &mut t, 30, 4, 0, 0);
-        assert_eq!(miss(), 0, "idle with rules");
-        drive(&sim, &m, &dp, &mut t, 30, 0, 50_000_000, 0);
-        assert_eq!(miss(), 0, "busy host queues without rules");
-        drive(&sim, &m, &dp, &mut t, 10, 4, 50_000_000, 0);
-        assert_eq!(miss(), 1, "within the 10 s window");
-        assert_eq!(m.steering_miss.with_label_values(&["eth1"]).get(), 0);
-        drive(&sim, &m, &dp, &mut t, 1, 4, 50_000_000, 1_000_000);
-        assert_eq!(miss(), 0, "GPU queues receive");
+        let mut r = Rig { sim, m, dp, t };
+        r.drive(30, 4, 0, 0);
+        assert_eq!(r.miss("eth2"), 0, "idle with rules");
+        r.drive(30, 0, 50_000_000, 0);
+        assert_eq!(r.miss("eth2"), 0, "busy host queues without rules");
+        r.drive(9, 4, 50_000_000, 0);
+        assert_eq!(r.miss("eth2"), 0, "not before a whole window");
+        r.drive(1, 4, 50_000_000, 0);
+        assert_eq!(r.miss("eth2"), 1, "within the 10 s window");
+        assert_eq!(r.miss("eth1"), 0);
+        r.drive(1, 4, 50_000_000, 1_000_000);
+        assert_eq!(r.miss("eth2"), 0, "GPU queues receive");
     }
 }

@@ -7,9 +7,9 @@
 //! - [`sysfs`]: what is read of the node (NUMA node per NIC, CPUs per node,
 //!   SMT siblings, interfaces), behind [`NodeView`].
 //! - [`bindings`]: the rule that picks each NIC's TX and RX CPUs.
-//! - [`env`]: the variables, their reasons, and the output forms.
+//! - [`mod@env`]: the variables, their reasons, and the output forms.
 //! - [`check`]: an environment against them.
-//! - [`file`]: the daemon's `nccl.env`, written atomically.
+//! - [`mod@file`]: the daemon's `nccl.env`, written atomically.
 //! - [`command`]: the `nccl-env` subcommand.
 
 pub mod bindings;

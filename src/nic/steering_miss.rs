@@ -77,12 +77,14 @@ impl SteeringWatch {
     pub fn observe(&mut self, nic: &str, s: Sample) -> Option<Episode> {
         let cfg = self.cfg;
         let st = self.nics.entry(nic.to_string()).or_default();
-        // Counters that went back (driver reset, NIC re-created) start a new history.
-        if st
+        // Counters that went back (driver reset, NIC re-created) start a new
+        // history; so does a time without rules: host traffic from before the
+        // rules is no miss, so the window starts when they appear.
+        let went_back = st
             .samples
             .back()
-            .is_some_and(|b| s.rss_bytes < b.rss_bytes || s.gpu_bytes < b.gpu_bytes || s.at < b.at)
-        {
+            .is_some_and(|b| s.rss_bytes < b.rss_bytes || s.gpu_bytes < b.gpu_bytes || s.at < b.at);
+        if s.rules == 0 || went_back {
             st.samples.clear();
         }
         let gpu_moved = st.samples.back().is_some_and(|b| s.gpu_bytes > b.gpu_bytes);
@@ -207,6 +209,14 @@ mod tests {
         assert_eq!(d.run(11, 5, BUSY, 0).len(), 1);
         let ep = d.run(11, 5, 0, 0);
         assert_eq!(ep, [Episode::Ended { nic: "eth1".into(), reason: "host queues quiet" }]);
+    }
+
+    #[test]
+    fn the_window_starts_when_rules_appear() {
+        let mut d = Drive::new();
+        assert_eq!(d.run(30, 0, BUSY, 0), []);
+        assert_eq!(d.run(9, 5, BUSY, 0), [], "host traffic from before the rules does not count");
+        assert_eq!(d.run(1, 5, BUSY, 0).len(), 1);
     }
 
     #[test]
