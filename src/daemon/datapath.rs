@@ -75,24 +75,27 @@ impl Datapath {
         }
         inner.last_read = Some(now);
         for n in &self.nics {
-            let counts: HashMap<u32, u64> = match self.nic.queue_rx_bytes(&n.ifname) {
+            let read = self.nic.queue_rx_bytes(&n.ifname).map_err(|e| e.to_string()).and_then(|c| {
+                match c.is_empty() {
+                    true => Err("the driver reports no per-queue receive counters".to_string()),
+                    false => Ok(c),
+                }
+            });
+            let counts: HashMap<u32, u64> = match read {
                 Ok(c) => {
                     if inner.unreadable.remove(&n.ifname).is_some() {
                         tracing::info!(nic = %n.ifname, "per-queue receive counters readable again");
                     }
                     c.into_iter().collect()
                 }
-                Err(e) => {
-                    let msg = e.to_string();
+                Err(msg) => {
+                    // Once per NIC and cause, not once a second.
                     if inner.unreadable.insert(n.ifname.clone(), msg.clone()).as_ref() != Some(&msg) {
                         tracing::warn!(nic = %n.ifname, error = %msg, "no per-queue receive counters; steering misses cannot be seen");
                     }
                     continue;
                 }
             };
-            if counts.is_empty() {
-                continue;
-            }
             let mut sum = |queues: &[u32], role: &str| -> u64 {
                 let mut total = 0;
                 for q in queues {
@@ -227,5 +230,23 @@ mod tests {
         assert_eq!(r.miss("eth1"), 0);
         r.drive(1, 4, 50_000_000, 1_000_000);
         assert_eq!(r.miss("eth2"), 0, "GPU queues receive");
+    }
+
+    #[test]
+    fn a_failed_read_counts_nothing_and_the_next_read_catches_up() {
+        let (sim, m, dp, t) = setup();
+        // Every per-queue read fails (the sim counts them as `stat` calls).
+        sim.inject(crate::nic::sim::Fault {
+            op: crate::nic::NicOp::Stat,
+            errno: nix::errno::Errno::EIO,
+            trigger: crate::nic::sim::Trigger::Probability(1.0),
+        });
+        sim.receive("eth3", 0, 77);
+        dp.refresh(t);
+        assert_eq!(sample(&m, "eth3", 0, "rss"), 0);
+        sim.clear_faults();
+        dp.refresh(t + MIN_READ_INTERVAL);
+        assert_eq!(sample(&m, "eth3", 0, "rss"), 77);
+        assert_eq!(m.steering_miss.with_label_values(&["eth3"]).get(), 0);
     }
 }
