@@ -123,9 +123,10 @@ fn bool_opt(flag: &str, name: &str) -> Option<Result<bool, String>> {
 fn split_sub_args(cmd: &str, args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
     let mut opts = SubOpts { json: false, words: Vec::new(), format: None, check: false, env_file: None };
     let mut rest = Vec::new();
-    let mut it = args.into_iter().peekable();
+    let mut it = args.into_iter();
     rest.extend(it.next());
     let mut value_next = false;
+    let nccl = cmd == "nccl-env";
     while let Some(a) = it.next() {
         let flag = a.trim_start_matches('-');
         if value_next {
@@ -133,7 +134,6 @@ fn split_sub_args(cmd: &str, args: Vec<String>) -> Result<(SubOpts, Vec<String>)
             rest.push(a);
             continue;
         }
-        let nccl = cmd == "nccl-env";
         if a.starts_with('-') {
             let (name, inline) = match flag.split_once('=') {
                 Some((n, v)) => (n, Some(v.to_string())),
