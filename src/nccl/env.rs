@@ -19,10 +19,9 @@ pub const RX_BINDINGS: &str = "NCCL_GPUDIRECTTCPX_RX_BINDINGS";
 pub const UNIX_CLIENT_PREFIX: &str = "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX";
 pub const REPORT_LIFECYCLE: &str = "NCCL_GPUDIRECTTCPX_REPORT_LIFECYCLE";
 
-/// The longest socket folder (`UNIX_CLIENT_PREFIX`) the NCCL plugin accepts:
-/// it appends its socket names to the folder inside the 108-byte Unix socket
-/// address.
-pub const MAX_PREFIX_LEN: usize = 76;
+/// The longest socket folder (`UNIX_CLIENT_PREFIX`) the NCCL plugin can use;
+/// the daemon's `--uds_path` is held to the same limit.
+pub const MAX_PREFIX_LEN: usize = crate::config::flags::UDS_PATH_MAX;
 
 /// The ConfigMap's name in `--format=configmap`.
 pub const CONFIGMAP_NAME: &str = "tcpx-nccl-env";

@@ -435,24 +435,3 @@ pub fn client_main(flags: &Flags, words: &[String], json: bool) -> u8 {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_steering_miss_is_shown_under_its_nic() {
-        let nic = |name: &str, miss: bool| {
-            json!({ "ifname": name, "rules": 3, "slots": 10, "slots_free": 7, "rules_by_queue": [],
-                    "steering_miss": miss, "rx_bytes_by_role": { "gpu": 2048, "rss": 0 } })
-        };
-        let v = json!({ "version": "x", "pid": 1, "ready": true, "uptime_seconds": 1.0,
-                        "nics": [nic("eth1", false), nic("eth2", true)] });
-        let text = status_text(&v);
-        let eth2 = text.split("  eth2:").nth(1).unwrap();
-        assert!(eth2.contains("    STEERING MISS: rules are installed"), "{text}");
-        let eth1 = text.split("  eth1:").nth(1).unwrap().split("  eth2:").next().unwrap();
-        assert!(eth1.contains("received: 2.0 KiB on GPU queues, 0 B on host (RSS) queues"), "{text}");
-        assert!(!eth1.contains("STEERING MISS"), "{text}");
-    }
-}
