@@ -13,7 +13,8 @@
 //! - [`rules`]: rule bookkeeping (slots, queue loads, flow keys) and the
 //!   per-NIC rule engine.
 //! - [`config`]: flags (the only user of clap), presets, discovery.
-//! - [`metrics`]: the Prometheus registry.
+//! - [`metrics`], [`nccl`] (side by side): the Prometheus registry; the NCCL
+//!   plugin's settings for this node (`tcpx-rxdm nccl-env`, `nccl.env`).
 //! - [`identity`], [`endpoint`] (side by side): who a client is (peer
 //!   credentials, pidfds, leases); what every client endpoint shares (socket
 //!   names, the connection budget, accept back-off, memory give-back).
@@ -35,6 +36,7 @@ pub mod gpu;
 pub mod host;
 pub mod identity;
 pub mod metrics;
+pub mod nccl;
 pub mod netlink;
 pub mod nic;
 pub mod rules;

@@ -1,6 +1,6 @@
 //! `tcpx-rxdm`: argv normalisation, flags, logging, run, exit code; the
-//! `doctor` and `status` subcommands (dispatched on the first argument, before
-//! the daemon's flags are parsed, and sharing them).
+//! `doctor`, `status` and `nccl-env` subcommands (dispatched on the first
+//! argument, before the daemon's flags are parsed, and sharing them).
 
 use std::process::ExitCode;
 
@@ -10,7 +10,8 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
-    if let Some(cmd) = args.get(1).filter(|a| *a == "doctor" || *a == "status").cloned() {
+    if let Some(cmd) = args.get(1).filter(|a| ["doctor", "status", "nccl-env"].contains(&a.as_str())).cloned()
+    {
         args.remove(1);
         return subcommand(&cmd, args);
     }
@@ -95,17 +96,38 @@ struct SubOpts {
     json: bool,
     /// Positional words (`status flows`).
     words: Vec<String>,
+    /// `nccl-env` only: `--format`, `--check`, `--env-file`.
+    format: Option<String>,
+    check: bool,
+    env_file: Option<String>,
 }
 
-/// Takes `--json` (absl forms too) and positional words out of `args`
-/// (program name first); the rest are the daemon's flags.
-fn split_sub_args(args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
-    let mut opts = SubOpts { json: false, words: Vec::new() };
+/// A boolean option's value in its absl forms (`--x`, `--x=true|1`, `--nox`,
+/// `--x=false|0`), if `flag` (without dashes) is option `name`.
+fn bool_opt(flag: &str, name: &str) -> Option<Result<bool, String>> {
+    if flag == name {
+        return Some(Ok(true));
+    }
+    if flag.strip_prefix("no") == Some(name) {
+        return Some(Ok(false));
+    }
+    match flag.strip_prefix(name)?.strip_prefix('=')? {
+        "true" | "1" => Some(Ok(true)),
+        "false" | "0" => Some(Ok(false)),
+        v => Some(Err(format!("--{name}: invalid value {v:?}"))),
+    }
+}
+
+/// Takes `--json` (absl forms too), `nccl-env`'s options and positional words
+/// out of `args` (program name first); the rest are the daemon's flags.
+fn split_sub_args(cmd: &str, args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
+    let mut opts = SubOpts { json: false, words: Vec::new(), format: None, check: false, env_file: None };
     let mut rest = Vec::new();
     let mut it = args.into_iter();
     rest.extend(it.next());
     let mut value_next = false;
-    for a in it {
+    let nccl = cmd == "nccl-env";
+    while let Some(a) = it.next() {
         let flag = a.trim_start_matches('-');
         if value_next {
             value_next = false;
@@ -113,10 +135,22 @@ fn split_sub_args(args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
             continue;
         }
         if a.starts_with('-') {
+            let (name, inline) = match flag.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (flag, None),
+            };
+            let mut value = |name: &str| -> Result<String, String> {
+                inline.clone().or_else(|| it.next()).ok_or_else(|| format!("--{name} needs a value"))
+            };
             match flag {
-                "json" | "json=true" | "json=1" => opts.json = true,
-                "json=false" | "json=0" | "nojson" => opts.json = false,
-                f if f.starts_with("json=") => return Err(format!("--json: invalid value {:?}", &f[5..])),
+                f if bool_opt(f, "json").is_some() => opts.json = bool_opt(f, "json").expect("matched")?,
+                f if nccl && bool_opt(f, "check").is_some() => {
+                    opts.check = bool_opt(f, "check").expect("matched")?
+                }
+                _ if nccl && name == "format" => opts.format = Some(value("format")?),
+                _ if nccl && (name == "env-file" || name == "env_file") => {
+                    opts.env_file = Some(value("env-file")?)
+                }
                 f => {
                     // A value in the next word for non-boolean flags (`--uds_path /x`).
                     let boolean = tcpx_rxdm::config::flags::BOOL_FLAGS;
@@ -145,7 +179,7 @@ fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
     let _ = unsafe {
         nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
     };
-    let (opts, rest) = match split_sub_args(args) {
+    let (opts, rest) = match split_sub_args(cmd, args) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("tcpx-rxdm {cmd}: {e}");
@@ -157,6 +191,12 @@ fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
             "doctor" => println!(
                 "Usage: tcpx-rxdm doctor [--json] [DAEMON FLAGS]\n\nRead-only checks of this node for the \
                  daemon's flags; exit 0 ready, 1 not ready, 2 bad flags. The daemon's flags:\n"
+            ),
+            "nccl-env" => println!(
+                "Usage: tcpx-rxdm nccl-env [--format=env|json|configmap] [DAEMON FLAGS]\n       tcpx-rxdm \
+                 nccl-env --check [--env-file=FILE] [--json] [DAEMON FLAGS]\n\nPrints the NCCL plugin's \
+                 settings for this node and the daemon these flags describe, or checks the environment \
+                 (or FILE) against them; exit 0 fine, 1 problems found, 2 bad flags. The daemon's flags:\n"
             ),
             _ => println!(
                 "Usage: tcpx-rxdm status [flows] [--json] [--uds_path=DIR]\n\nAsks the daemon serving \
@@ -182,6 +222,34 @@ fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
             }
             ExitCode::from(tcpx_rxdm::doctor::main(&flags, opts.json))
         }
+        "nccl-env" => match nccl_options(opts) {
+            Ok(o) => ExitCode::from(tcpx_rxdm::nccl::command::main(&flags, &o)),
+            Err(e) => {
+                eprintln!("tcpx-rxdm nccl-env: {e}");
+                ExitCode::from(2)
+            }
+        },
         _ => ExitCode::from(tcpx_rxdm::server::status::client_main(&flags, &opts.words, opts.json)),
     }
+}
+
+/// `nccl-env`'s options, checked for consistency.
+fn nccl_options(opts: SubOpts) -> Result<tcpx_rxdm::nccl::command::Options, String> {
+    use tcpx_rxdm::nccl::command::{Format, Options};
+    if let Some(w) = opts.words.first() {
+        return Err(format!("unexpected argument {w:?}"));
+    }
+    let format = match opts.format.as_deref() {
+        None => Format::Env,
+        Some(f) => Format::from_name(f).ok_or_else(|| {
+            format!("--format: invalid value {f:?} (expected one of {})", Format::NAMES.join(", "))
+        })?,
+    };
+    if !opts.check && (opts.env_file.is_some() || opts.json) {
+        return Err("--env-file and --json go with --check (for JSON output use --format=json)".into());
+    }
+    if opts.check && opts.format.is_some() {
+        return Err("--format does not go with --check (use --json)".into());
+    }
+    Ok(Options { format, check: opts.check, env_file: opts.env_file.map(Into::into), json: opts.json })
 }

@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["nic", "host", "gpu"],
     &["rules"],
     &["config"],
-    &["metrics"],
+    &["metrics", "nccl"],
     &["identity", "endpoint"],
     &["steering"],
     &["server"],

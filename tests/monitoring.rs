@@ -101,6 +101,8 @@ fn dashboard_and_alerts_name_only_metrics_the_daemon_exports() {
         "tcpx_rxdm_registered_applications",
         "tcpx_rxdm_pool_size_bytes",
         "tcpx_rxdm_nic_op_failures_total",
+        "tcpx_rxdm_queue_rx_bytes_total",
+        "tcpx_rxdm_steering_miss",
     ] {
         assert!(dash_names.contains(want), "dashboard lacks {want}");
     }
@@ -114,7 +116,12 @@ fn dashboard_and_alerts_name_only_metrics_the_daemon_exports() {
         }
     }
     let alert_names: BTreeSet<String> = rules.iter().flat_map(|r| metric_names(&r.body)).collect();
-    for want in ["tcpx_rxdm_ready", "tcpx_rxdm_rule_slots", "tcpx_rxdm_nic_op_failures_total"] {
+    for want in [
+        "tcpx_rxdm_ready",
+        "tcpx_rxdm_rule_slots",
+        "tcpx_rxdm_nic_op_failures_total",
+        "tcpx_rxdm_steering_miss",
+    ] {
         assert!(alert_names.contains(want), "no alert on {want}");
     }
 

@@ -195,7 +195,7 @@ fn read_hex(path: &Path) -> Result<u32, DiscoveryError> {
 }
 
 /// Orders names with embedded numbers by value: `eth2 < eth10`.
-fn natural_cmp(a: &str, b: &str) -> Ordering {
+pub(crate) fn natural_cmp(a: &str, b: &str) -> Ordering {
     let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
     loop {
         match (a.first(), b.first()) {

@@ -27,6 +27,8 @@ pub struct Routes {
     pub ready: AtomicBool,
     pub state: OnceLock<Arc<ServerState>>,
     pub config_json: OnceLock<String>,
+    /// Per-queue counters, refreshed when `/metrics` is scraped (set once the NICs are up).
+    pub datapath: OnceLock<Arc<super::datapath::Datapath>>,
     debug: DebugAccess,
     flows_turns: Arc<Semaphore>,
 }
@@ -38,6 +40,7 @@ impl Routes {
             ready: AtomicBool::new(false),
             state: OnceLock::new(),
             config_json: OnceLock::new(),
+            datapath: OnceLock::new(),
             debug: DebugAccess::Local,
             flows_turns: Arc::new(Semaphore::new(DEBUG_FLOWS_AT_ONCE)),
         }
@@ -90,11 +93,16 @@ impl Handler for Routes {
             }
         }
         match path {
-            "/metrics" => Response {
-                status: 200,
-                content_type: "text/plain; version=0.0.4; charset=utf-8",
-                body: crate::server::http::Body::Full(self.metrics.render()),
-            },
+            "/metrics" => {
+                if let Some(dp) = self.datapath.get() {
+                    dp.refresh_async().await;
+                }
+                Response {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body: crate::server::http::Body::Full(self.metrics.render()),
+                }
+            }
             "/healthz" => Response::text(200, "ok\n"),
             "/readyz" => match self.ready.load(Ordering::SeqCst) {
                 true => Response::text(200, "ready\n"),

@@ -8,6 +8,7 @@
 //! pass recording fakes and a channel.
 
 mod backends;
+pub(crate) mod datapath;
 mod debug_view;
 mod error;
 mod events;
@@ -153,7 +154,14 @@ pub async fn run(
     drop(events_tx); // monitors hold their own senders
     let state = node.state.clone().expect("set by startup");
     crate::endpoint::memory::spawn_trimmer(state.conn_limit.clone(), shutdown_rx.clone());
+    let health =
+        datapath::Datapath::new(&config.topology, backends.nic.clone(), metrics.clone(), Default::default());
+    let health = Arc::new(health);
+    let _ = routes.datapath.set(health.clone());
+    tokio::spawn(datapath::tick(health, shutdown_rx.clone()));
 
+    // Before readiness is signalled, so a workload that waits for it finds the file.
+    write_nccl_env(&config, gid.map(|g| g.as_raw()));
     if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
         if let Err(e) = write_health_line(&path) {
             tracing::warn!(path, error = %e, "could not write HEALTH_CHECK_LOG_FILE");
@@ -190,6 +198,10 @@ pub async fn run(
     }
     drop(monitor);
     routes.set_ready(false);
+    // Removed while the folder's lock is still held, so a successor's file is never hit.
+    if let Err(e) = crate::nccl::file::remove(&flags.uds_path) {
+        tracing::warn!(error = %e, "could not remove {}", crate::nccl::file::FILE_NAME);
+    }
     // Requests not yet started get UNAVAILABLE from here on.
     state.stopping.store(true, Ordering::Release);
     let _ = shutdown_tx.send(true);
@@ -210,6 +222,23 @@ pub async fn run(
         // The NIC failed under us: restored, but not a clean exit.
         StopReason::Nic(_) => Err(DaemonError::NicFailed(reason)),
         _ => Ok(()),
+    }
+}
+
+/// Writes `<uds_path>/nccl.env` (the NCCL plugin's settings for this node
+/// and daemon); a node whose layout cannot be read gets a warning, not a failure.
+fn write_nccl_env(config: &Config, gid: Option<u32>) {
+    let flags = &config.flags;
+    let view = crate::nccl::Sysfs::new(&flags.sysfs_root());
+    let written = crate::nccl::generate(&view, &config.topology, &flags.uds_path)
+        .map_err(|e| e.to_string())
+        .and_then(|env| {
+            crate::nccl::file::write(&flags.uds_path, &env.to_env(), flags.socket_mode, gid)
+                .map_err(|e| e.to_string())
+        });
+    match written {
+        Ok(path) => tracing::info!(path = %path.display(), "NCCL settings written"),
+        Err(error) => tracing::warn!(error, "NCCL settings not written; `tcpx-rxdm nccl-env` says why"),
     }
 }
 

@@ -10,10 +10,12 @@
 //! socket-folder lock is tested with a non-blocking shared lock on a
 //! separately opened descriptor, released at once.
 
+mod datapath;
 mod gpu;
 mod header_split;
 mod host;
 mod kernel;
+mod nccl;
 mod nic;
 mod node;
 mod report;
@@ -102,6 +104,8 @@ fn run(flags: &Flags) -> Report {
     check_kernel(&mut r, &ctx);
     check_gpus(&mut r, &mut ctx);
     check_host(&mut r, &ctx);
+    nccl::check_nccl(&mut r, &ctx);
+    datapath::check_datapath(&mut r, &ctx);
     r
 }
 

@@ -155,6 +155,16 @@ impl Metrics {
                 "Constant 1 per managed NIC, labelled with its header-split family and queue binder.",
                 &["nic", "header_split", "binder"],
             ),
+            queue_rx_bytes: counter(
+                "tcpx_rxdm_queue_rx_bytes_total",
+                "Bytes received per NIC receive queue; role gpu (bound to a pool) or rss (host queues).",
+                &["nic", "queue", "role"],
+            ),
+            steering_miss: gauge(
+                "tcpx_rxdm_steering_miss",
+                "1 while rules are installed but traffic lands on the host (RSS) queues and none on GPU queues.",
+                &["nic"],
+            ),
             recent: Mutex::new(VecDeque::with_capacity(RECENT_ERRORS)),
             started: std::time::Instant::now(),
             rule_series: RuleSeries {
@@ -203,6 +213,12 @@ impl Metrics {
             self.pool_bytes.with_label_values(&[&gpu.pci.to_string()]);
             for q in &gpu.queues {
                 self.rules_by_queue.with_label_values(&[nic.ifname.as_str(), &q.to_string()]);
+                self.queue_rx_bytes.with_label_values(&[nic.ifname.as_str(), &q.to_string(), "gpu"]);
+            }
+        }
+        for nic in &topo.nics {
+            for q in 0..topo.rss_set_size {
+                self.queue_rx_bytes.with_label_values(&[nic.ifname.as_str(), &q.to_string(), "rss"]);
             }
         }
     }
@@ -216,6 +232,7 @@ impl Metrics {
             self.foreign_slots.with_label_values(&[nic]);
             self.rule_deletes_pending.with_label_values(&[nic]);
             self.rule_delete_retries.with_label_values(&[nic]);
+            self.steering_miss.with_label_values(&[nic]);
             for kind in LINK_EVENT_KINDS {
                 self.link_events.with_label_values(&[nic, kind]);
             }
@@ -267,6 +284,9 @@ mod tests {
             "tcpx_rxdm_ready 0",
             r#"tcpx_rxdm_pool_size_bytes{gpu="0000:8b:00.0"} 0"#,
             r#"tcpx_rxdm_rules_by_queue{nic="eth4",queue="15"} 0"#,
+            r#"tcpx_rxdm_queue_rx_bytes_total{nic="eth1",queue="0",role="rss"} 0"#,
+            r#"tcpx_rxdm_queue_rx_bytes_total{nic="eth4",queue="15",role="gpu"} 0"#,
+            r#"tcpx_rxdm_steering_miss{nic="eth3"} 0"#,
         ] {
             assert!(text.contains(want), "{want} missing");
         }

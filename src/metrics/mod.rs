@@ -104,6 +104,12 @@ pub struct Metrics {
     pub foreign_slots: IntGaugeVec,
     pub rule_deletes_pending: IntGaugeVec,
     pub rule_delete_retries: IntCounterVec,
+    /// Bytes each receive queue got, by NIC, queue and role (`gpu`: bound to
+    /// a pool; `rss`: the host's queues), read from the NIC when scraped.
+    pub queue_rx_bytes: IntCounterVec,
+    /// 1 while a NIC's steering misses: rules installed, host queues busy,
+    /// GPU queues silent.
+    pub steering_miss: IntGaugeVec,
     rule_series: RuleSeries,
     recent: Mutex<VecDeque<RecentError>>,
     started: std::time::Instant,

@@ -53,11 +53,41 @@ impl Metrics {
     pub fn recent_errors(&self) -> Vec<RecentError> {
         self.recent.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
+
+    /// `nic`'s received bytes summed by queue role (`gpu`, `rss`), as last
+    /// read from the NIC.
+    pub fn rx_bytes_by_role(&self, nic: &str) -> std::collections::BTreeMap<String, u64> {
+        use prometheus::core::Collector;
+        let mut out = std::collections::BTreeMap::new();
+        for family in self.queue_rx_bytes.collect() {
+            for m in family.get_metric() {
+                let label = |name: &str| m.get_label().iter().find(|l| l.name() == name).map(|l| l.value());
+                if label("nic") == Some(nic) {
+                    let role = label("role").unwrap_or("?").to_string();
+                    *out.entry(role).or_default() += m.get_counter().get_value() as u64;
+                }
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn received_bytes_sum_by_role_per_nic() {
+        let m = Metrics::new();
+        m.queue_rx_bytes.with_label_values(&["eth1", "0", "rss"]).inc_by(5);
+        m.queue_rx_bytes.with_label_values(&["eth1", "1", "rss"]).inc_by(6);
+        m.queue_rx_bytes.with_label_values(&["eth1", "8", "gpu"]).inc_by(7);
+        m.queue_rx_bytes.with_label_values(&["eth2", "8", "gpu"]).inc_by(100);
+        let by = m.rx_bytes_by_role("eth1");
+        assert_eq!(by.get("rss"), Some(&11));
+        assert_eq!(by.get("gpu"), Some(&7));
+        assert!(m.rx_bytes_by_role("eth9").is_empty());
+    }
     use crate::nic::NicOp;
     use nix::errno::Errno;
 

@@ -14,8 +14,10 @@ pub mod ethtool;
 mod header_split;
 pub(crate) mod monitor;
 pub(crate) mod prime;
+pub mod queue_stats;
 mod recording;
 pub mod sim;
+pub mod steering_miss;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -201,6 +203,11 @@ pub trait NicInfo {
     fn channels(&self, ifname: &str) -> NicResult<u32>;
     /// One driver statistic by name (e.g. `reset_cnt`); `None` if the driver has no such stat.
     fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>>;
+    /// Bytes received so far by each receive queue (`(queue, bytes)`, by
+    /// queue); empty when the driver does not count per queue.
+    fn queue_rx_bytes(&self, ifname: &str) -> NicResult<queue_stats::QueueBytes> {
+        Err(NicError::new(ifname, NicOp::Stat, Errno::EOPNOTSUPP))
+    }
 }
 
 /// The NIC's flow-steering rule table (ntuple rules).

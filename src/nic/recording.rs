@@ -217,6 +217,12 @@ impl NicInfo for RecordingNic {
     fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
         self.call(NicCall::Stat { ifname: ifname.into(), name: name.into() }, |s| s.stat(ifname, name))
     }
+
+    /// Passed through unrecorded: health metrics read it on their own clock,
+    /// and the recorded sequence is the daemon's changes and their checks.
+    fn queue_rx_bytes(&self, ifname: &str) -> NicResult<crate::nic::queue_stats::QueueBytes> {
+        self.sim.queue_rx_bytes(ifname)
+    }
 }
 
 impl RuleControl for RecordingNic {

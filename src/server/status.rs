@@ -142,6 +142,8 @@ pub async fn status_json(state: &ServerState) -> Value {
             "rules_by_queue": by_queue.iter().map(|(q, n)| json!({ "queue": q, "rules": n })).collect::<Vec<_>>(),
             "nic_rules": s.nic_rules.as_ref().map(|r| r.len()),
             "nic_error": s.nic_error,
+            "steering_miss": m.steering_miss.with_label_values(&[&s.ifname]).get() == 1,
+            "rx_bytes_by_role": m.rx_bytes_by_role(&s.ifname),
         }));
     }
     let clients: Vec<Value> = clients
@@ -282,6 +284,12 @@ pub fn status_text(v: &Value) -> String {
         );
         if let Some(e) = n["nic_error"].as_str() {
             out += &format!("    NIC listing failed: {e}\n");
+        }
+        let role = |r: &str| n["rx_bytes_by_role"][r].as_u64().map(human_bytes).unwrap_or_else(|| "?".into());
+        out +=
+            &format!("    received: {} on GPU queues, {} on host (RSS) queues\n", role("gpu"), role("rss"));
+        if n["steering_miss"].as_bool() == Some(true) {
+            out += "    STEERING MISS: rules are installed but traffic lands on the host queues, none on the GPU queues\n";
         }
     }
     out += "\nclients\n";

@@ -98,3 +98,36 @@ pub fn a3_highgpu_8g() -> FakeSysfs {
     fs.virtual_if("lo").virtual_if("veth1a2b3c");
     fs
 }
+
+impl FakeSysfs {
+    /// Sets the NUMA node of `ifname`'s device (`-1`: none reported).
+    pub fn numa_node(&self, ifname: &str, node: i32) -> &Self {
+        fs::write(self.root().join("class/net").join(ifname).join("device/numa_node"), format!("{node}\n"))
+            .unwrap();
+        self
+    }
+
+    /// CPUs as a GCE VM numbers them: `nodes` NUMA nodes of `cores` two-thread
+    /// cores each, the first threads of every core of the machine first, then
+    /// their siblings (`cpu + nodes * cores`). Writes each node's `cpulist`,
+    /// each CPU's `thread_siblings_list` and `cpu/online`.
+    pub fn gce_cpus(&self, nodes: u32, cores: u32) -> &Self {
+        let total = nodes * cores;
+        let sys = self.root().join("devices/system");
+        for n in 0..nodes {
+            let (a, b) = (n * cores, (n + 1) * cores - 1);
+            let dir = sys.join(format!("node/node{n}"));
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("cpulist"), format!("{a}-{b},{}-{}\n", a + total, b + total)).unwrap();
+        }
+        for c in 0..total {
+            for cpu in [c, c + total] {
+                let dir = sys.join(format!("cpu/cpu{cpu}/topology"));
+                fs::create_dir_all(&dir).unwrap();
+                fs::write(dir.join("thread_siblings_list"), format!("{c},{}\n", c + total)).unwrap();
+            }
+        }
+        fs::write(sys.join("cpu/online"), format!("0-{}\n", 2 * total - 1)).unwrap();
+        self
+    }
+}

@@ -19,6 +19,7 @@ use nix::errno::Errno;
 
 use self::genl::Channels;
 use self::ioctl::{EthtoolIoctl, EthtoolRxnfc, ETH_SS_STATS, RX_CLS_LOC_SPECIAL};
+use super::queue_stats::{self, QueueBytes};
 use super::{
     DataSplit, FlowSpec, NicCapabilities, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup,
     RuleControl, RxRing,
@@ -51,6 +52,8 @@ pub struct EthtoolNic {
     ioctl: EthtoolIoctl,
     /// `ETH_SS_FEATURES`: the kernel's feature names, the same for every device.
     feature_names: OnceLock<Vec<String>>,
+    /// The netdev family's id, `None` on kernels without it (asked once).
+    netdev_family: OnceLock<Option<u16>>,
 }
 
 fn nl_err(ifname: &str, op: NicOp, e: NlError) -> NicError {
@@ -92,6 +95,7 @@ impl EthtoolNic {
             route: Mutex::new(route),
             ioctl,
             feature_names: OnceLock::new(),
+            netdev_family: OnceLock::new(),
         })
     }
 
@@ -154,6 +158,25 @@ impl EthtoolNic {
     }
 
     /// GRXCLSRLCNT: `(rules installed, table size)`.
+    /// Every driver statistic: names and values, index for index (both empty
+    /// when the driver has none).
+    fn all_stats(&self, ifname: &str) -> NicResult<(Vec<String>, Vec<u64>)> {
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
+        let Some(count) = self.ioctl.sset_count(ifname, ETH_SS_STATS).map_err(err)? else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTRINGS)");
+        let names = self.ioctl.strings(ifname, ETH_SS_STATS, count).map_err(err)?;
+        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
+        let values = self.ioctl.stats(ifname, count).map_err(err)?;
+        // Stat names and values come from two calls; a count change in
+        // between (driver reconfigured) makes the index meaningless.
+        if values.len() != names.len() {
+            return Err(NicError::new(ifname, NicOp::Stat, Errno::EAGAIN).with_detail("stat count changed"));
+        }
+        Ok((names, values))
+    }
+
     fn rule_count(&self, ifname: &str, op: NicOp) -> NicResult<(u32, u32)> {
         let mut nfc = EthtoolRxnfc { cmd: ioctl::ETHTOOL_GRXCLSRLCNT, ..Default::default() };
         self.rxnfc(ifname, op, "ntuple rules (ETHTOOL_GRXCLSRLCNT)", &mut nfc)?;
@@ -194,24 +217,27 @@ impl NicInfo for EthtoolNic {
         self.channel_counts(ifname).map(|c| c.rx_queues())
     }
 
-    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
-        let Some(count) = self.ioctl.sset_count(ifname, ETH_SS_STATS).map_err(err)? else {
-            return Ok(None);
-        };
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTRINGS)");
-        let names = self.ioctl.strings(ifname, ETH_SS_STATS, count).map_err(err)?;
-        let Some(idx) = names.iter().position(|n| n == name) else {
-            return Ok(None);
-        };
-        let err = io_err(ifname, NicOp::Stat, "driver statistics (ETHTOOL_GSTATS)");
-        let values = self.ioctl.stats(ifname, count).map_err(err)?;
-        // Stat names and values come from two calls; a count change in
-        // between (driver reconfigured) makes the index meaningless.
-        if values.len() != names.len() {
-            return Err(NicError::new(ifname, NicOp::Stat, Errno::EAGAIN).with_detail("stat count changed"));
+    /// Netdev per-queue stats where the driver has them, else the driver's
+    /// per-queue `ethtool -S` strings.
+    fn queue_rx_bytes(&self, ifname: &str) -> NicResult<QueueBytes> {
+        let family = *self.netdev_family.get_or_init(|| resolve_family(&mut self.genl(), "netdev").ok());
+        if let Some(family) = family {
+            let ifindex = self.ifindex(ifname)?;
+            // Drivers without the queue stats ops answer an empty dump or EOPNOTSUPP.
+            if let Ok(r) = self.genl().transact(&queue_stats::qstats_request(family, ifindex)) {
+                let q = queue_stats::parse_qstats(&r).map_err(|e| nl_err(ifname, NicOp::Stat, e))?;
+                if !q.is_empty() {
+                    return Ok(q);
+                }
+            }
         }
-        Ok(values.get(idx).copied())
+        let (names, values) = self.all_stats(ifname)?;
+        Ok(queue_stats::from_ethtool_stats(&names, &values))
+    }
+
+    fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
+        let (names, values) = self.all_stats(ifname)?;
+        Ok(names.iter().position(|n| n == name).and_then(|i| values.get(i).copied()))
     }
 }
 

@@ -22,6 +22,17 @@ pub enum SimDriver {
 }
 
 impl SimNic {
+    /// `bytes` arrive on receive queue `queue` of `ifname` (its per-queue
+    /// counter grows, as a driver's would). Unknown NICs and queues are ignored.
+    pub fn receive(&self, ifname: &str, queue: u32, bytes: u64) {
+        if let Some(nic) = self.nics.get(ifname) {
+            let mut st = nic.lock().expect("sim nic lock");
+            if let Some(c) = st.rx_bytes.get_mut(queue as usize) {
+                *c += bytes;
+            }
+        }
+    }
+
     /// Adds a fault (from `--sim_fault` or a test).
     pub fn inject(&self, fault: Fault) {
         self.faults.lock().expect("sim fault lock").faults.push(fault);

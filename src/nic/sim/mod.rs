@@ -22,6 +22,7 @@ pub use self::control::SimDriver;
 pub use self::errno::errno_from_name;
 use self::faults::FaultState;
 pub use self::faults::{Fault, FaultParseError, SimDelay, Trigger};
+use super::queue_stats::QueueBytes;
 use super::{
     DataSplit, FlowSpec, NicCapabilities, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup,
     RuleControl, RxRing, ALL_OPS, FEATURE_NTUPLE, PRIV_HEADER_SPLIT, PRIV_MAX_RX_BUFFER,
@@ -48,6 +49,8 @@ struct SimState {
     rx_ring: RxRing,
     rss: Vec<u32>,
     stats: HashMap<String, u64>,
+    /// Bytes received per queue, as tests drive them ([`SimNic::receive`]).
+    rx_bytes: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +99,7 @@ impl SimNic {
                     rx_ring: SIM_RX_RING,
                     rss: (0..SIM_RSS_TABLE_SIZE as u32).map(|i| i % SIM_CHANNELS).collect(),
                     stats: [(STAT_RESET_CNT.to_string(), 0)].into_iter().collect(),
+                    rx_bytes: vec![0; SIM_CHANNELS as usize],
                 };
                 (name, Mutex::new(state))
             })
@@ -160,6 +164,12 @@ impl NicInfo for SimNic {
 
     fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
         self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
+    }
+
+    fn queue_rx_bytes(&self, ifname: &str) -> NicResult<QueueBytes> {
+        self.with(ifname, NicOp::Stat, |s| {
+            Ok((0..s.channels).map(|q| (q, s.rx_bytes.get(q as usize).copied().unwrap_or(0))).collect())
+        })
     }
 }
 
