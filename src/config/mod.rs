@@ -1,6 +1,7 @@
 //! Configuration: flags, presets, the topology message, and sysfs discovery.
 
 pub mod discovery;
+mod flag_values;
 pub mod flags;
 pub mod presets;
 pub(crate) mod topology;

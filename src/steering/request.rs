@@ -38,7 +38,7 @@ pub enum RuleStart {
 /// Starts a rule request on `conn`, received at `started`, so that its
 /// NIC's thread writes the reply: the connection's thread is not woken for
 /// it. The caller hands the job over (batched with others) and calls
-/// [`Handoff::begin`] first.
+/// `Handoff::begin` first.
 pub fn start_rule(
     rules: &RulePath,
     msg: UnixSocketProto,

@@ -13,7 +13,7 @@
 //! collected while the thread works through one batch of epoll events and
 //! handed over per NIC at the end of it, so under load one wake-up of a NIC
 //! thread serves many requests. The NIC thread writes the reply to the client
-//! itself (see [`Handoff`]).
+//! itself (see [`Handoff`](super::Handoff)).
 //!
 //! A thread that serves a single connection with a single request, the
 //! unloaded case where nothing amortises a hand-off, runs it itself if the
