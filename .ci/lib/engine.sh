@@ -30,7 +30,13 @@ _engine_apt_install() {
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && policy_added=1
   fi
-  local rc=0
+  local rc=0 i
+  # apt-get update takes the lists lock, which the timeout above may not cover.
+  for ((i = 0; i < 600; i++)); do
+    command -v fuser >/dev/null 2>&1 || break
+    fuser /var/lib/dpkg/lock-frontend /var/lib/apt/lists/lock >/dev/null 2>&1 || break
+    sleep 1
+  done
   { "${apt[@]}" update && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "$@"; } \
     >"$ENGINE_DIR/apt.log" 2>&1 || rc=$?
   [ -z "$policy_added" ] || rm -f /usr/sbin/policy-rc.d
