@@ -199,16 +199,11 @@ mod tests {
     use super::*;
 
     fn a3() -> FakeNode {
-        FakeNode::smt2(2, 52)
-            .nic("eth0", Some(0))
-            .nic("eth1", Some(0))
-            .nic("eth2", Some(0))
-            .nic("eth3", Some(1))
-            .nic("eth4", Some(1))
+        FakeNode::a3_highgpu_8g()
     }
 
     fn ifs() -> Vec<String> {
-        ["eth1", "eth2", "eth3", "eth4"].map(String::from).to_vec()
+        FakeNode::a3_ifnames()
     }
 
     #[test]

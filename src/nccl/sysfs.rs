@@ -120,6 +120,23 @@ impl FakeNode {
         f
     }
 
+    /// An a3-highgpu-8g as GKE names its NICs: two nodes of 52 two-thread
+    /// cores, the control NIC `eth0` and `eth1`, `eth2` on node 0, `eth3`,
+    /// `eth4` on node 1.
+    pub fn a3_highgpu_8g() -> FakeNode {
+        FakeNode::smt2(2, 52)
+            .nic("eth0", Some(0))
+            .nic("eth1", Some(0))
+            .nic("eth2", Some(0))
+            .nic("eth3", Some(1))
+            .nic("eth4", Some(1))
+    }
+
+    /// Its four TCPX NICs, in topology order.
+    pub fn a3_ifnames() -> Vec<String> {
+        ["eth1", "eth2", "eth3", "eth4"].map(String::from).to_vec()
+    }
+
     /// Adds a device-backed interface on NUMA node `node` (`None`: unknown).
     pub fn nic(mut self, ifname: &str, node: Option<u32>) -> FakeNode {
         if let Some(n) = node {
