@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""A tenant's view of the daemon under --tenant_isolation=enforce, for the CI
+scripts that run the daemon for real (the systemd unit in a container).
+
+Usage: tenant_client.py SOCKET_FOLDER OWN_GPU OTHER_GPU
+
+It opens a TCP connection on loopback, then asks rx_rule_manager, as the
+NCCL plugin does after accept(), to steer it to OWN_GPU (must succeed); to
+steer it to OTHER_GPU, whose device node this process does not see (must be
+refused with PERMISSION_DENIED); and to steer a flow nobody holds (refused
+too). Prints one line per request; exits 0 when every answer is the
+expected one. The wire format is encoded here by hand (no protobuf library).
+"""
+import socket
+import sys
+
+PERMISSION_DENIED = 7
+
+
+def varint(n):
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def field(number, payload):
+    """A length-delimited field."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def int_field(number, value):
+    return varint(number << 3) + varint(value)
+
+
+def address(ip, port):
+    return field(1, ip.encode()) + int_field(2, port)
+
+
+def rule(local, remote, gpu):
+    """The install request for the flow arriving from remote at local."""
+    ntuple = int_field(1, 1) + field(2, address(*remote)) + field(3, address(*local))
+    request = field(1, ntuple) + field(3, gpu.encode())
+    msg = field(2, request)
+    return len(msg).to_bytes(2, "big") + msg
+
+
+def status_code(reply):
+    """The google.rpc.Status code of a reply (0 when it has none)."""
+    body, i = reply[2:], 0
+    while i < len(body):
+        key = body[i]
+        i += 1
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            while body[i] & 0x80:
+                i += 1
+            i += 1
+            continue
+        length, shift = 0, 0
+        while True:
+            b = body[i]
+            i += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        if number == 5:
+            status = body[i:i + length]
+            return status[1] if status and status[0] == 0x08 else 0
+        i += length
+    return 0
+
+
+def ask(folder, frame):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(folder + "/rx_rule_manager")
+    s.sendall(frame)
+    reply = b""
+    while len(reply) < 2 or len(reply) < 2 + int.from_bytes(reply[:2], "big"):
+        more = s.recv(4096)
+        if not more:
+            break
+        reply += more
+    s.close()
+    return status_code(reply)
+
+
+def main():
+    folder, own, other = sys.argv[1:4]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    accepted, peer = listener.accept()
+    local = accepted.getsockname()
+    cases = [
+        ("own connection, own GPU", rule(local, peer, own), 0),
+        ("own connection, another GPU", rule(local, peer, other), PERMISSION_DENIED),
+        ("a connection nobody holds", rule(local, ("127.0.0.1", 1), own), PERMISSION_DENIED),
+    ]
+    ok = True
+    for name, frame, want in cases:
+        got = ask(folder, frame)
+        print(f"{name}: status {got} (expected {want})")
+        ok &= got == want
+    client.close()
+    accepted.close()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
