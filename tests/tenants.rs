@@ -3,7 +3,8 @@
 //! only its own `/dev/nvidia<N>` (regular files stand for the sim GPUs),
 //! each with real TCP connections on loopback. No kernel check is faked.
 //!
-//! Needs root: cgroups, mount namespaces.
+//! The tenant tests need root (cgroups, mount namespaces); the unidentified
+//! client does not.
 
 mod common;
 
@@ -341,4 +342,61 @@ fn off_checks_nothing() {
     assert_eq!(b.req(&d.sock("rx_rule_uninstall"), &rule(lb, rb, GPU_A)).code(), 0);
     let (_, m) = d.http_get("/metrics");
     assert!(!m.contains("tcpx_rxdm_requests_refused_total{"), "no series when off");
+}
+
+/// A client whose tenant cannot be told: the process that connected has
+/// exited (and was reaped) before its child, which inherited the socket,
+/// sends the request; the kernel then names no live process for the peer.
+const ORPHAN_PY: &str = r#"
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+if os.fork():
+    os._exit(0)
+time.sleep(0.5)
+s.sendall(bytes.fromhex(sys.argv[2]))
+msg, anc, flags, addr = s.recvmsg(4096, socket.CMSG_SPACE(4))
+print("fd" if anc else "reply " + msg.hex(), flush=True)
+"#;
+
+fn orphan_request(path: &Path, msg: &UnixSocketProto) -> Reply {
+    let hex: String = encoded(msg).iter().map(|b| format!("{b:02x}")).collect();
+    let mut child = Command::new("python3")
+        .args(["-c", ORPHAN_PY])
+        .arg(path)
+        .arg(hex)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    // The connecting process exits at once: reap it before its child asks.
+    assert!(child.wait().unwrap().success());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let line = line.trim();
+    if line == "fd" {
+        return Reply::Fd;
+    }
+    let hex = line.strip_prefix("reply ").unwrap_or_else(|| panic!("reply line: {line:?}"));
+    let bytes: Vec<u8> =
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    Reply::Message(UnixSocketProto::decode(&bytes[2..]).unwrap())
+}
+
+#[test]
+fn an_unidentified_client_is_refused_in_enforce_and_served_in_audit() {
+    let d = Daemon::start(&["--tenant_isolation=enforce"]);
+    let r = orphan_request(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A));
+    assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
+    assert!(
+        r.text().contains("hostPID") && r.text().contains("shareProcessNamespace"),
+        "says what fixes it: {}",
+        r.text()
+    );
+    let (_, m) = d.http_get("/metrics");
+    assert_eq!(refused(&m, "gpu_fd", "unidentified", "enforce"), 1.0);
+
+    let d = Daemon::start(&["--tenant_isolation=audit"]);
+    assert!(matches!(orphan_request(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A)), Reply::Fd));
+    let (_, m) = d.http_get("/metrics");
+    assert_eq!(refused(&m, "gpu_fd", "unidentified", "audit"), 1.0);
 }
