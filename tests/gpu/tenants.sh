@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# GPU device check of tenant isolation against the real NVIDIA driver and
+# device nodes, with CUDA pools (--gpu_backend cuda, --tenant_isolation=enforce):
+#   1. the daemon takes each GPU's minor from the driver's
+#      /proc/driver/nvidia/gpus/<pci>/information (as nvidia-smi reports it);
+#   2. a client that sees /dev/nvidia<minor> (the host's mount namespace) gets
+#      the pool's fd, imports it and writes through it;
+#   3. a client in a mount namespace of its own whose /dev holds a regular
+#      file of that name is refused (PERMISSION_DENIED, naming the GPU): with
+#      CUDA pools only the character device counts;
+#   4. the same client with the real device node bind-mounted gets the fd;
+#   5. the refusal is counted and logged.
+# Prints PASS/FAIL per check; exits 1 on any FAIL. Needs root (mount namespaces).
+# Env: RXDM_BIN (daemon binary), OUT (logs), RXDM_WHEELS (fallback wheels).
+set -u
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+CLIENT="$PY $GPU_DIR/rxdm_gpu.py"
+LOG="$OUT/tenants.log"
+: >"$LOG"
+say() { echo "$@" | tee -a "$LOG"; }
+
+# Fetches GPU $2's pool fd from folder $1; prints "fd" or "status N: message".
+FETCH="$OUT/fetch.py"
+cat >"$FETCH" <<'PY'
+import socket, sys
+
+def varint(b, i):
+    n = shift = 0
+    while True:
+        n |= (b[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not b[i - 1] & 0x80:
+            return n, i
+
+def fields(b):
+    i = 0
+    while i < len(b):
+        key, i = varint(b, i)
+        if key & 7 == 0:
+            v, i = varint(b, i)
+        else:
+            n, i = varint(b, i)
+            v, i = b[i:i + n], i + n
+        yield key >> 3, v
+
+folder, gpu = sys.argv[1], sys.argv[2]
+msg = b"\x0a" + bytes([len(gpu)]) + gpu.encode()
+s = socket.socket(socket.AF_UNIX)
+s.connect(f"{folder}/get_gpu_fd_{gpu}")
+s.sendall(len(msg).to_bytes(2, "big") + msg)
+data, anc, flags, addr = s.recvmsg(4096, socket.CMSG_SPACE(4))
+while not anc and len(data) < 2 + int.from_bytes(data[:2], "big"):
+    data += s.recv(4096)
+if anc:
+    print("fd")
+else:
+    status = dict(fields(data[2:])).get(5, b"")
+    st = dict(fields(status))
+    print(f"status {st.get(1, 0)}: {st.get(2, b'').decode()}")
+PY
+
+UDS=$(mktemp -d /tmp/rxdm-uds.XXXXXX)
+"$RXDM_BIN" --gpu_nic_preset sim --gpu_backend cuda --uds_path "$UDS" --monitor_shutdown=false \
+    --metrics_address 127.0.0.1:19468 --tenant_isolation=enforce >"$OUT/daemon-tenants.log" 2>&1 &
+DPID=$!
+trap 'kill -KILL "$DPID" 2>/dev/null' EXIT
+t0=$SECONDS
+until grep -q 'Buffer manager initialization completed.' "$OUT/daemon-tenants.log"; do
+    if ! kill -0 "$DPID" 2>/dev/null || [ $((SECONDS - t0)) -gt 90 ]; then
+        say "FAIL daemon-ready: log tail:"
+        tail -20 "$OUT/daemon-tenants.log" | tee -a "$LOG"
+        exit 1
+    fi
+    sleep 0.2
+done
+ensure_cuda_bindings 2>&1 | tee -a "$LOG"
+mapfile -t GPUS < <($CLIENT list "$UDS")
+gpu=${GPUS[0]}
+# The driver's own record of the GPU (what nvidia-smi reads too).
+want=$(sed -n 's/^Device Minor:[[:space:]]*//p' "/proc/driver/nvidia/gpus/$gpu/information" 2>/dev/null)
+got=$(grep -m1 'tenant isolation' "$OUT/daemon-tenants.log" | sed -n 's/.*gpu_minors=\[\([0-9, ]*\)\].*/\1/p' | cut -d, -f1)
+node=$(stat -c '%t:%T' "/dev/nvidia$want" 2>/dev/null)
+if [ -n "$want" ] && [ "$want" = "$got" ] && [ "$node" = "c3:$(printf %x "$want")" ]; then
+    say "PASS driver-minor: $gpu is /dev/nvidia$got (195:$got), as the driver's information file says"
+else
+    say "FAIL driver-minor: $gpu: daemon took minor '${got}', the driver says '${want}', /dev/nvidia$want is '$node'"
+fi
+minor=${want:-0}
+
+out=$($CLIENT write "$UDS" "$gpu" 5 2>&1)
+echo "$out" >>"$LOG"
+if grep -q '^PASS' <<<"$out" && ! grep -q '^FAIL' <<<"$out"; then
+    say "PASS own-device: a client that sees /dev/nvidia$minor imports $gpu's pool and writes it"
+else
+    say "FAIL own-device: $out"
+fi
+
+alone=$(unshare -m --propagation private sh -c "mount -t tmpfs tmpfs /dev && : > /dev/nvidia$minor && exec $PY $FETCH $UDS $gpu" 2>&1)
+if grep -q "^status 7: .*$gpu" <<<"$alone"; then
+    say "PASS file-is-no-device: a regular /dev/nvidia$minor is refused: $alone"
+else
+    say "FAIL file-is-no-device: $alone"
+fi
+
+bound=$(unshare -m --propagation private sh -c "mkdir -p /tmp/rxdm-dev && mount --bind /dev /tmp/rxdm-dev &&
+    mount -t tmpfs tmpfs /dev && : > /dev/nvidia$minor && mount --bind /tmp/rxdm-dev/nvidia$minor /dev/nvidia$minor &&
+    exec $PY $FETCH $UDS $gpu" 2>&1)
+if [ "$bound" = fd ]; then
+    say "PASS bound-device: the same namespace with the real device node bind-mounted gets the fd"
+else
+    say "FAIL bound-device: $bound"
+fi
+
+refused=$(curl -s http://127.0.0.1:19468/metrics |
+    awk '/^tcpx_rxdm_requests_refused_total\{endpoint="gpu_fd",mode="enforce",reason="gpu"\}/ { print $2 }')
+if [ "$refused" = 1 ] && grep -q 'reason="gpu"' "$OUT/daemon-tenants.log"; then
+    say "PASS counted: requests_refused_total{gpu_fd,gpu,enforce} = 1 and logged"
+else
+    say "FAIL counted: '$refused'"
+fi
+
+kill -TERM "$DPID"
+wait "$DPID"
+rc=$?
+if [ "$rc" = 0 ]; then say "PASS daemon-exit: exit 0"; else say "FAIL daemon-exit: $rc"; fi
+trap - EXIT
+PASSES=$(grep -c '^PASS' "$LOG")
+FAILS=$(grep -c '^FAIL' "$LOG")
+say "== tenant device check: $PASSES passed, $FAILS failed"
+[ "$FAILS" = 0 ] && [ "$PASSES" -gt 0 ]
