@@ -7,12 +7,19 @@
 use crate::types::pci::PciAddr;
 
 use crate::config::presets;
-use crate::netlink::{genl, rtnl, AttrSet};
+use crate::netlink::{genl, rtnl, sock_diag, AttrSet};
 use crate::nic::ethtool::{bitset, genl as ethtool_genl};
+use crate::nic::queue_stats;
 use crate::rules::flow;
 use crate::types::status::StatusCode;
 use crate::wire::frame::{self, FrameError};
 use crate::wire::proto::{unix_socket_proto::Payload, UnixSocketProto};
+
+/// Byte 0 of a `netlink` input that picks the `sock_diag` answer parser.
+pub const SOCK_DIAG: u8 = 200;
+/// Byte 0 of a `netlink` input that picks the per-queue stats parser (its
+/// replies as the genl parsers take them).
+pub const QSTATS: u8 = 201;
 
 /// Target names, as `fuzz/` and the corpus folders call them.
 pub const TARGETS: [&str; 4] = ["frame", "request", "topology", "netlink"];
@@ -103,6 +110,25 @@ pub fn netlink(data: &[u8]) {
         return;
     };
     let replies = split_replies(rest);
+    match which {
+        // The TCP socket lookup of the flow check: a found socket names
+        // exactly the tuple asked for, never a listener.
+        SOCK_DIAG => {
+            let (local, remote) = ("127.0.0.1:5000".parse().unwrap(), "127.0.0.1:40001".parse().unwrap());
+            if let Ok(Some(s)) = sock_diag::parse_answer(rest, local, remote) {
+                assert_ne!(s.state, 10, "a listener is not the socket");
+            }
+            return;
+        }
+        // Per-queue receive counters: each queue once, in order.
+        QSTATS => {
+            if let Ok(q) = queue_stats::parse_qstats(&replies) {
+                assert!(q.windows(2).all(|w| w[0] <= w[1]), "sorted: {q:?}");
+            }
+            return;
+        }
+        _ => {}
+    }
     match which % 12 {
         0 => drop(rtnl::parse_addr(rest)),
         1 => drop(rtnl::parse_link(rest)),

@@ -66,3 +66,29 @@ fn strset_with_a_huge_count_is_malformed_not_an_allocation() {
     let err = tcpx_rxdm::nic::ethtool::genl::parse_strset(&replies).unwrap_err();
     assert!(err.to_string().contains("exceeds"), "{err}");
 }
+
+/// The seeds of the flow check's socket lookup and of the per-queue counters
+/// parse: the lookup finds its socket with its cgroup, the dump gives both
+/// queues in order.
+#[test]
+fn sock_diag_and_qstats_seeds_parse() {
+    use tcpx_rxdm::netlink::sock_diag;
+    use tcpx_rxdm::nic::queue_stats;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/netlink");
+    let answer = std::fs::read(root.join("sock_diag_answer")).unwrap();
+    assert_eq!(answer[0], fuzz_targets::SOCK_DIAG);
+    let (local, remote) = ("127.0.0.1:5000".parse().unwrap(), "127.0.0.1:40001".parse().unwrap());
+    let found = sock_diag::parse_answer(&answer[1..], local, remote).unwrap().expect("the socket");
+    assert_eq!((found.state, found.cgroup_id), (1, Some(4242)));
+
+    let dump = std::fs::read(root.join("qstats_dump")).unwrap();
+    assert_eq!(dump[0], fuzz_targets::QSTATS);
+    let mut replies = Vec::new();
+    let mut b = &dump[1..];
+    while b.len() >= 2 {
+        let n = u16::from_le_bytes([b[0], b[1]]) as usize;
+        replies.push(b[2..2 + n].to_vec());
+        b = &b[2 + n..];
+    }
+    assert_eq!(queue_stats::parse_qstats(&replies).unwrap(), [(0, 1234), (9, 5 << 32)]);
+}
