@@ -235,8 +235,10 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
             let (core, rest): (Vec<&Flag>, Vec<&Flag>) =
                 flags.list.iter().partition(|f| CORE.contains(&f.key()) && f.value.is_some());
             for f in core {
+                let v = f.value.as_deref().unwrap_or_default();
                 cmd.push(s(&format!("--{}", f.name)));
-                cmd.push(s(f.value.as_deref().unwrap_or_default()));
+                // The guide quotes this value inside the word; both daemons take it so.
+                cmd.push(s(&if f.key() == "setup_param" { format!("\\\"{v} \\\"") } else { v.to_string() }));
             }
             c.push(("command", list(cmd)));
             c.push(("args", list(rest.iter().map(|f| s(&f.word())).collect())));

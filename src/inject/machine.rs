@@ -42,14 +42,13 @@ pub fn nccl_env(machine: &str, flags: &Flags) -> Result<NcclEnv, InjectError> {
     let view = view(machine).ok_or_else(|| {
         InjectError::Option(format!("--machine: unknown machine {machine:?} (known: {})", NAMES.join(", ")))
     })?;
+    // `auto` (and a node-wide daemon, whose flags are not ours) is resolved
+    // on the node: the machine's NICs are those of its preset.
+    let mut flags = flags.clone();
     if flags.gpu_nic_preset == "auto" {
-        return Err(InjectError::Option(
-            "--nccl=inline needs a daemon preset (auto is resolved on the node); use --nccl=file or \
-             --nccl=configmap"
-                .into(),
-        ));
+        flags.gpu_nic_preset = preset(machine).unwrap_or("auto").to_string();
     }
-    let (topo, _) = presets::resolve_topology(flags).map_err(|e| InjectError::Option(e.to_string()))?;
+    let (topo, _) = presets::resolve_topology(&flags).map_err(|e| InjectError::Option(e.to_string()))?;
     nccl::generate(&view, &topo, Path::new(&flags.uds_path))
         .map_err(|e| InjectError::Option(format!("NCCL settings for {machine}: {e}")))
 }

@@ -141,6 +141,13 @@ pub fn remove(spec: &mut Value, r: &Reference) -> String {
     if let Some(vs) = spec.get_mut("volumes").and_then(Value::as_sequence_mut) {
         vs.retain(|v| !removed.contains(&name_of(v)));
     }
+    // Lists left empty go, as `--uninject` would drop them: a second run
+    // then finds the template as the first left it.
+    for key in ["volumes", "initContainers"] {
+        if spec.get(key).and_then(Value::as_sequence).is_some_and(Vec::is_empty) {
+            spec.as_mapping_mut().map(|m| m.remove(key));
+        }
+    }
     format!(
         "migrated reference daemon {} ({}; volumes removed: {})",
         r.name,

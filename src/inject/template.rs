@@ -139,7 +139,7 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
                         !names.iter().any(|x| x == n) || kept(n)
                     });
                 }
-                if !kept("envFrom") {
+                if rec.nccl == Nccl::ConfigMap && !kept("envFrom") {
                     if let Some(ef) = c.get_mut("envFrom").and_then(Value::as_sequence_mut) {
                         ef.retain(|e| !is_our_configmap(e));
                     }
