@@ -125,7 +125,7 @@ fn check_template(t: &Value, mode: Mode, nccl: Nccl) {
                 assert_eq!(d["restartPolicy"], "Always");
                 assert_eq!(d["startupProbe"]["httpGet"]["path"], "/readyz");
             }
-            assert_eq!(mount_at(d, "/hostsysfs").is_some(), true);
+            assert!(mount_at(d, "/hostsysfs").is_some());
             f.uds_path.to_str().unwrap().to_string()
         }
         None => "/run/tcpx".to_string(),

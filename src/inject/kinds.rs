@@ -8,8 +8,8 @@
 
 use serde_norway::Value;
 
-use super::template::{self, name_of};
-use super::{object_name, InjectError, Options};
+use super::template;
+use super::{name_of, object_name, InjectError, Options};
 
 /// One step from a document to its templates.
 #[derive(Clone, Copy)]

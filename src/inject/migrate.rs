@@ -6,8 +6,7 @@
 
 use serde_norway::Value;
 
-use super::template::{is_gpu, name_of};
-use super::InjectError;
+use super::{is_gpu, name_of, InjectError};
 
 /// Flags of the reference that mean the same for the injected daemon.
 const CARRIED: [&str; 7] = [

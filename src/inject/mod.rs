@@ -151,3 +151,20 @@ pub fn object_name(doc: &Value) -> String {
         None => format!("{kind}/{name}"),
     }
 }
+
+/// Whether a container asks for GPUs.
+pub fn is_gpu(c: &Value) -> bool {
+    ["limits", "requests"].iter().any(|k| {
+        c.get("resources").and_then(|r| r.get(*k)).and_then(|l| l.get(GPU_RESOURCE)).is_some_and(
+            |v| match v {
+                Value::Number(n) => n.as_f64().is_some_and(|x| x > 0.0),
+                Value::String(t) => t.trim().parse::<f64>().is_ok_and(|x| x > 0.0),
+                _ => false,
+            },
+        )
+    })
+}
+
+pub fn name_of(c: &Value) -> String {
+    c.get("name").and_then(Value::as_str).unwrap_or("?").to_string()
+}

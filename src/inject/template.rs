@@ -10,7 +10,8 @@ use serde_norway::{Mapping, Value};
 use super::daemon::{self, map, s, DaemonFlags, VOLUMES};
 use super::migrate::{self, Reference};
 use super::{
-    machine, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON, GPU_RESOURCE, LIBRARIES, VERSION,
+    is_gpu, machine, name_of, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON, GPU_RESOURCE, LIBRARIES,
+    VERSION,
 };
 use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
 
@@ -65,23 +66,6 @@ pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
 
 /// The names of the container lists, init containers first.
 const LISTS: [&str; 2] = ["initContainers", "containers"];
-
-/// Whether a container asks for GPUs.
-pub fn is_gpu(c: &Value) -> bool {
-    ["limits", "requests"].iter().any(|k| {
-        c.get("resources").and_then(|r| r.get(*k)).and_then(|l| l.get(GPU_RESOURCE)).is_some_and(
-            |v| match v {
-                Value::Number(n) => n.as_f64().is_some_and(|x| x > 0.0),
-                Value::String(t) => t.trim().parse::<f64>().is_ok_and(|x| x > 0.0),
-                _ => false,
-            },
-        )
-    })
-}
-
-pub fn name_of(c: &Value) -> String {
-    c.get("name").and_then(Value::as_str).unwrap_or("?").to_string()
-}
 
 pub fn seq_mut<'a>(m: &'a mut Value, key: &str) -> &'a mut Vec<Value> {
     let m = m.as_mapping_mut().expect("checked to be a mapping");
