@@ -11,6 +11,9 @@ use tracing_subscriber::EnvFilter;
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
     if args.get(1).is_some_and(|a| a == "inject") {
+        if args.get(2).is_some_and(|a| a == "serve") {
+            return ExitCode::from(tcpx_rxdm::inject::serve::main(&args[3..]));
+        }
         return ExitCode::from(tcpx_rxdm::inject::command::main(&args[2..]));
     }
     if let Some(cmd) = args.get(1).filter(|a| ["doctor", "status", "nccl-env"].contains(&a.as_str())).cloned()

@@ -52,6 +52,8 @@ Options:
                         replacing the defaults of the same name
 
 Exit status: 0 written; 1 input refused (nothing written); 2 bad options.
+
+`tcpx-rxdm inject serve --help`: the same change as an admission webhook.
 ";
 
 /// Parses `inject`'s arguments (program and subcommand words removed).

@@ -10,13 +10,17 @@
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
 //!   generated for when a manifest is written off the node.
 //! - [`command`]: the command line, documents in and out, the report.
+//! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
+//! - [`serve`]: `inject serve`, the webhook over HTTPS.
 
 pub mod command;
 pub mod daemon;
 pub mod kinds;
 pub mod machine;
 pub mod migrate;
+pub mod serve;
 pub mod template;
+pub mod webhook;
 
 use serde_norway::Value;
 

@@ -144,7 +144,11 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
     drop_empty(spec, "volumes");
     let spec = spec.as_mapping_mut().expect("a mapping");
     for f in rec.pod.iter().filter(|f| *f != "devices") {
-        spec.remove(f.as_str());
+        match f.split_once(':') {
+            // A field that had another value: that value comes back.
+            Some((k, was)) => spec.insert(s(k), s(was)),
+            None => spec.remove(f.as_str()),
+        };
     }
     if let Some(meta) = tpl.get_mut("metadata").filter(|m| m.is_mapping()) {
         if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_mapping_mut) {
@@ -286,6 +290,12 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
     }
 
     let mut pod = Vec::new();
+    // ClusterFirst, the API server's default, would give a host-network Pod
+    // the node's resolver: it becomes ClusterFirstWithHostNet, recorded.
+    if spec.get("hostNetwork").is_none() && spec.get("dnsPolicy") == Some(&s("ClusterFirst")) {
+        spec.as_mapping_mut().expect("a mapping").insert(s("dnsPolicy"), s("ClusterFirstWithHostNet"));
+        pod.push("dnsPolicy:ClusterFirst".into());
+    }
     let mut set = |spec: &mut Value, key: &str, v: Value| {
         if spec.get(key).is_none() {
             spec.as_mapping_mut().expect("a mapping").insert(s(key), v);
