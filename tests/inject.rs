@@ -248,7 +248,8 @@ fn uninject_removes_exactly_what_inject_added() {
     }
 }
 
-/// A Pod that already has some of what inject adds: those stay on uninject.
+/// A Pod that already has some of what inject adds: those stay on uninject;
+/// and one with the API server's default DNS policy, which comes back.
 const KEPT: &str = "\
 apiVersion: v1
 kind: Pod
@@ -271,6 +272,19 @@ spec:
     envFrom:
     - configMapRef:
         name: tcpx-nccl-env
+    resources:
+      limits:
+        nvidia.com/gpu: 8
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: defaulted
+spec:
+  dnsPolicy: ClusterFirst
+  containers:
+  - name: main
+    image: nvcr.io/nvidia/pytorch:24.05-py3
     resources:
       limits:
         nvidia.com/gpu: 8
