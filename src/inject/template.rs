@@ -207,12 +207,11 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         notes.push(migrate::remove(spec, r));
     }
     for list in LISTS {
-        if let Some(c) = spec
+        if spec
             .get(list)
             .and_then(Value::as_sequence)
-            .and_then(|cs| cs.iter().find(|c| name_of(c) == DAEMON))
+            .is_some_and(|cs| cs.iter().any(|c| name_of(c) == DAEMON))
         {
-            let _ = c;
             return Err(err(
                 format!("spec.{list}[{DAEMON}]"),
                 "a container of this name exists; inject adds its own".into(),
