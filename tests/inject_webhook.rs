@@ -267,13 +267,17 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         client.send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.2,
         first
     );
-    // A broken pair (key not yet written) is not taken: the old one stays.
-    std::fs::write(dir.path().join("tls.key"), "not a key").unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(
-        client.send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.2,
-        first
-    );
+    // A broken pair (a key half written, or a new key beside the old
+    // certificate) is not taken: the old one stays.
+    let original_key = std::fs::read(dir.path().join("tls.key")).unwrap();
+    for key in ["not a key".to_string(), KeyPair::generate().unwrap().serialize_pem()] {
+        std::fs::write(dir.path().join("tls.key"), key).unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let served =
+            client.send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await;
+        assert_eq!((served.0, served.2), (200, first.clone()));
+    }
+    std::fs::write(dir.path().join("tls.key"), original_key).unwrap();
     let second = issue(&ca, dir.path());
     assert_ne!(first, second);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -286,4 +290,47 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         assert!(Instant::now() < deadline, "the new certificate was not picked up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[test]
+fn the_command_serves_until_sigterm_and_exits_0() {
+    use std::io::BufRead as _;
+    /// Ends the server however the test ends.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca();
+    issue(&ca, dir.path());
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let mut child = Reap(
+        std::process::Command::new(env!("CARGO_BIN_EXE_tcpx-rxdm"))
+            .args([
+                "inject",
+                "serve",
+                "--on-error=allow",
+                "--listen=127.0.0.1:0",
+                "--tenant_isolation=enforce",
+            ])
+            .arg(format!("--tls-cert={}", cert.display()))
+            .arg(format!("--tls-key={}", key.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = std::io::BufReader::new(child.0.stderr.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let addr = line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next());
+    let addr: SocketAddr =
+        addr.and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("no address in {line:?}"));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    assert!(rt.block_on(Client::new(addr, &ca).healthy()), "{line}");
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
 }

@@ -293,3 +293,47 @@ pub fn device_annotation() -> (String, String) {
     v.push_str("- path: /dev/nvidiactl\n- path: /dev/nvidia-uvm\n");
     (format!("devices.gke.io/container.{DAEMON}"), v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(opts: &Options) -> Vec<String> {
+        let f = DaemonFlags::new(opts, &[]).unwrap();
+        f.list.iter().map(Flag::word).collect()
+    }
+
+    #[test]
+    fn user_flags_replace_the_defaults_of_the_same_name_in_place() {
+        let opts = Options {
+            daemon_flags: ["--monitor_shutdown", "--uds_path", "/run/x", "--tenant_isolation=enforce"]
+                .map(String::from)
+                .to_vec(),
+            ..Options::default()
+        };
+        let a = args(&opts);
+        assert_eq!(a[2], "--uds_path=/run/x");
+        assert_eq!(a[5], "--monitor_shutdown", "{a:?}");
+        assert!(!a.iter().any(|w| w == "--nomonitor_shutdown"), "{a:?}");
+        assert_eq!(a.last().unwrap(), "--tenant_isolation=enforce");
+        assert_eq!(a.iter().filter(|w| w.starts_with("--uds_path")).count(), 1);
+    }
+
+    #[test]
+    fn the_classic_sidecar_keeps_the_guides_command_line() {
+        let opts = Options { mode: Mode::Sidecar, ..Options::default() };
+        let f = DaemonFlags::new(&opts, &[]).unwrap();
+        let c = container(&opts, &f).unwrap();
+        let cmd: Vec<&str> =
+            c["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(cmd[0], REFERENCE_BIN);
+        assert_eq!(
+            &cmd[1..7],
+            ["--gpu_nic_preset", "a3vm", "--gpu_shmem_type", "fd", "--uds_path", "/run/tcpx"]
+        );
+        assert_eq!(cmd[8], r#"\"--verbose 128 2 0 \""#);
+        // Which the daemon reads as the plain value.
+        let argv = cmd.iter().map(|s| s.to_string());
+        assert_eq!(Flags::parse_args(argv).unwrap().setup_param, f.parsed.setup_param);
+    }
+}

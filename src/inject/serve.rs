@@ -62,7 +62,15 @@ fn load(cert: &[u8], key: &[u8]) -> Result<Arc<CertifiedKey>, String> {
     }
     let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("key: {e}"))?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| format!("key: {e}"))?;
-    Ok(Arc::new(CertifiedKey::new(chain, signer)))
+    let pair = CertifiedKey::new(chain, signer);
+    // Files replaced one after the other can hold a new key and the old
+    // certificate for a moment: such a pair is not served.
+    match pair.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
+            Ok(Arc::new(pair))
+        }
+        Err(e) => Err(format!("certificate and key do not match: {e}")),
+    }
 }
 
 fn read_pair(cfg: &ServeConfig) -> Result<(Vec<u8>, Vec<u8>), String> {
@@ -272,7 +280,8 @@ pub fn main(args: &[String]) -> u8 {
             return 2;
         }
     };
-    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).try_init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_ansi(ansi).with_writer(std::io::stderr).try_init();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -283,9 +292,16 @@ pub fn main(args: &[String]) -> u8 {
     rt.block_on(async {
         match bind(cfg).await {
             Ok((addr, serve)) => {
+                let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                else {
+                    eprintln!("tcpx-rxdm inject serve: cannot handle SIGTERM");
+                    return 1;
+                };
                 tracing::info!(%addr, "serving admission reviews on /mutate");
+                // The kubelet's SIGTERM (or ^C) ends it; the API server retries elsewhere.
                 tokio::select! {
                     _ = serve => 0,
+                    _ = term.recv() => 0,
                     _ = tokio::signal::ctrl_c() => 0,
                 }
             }
