@@ -24,6 +24,7 @@
 //!   folder, HTTP and the status socket.
 //! - [`daemon`]: the lifecycle; `main.rs` assembles it.
 //! - [`doctor`]: `tcpx-rxdm doctor`, read-only checks of a node.
+//! - [`inject`] (beside it): `tcpx-rxdm inject`, TCPX added to Kubernetes pod templates.
 //! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
 
 pub mod config;
@@ -35,6 +36,7 @@ pub mod fuzz_targets;
 pub mod gpu;
 pub mod host;
 pub mod identity;
+pub mod inject;
 pub mod metrics;
 pub mod nccl;
 pub mod netlink;

@@ -1,5 +1,5 @@
 //! `tcpx-rxdm`: argv normalisation, flags, logging, run, exit code; the
-//! `doctor`, `status` and `nccl-env` subcommands (dispatched on the first
+//! `doctor`, `status`, `nccl-env` and `inject` subcommands (dispatched on the first
 //! argument, before the daemon's flags are parsed, and sharing them).
 
 use std::process::ExitCode;
@@ -10,6 +10,12 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "inject") {
+        if args.get(2).is_some_and(|a| a == "serve") {
+            return ExitCode::from(tcpx_rxdm::inject::serve::main(&args[3..]));
+        }
+        return ExitCode::from(tcpx_rxdm::inject::command::main(&args[2..]));
+    }
     if let Some(cmd) = args.get(1).filter(|a| ["doctor", "status", "nccl-env"].contains(&a.as_str())).cloned()
     {
         args.remove(1);

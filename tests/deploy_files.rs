@@ -195,7 +195,7 @@ fn classic_sidecar_is_a_drop_in_and_ends_the_job() {
     assert_eq!(argv[0], REFERENCE_BIN);
     assert_eq!(argv[argv.len() - str_list(&c["args"]).len() - 1], r#"\"--verbose 128 2 0 \""#);
     assert_eq!(volume(pod, "tcpx-socket")["hostPath"]["path"], "/run/tcpx");
-    assert_eq!(volume(pod, "libraries")["hostPath"]["path"], "/home/kubernetes/bin/nvidia/lib64");
+    assert_eq!(volume(pod, "tcpx-libraries")["hostPath"]["path"], "/home/kubernetes/bin/nvidia/lib64");
 
     let flags = parse(&argv, rel);
     assert_eq!(pod["restartPolicy"], "Never");

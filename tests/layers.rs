@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["steering"],
     &["server"],
     &["daemon"],
-    &["doctor"],
+    &["doctor", "inject"],
     &["fuzz_targets"],
 ];
 

@@ -1,0 +1,339 @@
+//! The daemon container of each mode, its flags, and the volumes it needs.
+
+use serde_norway::{Mapping, Value};
+
+use super::{InjectError, Mode, Options, DAEMON, LIBRARIES};
+use crate::config::flags::{Flags, BOOL_FLAGS};
+
+/// The reference daemon's binary, which the image keeps as an alias: the
+/// classic sidecar keeps the GKE guide's command line.
+pub const REFERENCE_BIN: &str = "/tcpgpudmarxd/build/app/tcpgpudmarxd";
+/// Where the daemon finds the host's /sys and /proc/sys.
+const HOST_MOUNTS: [(&str, &str, &str); 2] =
+    [("tcpx-sys", "/sys", "/hostsysfs"), ("tcpx-proc-sys", "/proc/sys", "/hostprocsysfs")];
+/// The classic sidecar's health log, read by the workload's ready loop.
+pub const HEALTH_DIR: &str = "/run/tcpx-health";
+/// Names of the volumes inject may add (reserved: a Pod that has one of
+/// its own is refused).
+pub const VOLUMES: [&str; 5] = ["tcpx-libraries", "tcpx-sys", "tcpx-proc-sys", "tcpx-socket", "tcpx-health"];
+/// Host folder of the driver libraries on GKE nodes.
+const HOST_LIBRARIES: &str = "/home/kubernetes/bin/nvidia/lib64";
+/// The node-wide daemon's socket folder on the host.
+const NODE_SOCKET_DIR: &str = "/run/tcpx";
+
+pub fn s(v: &str) -> Value {
+    Value::String(v.to_string())
+}
+
+pub fn map(pairs: Vec<(&str, Value)>) -> Value {
+    let mut m = Mapping::new();
+    for (k, v) in pairs {
+        m.insert(s(k), v);
+    }
+    Value::Mapping(m)
+}
+
+fn list(items: Vec<Value>) -> Value {
+    Value::Sequence(items)
+}
+
+/// One daemon flag: its name (no dashes) and value (`None`: a boolean form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Flag {
+    name: String,
+    value: Option<String>,
+}
+
+impl Flag {
+    fn new(name: &str, value: &str) -> Flag {
+        Flag { name: name.into(), value: Some(value.into()) }
+    }
+
+    /// The flag's name as a key: `nofoo` and `foo` are one flag.
+    fn key(&self) -> &str {
+        let n = self.name.as_str();
+        match n.strip_prefix("no") {
+            Some(b) if self.value.is_none() && BOOL_FLAGS.contains(&b) => b,
+            _ => n,
+        }
+    }
+
+    fn word(&self) -> String {
+        match &self.value {
+            Some(v) => format!("--{}={v}", self.name),
+            None => format!("--{}", self.name),
+        }
+    }
+}
+
+/// Splits `--name=value`, `--name value` and boolean `--name` words.
+fn parse_words(words: &[String]) -> Result<Vec<Flag>, InjectError> {
+    let mut out = Vec::new();
+    let mut it = words.iter();
+    while let Some(w) = it.next() {
+        let Some(f) = w.strip_prefix("--").or_else(|| w.strip_prefix('-')) else {
+            return Err(InjectError::Option(format!("daemon flag {w:?}: expected --name[=value]")));
+        };
+        match f.split_once('=') {
+            Some((n, v)) => out.push(Flag::new(n, v)),
+            None => {
+                let base = f.strip_prefix("no").unwrap_or(f);
+                if BOOL_FLAGS.contains(&f) || BOOL_FLAGS.contains(&base) {
+                    out.push(Flag { name: f.into(), value: None });
+                } else {
+                    let v = it.next().ok_or_else(|| InjectError::Option(format!("--{f} needs a value")))?;
+                    out.push(Flag::new(f, v));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The daemon's flags for `opts`: the mode's defaults, the user's flags
+/// replacing those of the same name, then the user's others. The first
+/// `core` of them form the GKE guide's command line in the classic sidecar.
+pub struct DaemonFlags {
+    list: Vec<Flag>,
+    pub parsed: Flags,
+}
+
+/// Flags the guide's command line holds, in its order.
+const CORE: [&str; 4] = ["gpu_nic_preset", "gpu_shmem_type", "uds_path", "setup_param"];
+
+impl DaemonFlags {
+    pub fn new(opts: &Options, carried: &[String]) -> Result<DaemonFlags, InjectError> {
+        let mut list = vec![
+            Flag::new("gpu_nic_preset", "a3vm"),
+            Flag::new("gpu_shmem_type", "fd"),
+            Flag::new("uds_path", "/run/tcpx"),
+            Flag::new("setup_param", "--verbose 128 2 0"),
+        ];
+        match opts.mode {
+            Mode::NativeSidecar => {
+                list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
+                // The kubelet ends the daemon; clients coming and going must not.
+                list.push(Flag { name: "nomonitor_shutdown".into(), value: None });
+            }
+            Mode::Sidecar => {
+                list.push(Flag::new("shutdown_file", "terminated"));
+                list.push(Flag { name: "shutdown_when_all_clients_exited".into(), value: None });
+                list.push(Flag::new("wait_time_before_exit", "30"));
+                list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
+            }
+            Mode::Node => list.truncate(0),
+        }
+        let mut user = parse_words(carried)?;
+        user.extend(parse_words(&opts.daemon_flags)?);
+        if opts.mode == Mode::Node {
+            if let Some(f) = user.iter().find(|f| f.key() != "uds_path") {
+                return Err(InjectError::Option(format!(
+                    "--{}: with --mode=node only --uds_path (the node daemon's socket folder) applies",
+                    f.name
+                )));
+            }
+            list.push(Flag::new("uds_path", NODE_SOCKET_DIR));
+        }
+        for f in user {
+            match list.iter_mut().find(|g| g.key() == f.key()) {
+                Some(g) => *g = f,
+                None => list.push(f),
+            }
+        }
+        let argv = std::iter::once("tcpx-rxdm".to_string()).chain(list.iter().map(Flag::word));
+        let parsed = Flags::parse_args(argv).map_err(|e| {
+            let text = e.to_string();
+            InjectError::Option(format!(
+                "daemon flags: {}",
+                text.lines().next().unwrap_or_default().trim_start_matches("error: ")
+            ))
+        })?;
+        if parsed.node_wide && opts.mode != Mode::Node {
+            return Err(InjectError::Option("--node_wide: a node-wide daemon is --mode=node".into()));
+        }
+        Ok(DaemonFlags { list, parsed })
+    }
+
+    pub fn uds_path(&self) -> String {
+        self.parsed.uds_path.to_string_lossy().trim_end_matches('/').to_string()
+    }
+
+    fn metrics_port(&self) -> Option<u16> {
+        self.parsed.metrics_address.0.map(|a| a.port())
+    }
+}
+
+/// The pod's volumes for the mode, each `(name, volume)`.
+pub fn volumes(mode: Mode) -> Vec<Value> {
+    let host =
+        |name: &str, path: &str| map(vec![("name", s(name)), ("hostPath", map(vec![("path", s(path))]))]);
+    let empty = |name: &str| map(vec![("name", s(name)), ("emptyDir", Value::Mapping(Mapping::new()))]);
+    let mut v = vec![host("tcpx-libraries", HOST_LIBRARIES)];
+    match mode {
+        Mode::NativeSidecar => {
+            v.extend(HOST_MOUNTS.iter().map(|(n, p, _)| host(n, p)));
+            v.push(empty("tcpx-socket"));
+        }
+        Mode::Sidecar => {
+            v.extend(HOST_MOUNTS.iter().map(|(n, p, _)| host(n, p)));
+            v.push(host("tcpx-socket", "/run/tcpx"));
+            v.push(empty("tcpx-health"));
+        }
+        Mode::Node => v.push(map(vec![
+            ("name", s("tcpx-socket")),
+            ("hostPath", map(vec![("path", s(NODE_SOCKET_DIR)), ("type", s("Directory"))])),
+        ])),
+    }
+    v
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> Value {
+    let mut m = vec![("name", s(name)), ("mountPath", s(path))];
+    if read_only {
+        m.push(("readOnly", Value::Bool(true)));
+    }
+    map(m)
+}
+
+/// The mounts every GPU container gets.
+pub fn workload_mounts(mode: Mode, uds: &str) -> Vec<Value> {
+    let mut v = vec![mount("tcpx-libraries", LIBRARIES, true), mount("tcpx-socket", uds, mode == Mode::Node)];
+    if mode == Mode::Sidecar {
+        v.push(mount("tcpx-health", HEALTH_DIR, true));
+    }
+    v
+}
+
+fn env(name: &str, value: &str) -> Value {
+    map(vec![("name", s(name)), ("value", s(value))])
+}
+
+fn http_probe(path: &str, port: u16, period: u64, failures: Option<u64>) -> Value {
+    let mut p = vec![
+        ("httpGet", map(vec![("path", s(path)), ("port", Value::Number(port.into()))])),
+        ("periodSeconds", Value::Number(period.into())),
+    ];
+    if let Some(f) = failures {
+        p.push(("failureThreshold", Value::Number(f.into())));
+    }
+    map(p)
+}
+
+/// The daemon container (none in node mode).
+pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
+    let uds = flags.uds_path();
+    let mut c = vec![("name", s(DAEMON)), ("image", s(&opts.image))];
+    match opts.mode {
+        Mode::Node => return None,
+        Mode::NativeSidecar => {
+            c.push(("restartPolicy", s("Always")));
+            c.push(("args", list(flags.list.iter().map(|f| s(&f.word())).collect())));
+        }
+        Mode::Sidecar => {
+            // The GKE guide's command line: binary, then each core flag and its value.
+            let mut cmd = vec![s(REFERENCE_BIN)];
+            let (core, rest): (Vec<&Flag>, Vec<&Flag>) =
+                flags.list.iter().partition(|f| CORE.contains(&f.key()) && f.value.is_some());
+            for f in core {
+                let v = f.value.as_deref().unwrap_or_default();
+                cmd.push(s(&format!("--{}", f.name)));
+                // The guide quotes this value inside the word; both daemons take it so.
+                cmd.push(s(&if f.key() == "setup_param" { format!("\\\"{v} \\\"") } else { v.to_string() }));
+            }
+            c.push(("command", list(cmd)));
+            c.push(("args", list(rest.iter().map(|f| s(&f.word())).collect())));
+        }
+    }
+    let mut envs = vec![env("LD_LIBRARY_PATH", LIBRARIES)];
+    if opts.mode == Mode::Sidecar {
+        envs.push(env("HEALTH_CHECK_LOG_FILE", &format!("{HEALTH_DIR}/health.log")));
+    }
+    c.push(("env", list(envs)));
+    let security = if opts.unprivileged {
+        map(vec![("capabilities", map(vec![("add", list(vec![s("NET_ADMIN")]))]))])
+    } else {
+        map(vec![("privileged", Value::Bool(true))])
+    };
+    c.push(("securityContext", security));
+    let mut requests = Vec::new();
+    if let Some(cpu) = &opts.cpu {
+        requests.push(("cpu", s(cpu)));
+    }
+    if let Some(mem) = &opts.memory {
+        requests.push(("memory", s(mem)));
+    }
+    if !requests.is_empty() {
+        c.push(("resources", map(vec![("requests", map(requests))])));
+    }
+    if let Some(port) = flags.metrics_port() {
+        let p = map(vec![("name", s("metrics")), ("containerPort", Value::Number(port.into()))]);
+        c.push(("ports", list(vec![p])));
+        if opts.mode == Mode::NativeSidecar {
+            // 120 tries, 1 s apart: the workload starts within a second of ready.
+            c.push(("startupProbe", http_probe("/readyz", port, 1, Some(120))));
+        } else {
+            c.push(("readinessProbe", http_probe("/readyz", port, 2, None)));
+        }
+        c.push(("livenessProbe", http_probe("/healthz", port, 10, None)));
+    }
+    let mut mounts = vec![mount("tcpx-libraries", LIBRARIES, true)];
+    mounts.extend(HOST_MOUNTS.iter().map(|(n, _, at)| mount(n, at, false)));
+    mounts.push(mount("tcpx-socket", &uds, false));
+    if opts.mode == Mode::Sidecar {
+        mounts.push(mount("tcpx-health", HEALTH_DIR, false));
+    }
+    c.push(("volumeMounts", list(mounts)));
+    Some(map(c))
+}
+
+/// GKE's device-injection annotation for the daemon without `privileged`:
+/// the eight GPUs, the control and the UVM device.
+pub fn device_annotation() -> (String, String) {
+    let mut v: String = (0..8).map(|i| format!("- path: /dev/nvidia{i}\n")).collect();
+    v.push_str("- path: /dev/nvidiactl\n- path: /dev/nvidia-uvm\n");
+    (format!("devices.gke.io/container.{DAEMON}"), v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(opts: &Options) -> Vec<String> {
+        let f = DaemonFlags::new(opts, &[]).unwrap();
+        f.list.iter().map(Flag::word).collect()
+    }
+
+    #[test]
+    fn user_flags_replace_the_defaults_of_the_same_name_in_place() {
+        let opts = Options {
+            daemon_flags: ["--monitor_shutdown", "--uds_path", "/run/x", "--tenant_isolation=enforce"]
+                .map(String::from)
+                .to_vec(),
+            ..Options::default()
+        };
+        let a = args(&opts);
+        assert_eq!(a[2], "--uds_path=/run/x");
+        assert_eq!(a[5], "--monitor_shutdown", "{a:?}");
+        assert!(!a.iter().any(|w| w == "--nomonitor_shutdown"), "{a:?}");
+        assert_eq!(a.last().unwrap(), "--tenant_isolation=enforce");
+        assert_eq!(a.iter().filter(|w| w.starts_with("--uds_path")).count(), 1);
+    }
+
+    #[test]
+    fn the_classic_sidecar_keeps_the_guides_command_line() {
+        let opts = Options { mode: Mode::Sidecar, ..Options::default() };
+        let f = DaemonFlags::new(&opts, &[]).unwrap();
+        let c = container(&opts, &f).unwrap();
+        let cmd: Vec<&str> =
+            c["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(cmd[0], REFERENCE_BIN);
+        assert_eq!(
+            &cmd[1..7],
+            ["--gpu_nic_preset", "a3vm", "--gpu_shmem_type", "fd", "--uds_path", "/run/tcpx"]
+        );
+        assert_eq!(cmd[8], r#"\"--verbose 128 2 0 \""#);
+        // Which the daemon reads as the plain value.
+        let argv = cmd.iter().map(|s| s.to_string());
+        assert_eq!(Flags::parse_args(argv).unwrap().setup_param, f.parsed.setup_param);
+    }
+}

@@ -1,0 +1,174 @@
+//! `tcpx-rxdm inject`: TCPX added to every pod template of a set of
+//! Kubernetes manifests, and taken out again (`--uninject`). Pure functions
+//! over YAML values, so that any front end (the command, an admission
+//! webhook) applies the same change.
+//!
+//! - [`kinds`]: where each kind keeps its pod templates.
+//! - [`template`]: one pod template: checks, migration of a reference
+//!   daemon, the change itself and its undoing, recorded in an annotation.
+//! - [`daemon`]: the daemon container of each mode and its flags.
+//! - [`machine`]: machine profiles, the node view that the NCCL settings are
+//!   generated for when a manifest is written off the node.
+//! - [`command`]: the command line, documents in and out, the report.
+//! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
+//! - [`serve`]: `inject serve`, the webhook over HTTPS.
+
+pub mod command;
+pub mod daemon;
+pub mod kinds;
+pub mod machine;
+pub mod migrate;
+pub mod serve;
+pub mod template;
+pub mod webhook;
+
+use serde_norway::Value;
+
+/// The annotation on each changed pod template: version, mode, and what was
+/// set at pod level, so that `--uninject` removes exactly that.
+pub const ANNOTATION: &str = "tcpx-rxdm.io/injected";
+/// The daemon container's name.
+pub const DAEMON: &str = "tcpx-daemon";
+/// Resource name that marks a container as a GPU container.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Where the NVIDIA libraries are mounted (and `LD_LIBRARY_PATH` points).
+pub const LIBRARIES: &str = "/usr/local/nvidia/lib64";
+/// The daemon's own version, recorded in the annotation.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How the daemon runs beside the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// An init container with `restartPolicy: Always` (Kubernetes >= 1.29).
+    NativeSidecar,
+    /// A container next to the workload, ended by the job-end handshake.
+    Sidecar,
+    /// No daemon in the Pod: the node-wide daemon's socket folder.
+    Node,
+}
+
+impl Mode {
+    pub const NAMES: [&'static str; 3] = ["native-sidecar", "sidecar", "node"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::NativeSidecar => "native-sidecar",
+            Mode::Sidecar => "sidecar",
+            Mode::Node => "node",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Mode> {
+        [Mode::NativeSidecar, Mode::Sidecar, Mode::Node].into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// Where GPU containers get their NCCL settings from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nccl {
+    /// Each variable in the container's `env`, for the `--machine` profile.
+    Inline,
+    /// `envFrom` the ConfigMap that `nccl-env --format=configmap` writes.
+    ConfigMap,
+    /// Nothing in the spec: the workload sources `<uds_path>/nccl.env`,
+    /// which the daemon writes for the node it runs on.
+    File,
+}
+
+impl Nccl {
+    pub const NAMES: [&'static str; 3] = ["inline", "configmap", "file"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Nccl::Inline => "inline",
+            Nccl::ConfigMap => "configmap",
+            Nccl::File => "file",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Nccl> {
+        [Nccl::Inline, Nccl::ConfigMap, Nccl::File].into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// Everything that decides what is added.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub mode: Mode,
+    pub nccl: Nccl,
+    pub image: String,
+    /// The machine profile for `Nccl::Inline`.
+    pub machine: String,
+    /// The daemon's flags given by the user (`--name[=value]` words).
+    pub daemon_flags: Vec<String>,
+    pub unprivileged: bool,
+    /// The daemon container's `resources.requests` (`cpu`, `memory`).
+    pub cpu: Option<String>,
+    pub memory: Option<String>,
+    pub uninject: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            mode: Mode::NativeSidecar,
+            nccl: Nccl::Inline,
+            image: format!("tcpx-rxdm:{VERSION}"),
+            machine: machine::DEFAULT.to_string(),
+            daemon_flags: Vec::new(),
+            unprivileged: false,
+            cpu: None,
+            memory: None,
+            uninject: false,
+        }
+    }
+}
+
+/// Why a manifest was refused; names the object and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InjectError {
+    #[error("input is not YAML: {0}")]
+    NotYaml(String),
+    #[error("{object}: {field}: {why}")]
+    Field { object: String, field: String, why: String },
+    /// A bad option (exit 2 rather than 1).
+    #[error("{0}")]
+    Option(String),
+}
+
+impl InjectError {
+    pub fn field(object: &str, field: impl Into<String>, why: impl Into<String>) -> InjectError {
+        InjectError::Field { object: object.to_string(), field: field.into(), why: why.into() }
+    }
+}
+
+/// `Kind/name` (with the namespace when set), for messages.
+pub fn object_name(doc: &Value) -> String {
+    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("(no kind)");
+    let meta = doc.get("metadata");
+    let name = meta
+        .and_then(|m| m.get("name").or_else(|| m.get("generateName")))
+        .and_then(Value::as_str)
+        .unwrap_or("(no name)");
+    match meta.and_then(|m| m.get("namespace")).and_then(Value::as_str) {
+        Some(ns) => format!("{kind}/{ns}/{name}"),
+        None => format!("{kind}/{name}"),
+    }
+}
+
+/// Whether a container asks for GPUs.
+pub fn is_gpu(c: &Value) -> bool {
+    ["limits", "requests"].iter().any(|k| {
+        c.get("resources").and_then(|r| r.get(*k)).and_then(|l| l.get(GPU_RESOURCE)).is_some_and(
+            |v| match v {
+                Value::Number(n) => n.as_f64().is_some_and(|x| x > 0.0),
+                Value::String(t) => t.trim().parse::<f64>().is_ok_and(|x| x > 0.0),
+                _ => false,
+            },
+        )
+    })
+}
+
+pub fn name_of(c: &Value) -> String {
+    c.get("name").and_then(Value::as_str).unwrap_or("?").to_string()
+}
