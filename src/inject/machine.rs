@@ -26,14 +26,7 @@ pub fn preset(machine: &str) -> Option<&'static str> {
 /// two-thread cores (208 vCPUs), the host NIC eth0 and the first two GPU
 /// NICs on node 0, the other two on node 1.
 pub fn view(machine: &str) -> Option<FakeNode> {
-    (machine == DEFAULT).then(|| {
-        FakeNode::smt2(2, 52)
-            .nic("eth0", Some(0))
-            .nic("eth1", Some(0))
-            .nic("eth2", Some(0))
-            .nic("eth3", Some(1))
-            .nic("eth4", Some(1))
-    })
+    (machine == DEFAULT).then(FakeNode::a3_highgpu_8g)
 }
 
 /// The NCCL settings for `machine`, the daemon's `flags` giving the

@@ -122,7 +122,8 @@ impl FakeNode {
 
     /// An a3-highgpu-8g as GKE names its NICs: two nodes of 52 two-thread
     /// cores, the control NIC `eth0` and `eth1`, `eth2` on node 0, `eth3`,
-    /// `eth4` on node 1.
+    /// `eth4` on node 1. The unit tests' fixture, and `inject`'s machine
+    /// profile of the TCPX machine type.
     pub fn a3_highgpu_8g() -> FakeNode {
         FakeNode::smt2(2, 52)
             .nic("eth0", Some(0))
