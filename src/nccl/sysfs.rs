@@ -91,7 +91,8 @@ impl NodeView for Sysfs {
     }
 }
 
-/// An in-memory [`NodeView`] for tests.
+/// An in-memory [`NodeView`]: the tests' fixtures, and the machine profiles
+/// `inject` generates NCCL settings for.
 #[derive(Debug, Clone, Default)]
 pub struct FakeNode {
     pub numa: BTreeMap<String, u32>,
