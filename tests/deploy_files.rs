@@ -28,7 +28,7 @@ fn read(rel: &str) -> String {
 /// Every document of a YAML file.
 fn yaml_docs(rel: &str) -> Vec<Value> {
     let text = read(rel);
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{rel}: {e}")))
         .filter(|v| !v.is_null())
         .collect()

@@ -184,10 +184,10 @@ fn json_and_configmap_forms_hold_the_same_values() {
     assert!(vars.iter().all(|v| !v["why"].as_str().unwrap().is_empty()));
     let (code, cm, err) = run(&[&base[..], &[sys.as_str(), "--format", "configmap"]].concat(), &[]);
     assert_eq!(code, 0, "{err}");
-    let doc: serde_yaml::Value = serde_yaml::from_str(&cm).unwrap();
+    let doc: serde_norway::Value = serde_norway::from_str(&cm).unwrap();
     assert_eq!(doc["kind"], "ConfigMap");
     assert_eq!(doc["metadata"]["name"], "tcpx-nccl-env");
-    let data: BTreeMap<String, String> = serde_yaml::from_value(doc["data"].clone()).unwrap();
+    let data: BTreeMap<String, String> = serde_norway::from_value(doc["data"].clone()).unwrap();
     assert_eq!(data, env);
 }
 
@@ -398,8 +398,8 @@ fn the_kubernetes_workloads_source_the_daemons_file_and_set_nothing_by_hand() {
     for rel in ["tcpx-daemon-sidecar.yaml", "native-sidecar-job.yaml", "nccl-allgather.yaml"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes").join(rel);
         let text = std::fs::read_to_string(&path).unwrap();
-        let job = serde_yaml::Deserializer::from_str(&text)
-            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+        let job = serde_norway::Deserializer::from_str(&text)
+            .map(|d| <serde_norway::Value as serde::Deserialize>::deserialize(d).unwrap())
             .find(|d| d["kind"] == "Job")
             .unwrap();
         let pod = &job["spec"]["template"]["spec"];
