@@ -10,6 +10,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::fmt::Display;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -217,7 +218,13 @@ impl TenantPolicy {
     }
 
     /// May `who` use the GPU at topology place `gpu` (called `name`)?
-    pub fn check_gpu(&self, endpoint: &str, who: &Client, gpu: usize, name: &str) -> Result<(), Denied> {
+    pub fn check_gpu(
+        &self,
+        endpoint: &str,
+        who: &Client,
+        gpu: usize,
+        name: &dyn Display,
+    ) -> Result<(), Denied> {
         if !self.checks() {
             return Ok(());
         }
@@ -267,7 +274,7 @@ impl TenantPolicy {
         endpoint: &str,
         who: &Client,
         owner: Option<u64>,
-        flow: &str,
+        flow: &dyn Display,
     ) -> Result<(), Denied> {
         if !self.checks() {
             return Ok(());
@@ -283,11 +290,16 @@ impl TenantPolicy {
         }
     }
 
+    /// Whether rules are counted per tenant (a quota in audit or enforce).
+    pub fn counts_rules(&self) -> bool {
+        self.max_rules != 0 && self.checks()
+    }
+
     /// Takes one rule of `tenant`'s quota; `Err` when it is used up (the
     /// rule is counted anyway in audit mode, so that the count stays right).
     pub fn take_rule(&self, endpoint: &str, who: &Client, tenant: Option<u64>) -> Result<(), Denied> {
         let Some(id) = tenant else { return Ok(()) };
-        if self.max_rules == 0 || !self.checks() {
+        if !self.counts_rules() {
             return Ok(());
         }
         let held = {
@@ -313,7 +325,7 @@ impl TenantPolicy {
     /// place was not used).
     pub fn give_rule(&self, tenant: Option<u64>) {
         let Some(id) = tenant else { return };
-        if self.max_rules == 0 || !self.checks() {
+        if !self.counts_rules() {
             return;
         }
         let mut map = self.held.lock().expect("tenant quota lock");

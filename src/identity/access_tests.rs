@@ -20,8 +20,8 @@ fn refused(m: &Metrics, endpoint: &str, reason: Refusal, mode: &str) -> u64 {
 fn a_gpu_is_usable_only_where_its_device_node_is_seen() {
     let (p, m) = policy(TenantIsolation::Enforce, 0);
     let a = client(10, 0b001);
-    assert_eq!(p.check_gpu("gpu_fd", &a, 0, "0000:04:00.0"), Ok(()));
-    let d = p.check_gpu("gpu_fd", &a, 2, "0000:0a:00.0").unwrap_err();
+    assert_eq!(p.check_gpu("gpu_fd", &a, 0, &"0000:04:00.0"), Ok(()));
+    let d = p.check_gpu("gpu_fd", &a, 2, &"0000:0a:00.0").unwrap_err();
     assert_eq!(d.code(), StatusCode::PermissionDenied);
     assert!(d.message.contains("0000:0a:00.0") && d.message.contains("/dev/nvidia2"), "{}", d.message);
     assert_eq!(refused(&m, "gpu_fd", Refusal::Gpu, "enforce"), 1);
@@ -31,8 +31,8 @@ fn a_gpu_is_usable_only_where_its_device_node_is_seen() {
 fn audit_decides_the_same_but_serves() {
     let (p, m) = policy(TenantIsolation::Audit, 0);
     let a = client(10, 0b001);
-    assert_eq!(p.check_gpu("gpu_fd", &a, 2, "0000:0a:00.0"), Ok(()));
-    assert_eq!(p.check_gpu("gpu_fd", &Client::default(), 0, "0000:04:00.0"), Ok(()));
+    assert_eq!(p.check_gpu("gpu_fd", &a, 2, &"0000:0a:00.0"), Ok(()));
+    assert_eq!(p.check_gpu("gpu_fd", &Client::default(), 0, &"0000:04:00.0"), Ok(()));
     assert_eq!(refused(&m, "gpu_fd", Refusal::Gpu, "audit"), 1);
     assert_eq!(refused(&m, "gpu_fd", Refusal::Unidentified, "audit"), 1);
     assert_eq!(refused(&m, "gpu_fd", Refusal::Gpu, "enforce"), 0);
@@ -42,15 +42,15 @@ fn audit_decides_the_same_but_serves() {
 fn off_checks_nothing_and_counts_nothing() {
     let p = TenantPolicy::off();
     assert!(!p.checks());
-    assert_eq!(p.check_gpu("gpu_fd", &Client::default(), 5, "x"), Ok(()));
-    assert_eq!(p.check_owner("rule_uninstall", &Client::default(), Some(3), "f"), Ok(()));
+    assert_eq!(p.check_gpu("gpu_fd", &Client::default(), 5, &"x"), Ok(()));
+    assert_eq!(p.check_owner("rule_uninstall", &Client::default(), Some(3), &"f"), Ok(()));
     assert_eq!(p.take_rule("rule_manager", &Client::default(), Some(3)), Ok(()));
 }
 
 #[test]
 fn an_unidentified_client_is_refused_with_the_fix() {
     let (p, m) = policy(TenantIsolation::Enforce, 0);
-    let d = p.check_gpu("gpu_fd", &Client::default(), 0, "0000:04:00.0").unwrap_err();
+    let d = p.check_gpu("gpu_fd", &Client::default(), 0, &"0000:04:00.0").unwrap_err();
     assert_eq!(d.reason, Refusal::Unidentified);
     assert!(d.message.contains("hostPID") && d.message.contains("shareProcessNamespace"), "{}", d.message);
     assert_eq!(refused(&m, "gpu_fd", Refusal::Unidentified, "enforce"), 1);
@@ -61,12 +61,12 @@ fn only_the_owner_removes_a_rule() {
     let (p, m) = policy(TenantIsolation::Enforce, 0);
     let (a, b) = (client(10, 1), client(20, 1));
     p.saw(a.tenant.as_ref().unwrap());
-    assert_eq!(p.check_owner("rule_uninstall", &a, Some(10), "f"), Ok(()));
-    let d = p.check_owner("rule_uninstall", &b, Some(10), "10.0.0.2:1 -> 10.0.0.1:2").unwrap_err();
+    assert_eq!(p.check_owner("rule_uninstall", &a, Some(10), &"f"), Ok(()));
+    let d = p.check_owner("rule_uninstall", &b, Some(10), &"10.0.0.2:1 -> 10.0.0.1:2").unwrap_err();
     assert_eq!((d.reason, d.code()), (Refusal::Owner, StatusCode::PermissionDenied));
     assert!(d.message.contains("/test/10"), "names the owner: {}", d.message);
     // A rule booked without a tenant (isolation was off) is anybody's.
-    assert_eq!(p.check_owner("rule_uninstall", &b, None, "f"), Ok(()));
+    assert_eq!(p.check_owner("rule_uninstall", &b, None, &"f"), Ok(()));
     assert_eq!(refused(&m, "rule_uninstall", Refusal::Owner, "enforce"), 1);
 }
 
@@ -97,7 +97,7 @@ fn refusals_are_logged_at_most_once_a_second_per_reason() {
     let (p, _) = policy(TenantIsolation::Enforce, 0);
     let a = client(10, 0);
     for _ in 0..100 {
-        let _ = p.check_gpu("gpu_fd", &a, 0, "g");
+        let _ = p.check_gpu("gpu_fd", &a, 0, &"g");
     }
     assert_eq!(p.unlogged[Refusal::Gpu.index()].load(Ordering::Relaxed), 99);
 }

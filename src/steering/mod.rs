@@ -39,7 +39,7 @@ use foldhash::HashMap;
 use tokio::sync::oneshot;
 
 use crate::endpoint::budget::ConnBudget;
-use crate::identity::{Client, ClientTracker, Lease, TenantPolicy};
+use crate::identity::{Client, ClientTracker, TenantPolicy};
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicError};
 use crate::rules::engine::Installed;
@@ -128,16 +128,23 @@ impl RulePath {
 /// outlives its reclaim.
 #[derive(Debug, Clone, Default)]
 pub struct Requester {
+    /// What a rule it installs records of it.
     pub owner: Owner,
-    pub lease: Option<Arc<Lease>>,
-    /// Who asks, for the tenant checks.
+    /// Who asks: its lease and its tenant, for the checks.
     pub client: Client,
 }
 
 impl From<Client> for Requester {
     fn from(c: Client) -> Requester {
         let owner = Owner { pid: c.pid, lease: c.lease.as_ref().map(|l| l.id()), tenant: c.tenant_id() };
-        Requester { owner, lease: c.lease.clone(), client: c }
+        Requester { owner, client: c }
+    }
+}
+
+impl Requester {
+    /// Whether its process is already known to be gone.
+    pub fn gone(&self) -> bool {
+        self.client.lease.as_ref().is_some_and(|l| !l.alive())
     }
 }
 

@@ -137,7 +137,7 @@ fn check_install(
     if !t.checks() {
         return Ok(());
     }
-    t.check_gpu(ENDPOINT_INSTALL, &who.client, slot.ordinal, &pci.to_string())
+    t.check_gpu(ENDPOINT_INSTALL, &who.client, slot.ordinal, &pci)
         .and_then(|_| t.check_flow(ENDPOINT_INSTALL, &who.client, req.flow.dst, req.flow.src))
         .map_err(|d| RuleFailure::new(d.code(), d.message))
 }

@@ -170,7 +170,7 @@ impl NicThread {
                 );
             }
             Job::InstallTo { flow, gpu, hint, who, to } => {
-                if who.lease.as_ref().is_some_and(|l| !l.alive()) {
+                if who.gone() {
                     let r = Err(unavailable("the requesting process has exited"));
                     answer(to, r, Some(&self.metrics), Instant::now());
                 } else {
@@ -192,7 +192,7 @@ impl NicThread {
                 let _ = reply.send(Err(unavailable("the daemon is shutting down")));
             }
             Job::Install { flow, gpu, hint, who, reply } => {
-                if who.lease.as_ref().is_some_and(|l| !l.alive()) {
+                if who.gone() {
                     let _ = reply.send(Err(unavailable("the requesting process has exited")));
                     return;
                 }
@@ -245,9 +245,11 @@ impl NicThread {
     ) -> Result<Installed, RuleFailure> {
         let owner = who.owner;
         // The quota's place is taken first and given back if the rule turns
-        // out not to be a new one of this tenant's.
-        let before = self.engine.rules().get(&flow).map(|e| e.owner.tenant);
-        if before != Some(owner.tenant) {
+        // out not to be a new one of this tenant's (looked up only when a
+        // quota is counted).
+        let counted = self.tenants.counts_rules();
+        let before = if counted { self.engine.rules().get(&flow).map(|e| e.owner.tenant) } else { None };
+        if counted && before != Some(owner.tenant) {
             if let Err(d) = self.tenants.take_rule(ENDPOINT_INSTALL, &who.client, owner.tenant) {
                 let r = Err(RuleFailure::new(d.code(), d.message));
                 reply(&r, Instant::now());
@@ -258,6 +260,7 @@ impl NicThread {
         let t = Instant::now();
         let r = self.engine.install(self.nic.as_ref(), flow, gpu, hint, owner);
         match (&r, before) {
+            _ if !counted => {}
             // Not booked: the place taken above stays unused.
             (Err(_), b) if b != Some(owner.tenant) => self.tenants.give_rule(owner.tenant),
             // Booked before for another tenant: it is this one's now.
@@ -290,8 +293,10 @@ impl NicThread {
         who: &Requester,
         reply: impl FnOnce(&Result<Option<RuleEntry>, RuleFailure>, Instant),
     ) -> Result<Option<RuleEntry>, RuleFailure> {
-        if let Some(owner) = self.engine.rules().get(&flow).map(|e| e.owner.tenant) {
-            let shown = format!("{} -> {}", flow.src, flow.dst);
+        let owner =
+            self.tenants.checks().then(|| self.engine.rules().get(&flow).map(|e| e.owner.tenant)).flatten();
+        if let Some(owner) = owner {
+            let shown = format_args!("{} -> {}", flow.src, flow.dst);
             if let Err(d) = self.tenants.check_owner(ENDPOINT_UNINSTALL, &who.client, owner, &shown) {
                 let r = Err(RuleFailure::new(d.code(), d.message));
                 reply(&r, Instant::now());
