@@ -110,6 +110,17 @@ enum Reply {
 }
 
 impl Reply {
+    /// A client script's answer line: `fd`, or `reply HEX` (the whole frame).
+    fn parse(line: &str) -> Reply {
+        if line == "fd" {
+            return Reply::Fd;
+        }
+        let hex = line.strip_prefix("reply ").unwrap_or_else(|| panic!("reply line: {line:?}"));
+        let bytes: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        Reply::Message(UnixSocketProto::decode(&bytes[2..]).unwrap())
+    }
+
     fn code(&self) -> i32 {
         match self {
             Reply::Fd => 0,
@@ -162,14 +173,7 @@ impl Agent {
 
     fn req(&mut self, path: &Path, msg: &UnixSocketProto) -> Reply {
         let hex: String = encoded(msg).iter().map(|b| format!("{b:02x}")).collect();
-        let a = self.ask(&format!("req {} {hex}", path.display()));
-        if a == "fd" {
-            return Reply::Fd;
-        }
-        let hex = a.strip_prefix("reply ").expect("reply line");
-        let bytes: Vec<u8> =
-            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
-        Reply::Message(UnixSocketProto::decode(&bytes[2..]).unwrap())
+        Reply::parse(&self.ask(&format!("req {} {hex}", path.display())))
     }
 }
 
@@ -372,14 +376,7 @@ fn orphan_request(path: &Path, msg: &UnixSocketProto) -> Reply {
     assert!(child.wait().unwrap().success());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let line = line.trim();
-    if line == "fd" {
-        return Reply::Fd;
-    }
-    let hex = line.strip_prefix("reply ").unwrap_or_else(|| panic!("reply line: {line:?}"));
-    let bytes: Vec<u8> =
-        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
-    Reply::Message(UnixSocketProto::decode(&bytes[2..]).unwrap())
+    Reply::parse(line.trim())
 }
 
 #[test]

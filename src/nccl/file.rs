@@ -13,14 +13,7 @@ pub const FILE_NAME: &str = "nccl.env";
 /// The file's mode for sockets of mode `socket_mode`: read for every class
 /// that may use the sockets, write for the owner only.
 pub fn mode_for(socket_mode: u32) -> u32 {
-    let mut mode = 0o600;
-    if socket_mode & 0o060 != 0 {
-        mode |= 0o040;
-    }
-    if socket_mode & 0o006 != 0 {
-        mode |= 0o004;
-    }
-    mode
+    crate::types::mode::granted_to_socket_users(socket_mode, 0o600, 0o4)
 }
 
 /// Writes `text` to `dir/nccl.env` through a temporary file renamed over it,

@@ -84,14 +84,7 @@ pub fn resolve_group(group: &str) -> Result<Gid, SocketDirError> {
 /// owner gets `rwx`. Write is never handed on: it would let a client delete
 /// or replace the daemon's sockets. `0660` → `0750`, `0666` → `0755`, `0600` → `0700`.
 pub fn dir_mode_for(socket_mode: u32) -> u32 {
-    let mut mode = 0o700;
-    if socket_mode & 0o060 != 0 {
-        mode |= 0o050;
-    }
-    if socket_mode & 0o006 != 0 {
-        mode |= 0o005;
-    }
-    mode
+    crate::types::mode::granted_to_socket_users(socket_mode, 0o700, 0o5)
 }
 
 /// Creates `dir` and any missing parents with [`dir_mode_for`] and group

@@ -4,6 +4,7 @@
 
 pub mod flow;
 pub mod ifname;
+pub mod mode;
 pub mod pci;
 pub mod status;
 pub mod topology;
