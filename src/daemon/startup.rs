@@ -168,7 +168,8 @@ impl Startup<'_> {
             for (gi, g) in n.gpus.iter().enumerate() {
                 let pool = node.pools.iter().find(|(pci, _)| *pci == g.pci).map(|(_, p)| Arc::downgrade(p));
                 let ordinal = gpus.len();
-                gpus.insert(g.pci, GpuEntry { nic: ni, index: gi, ordinal, queues: g.queues.clone(), pool });
+                let slot = GpuSlot { nic: ni, index: gi, ordinal };
+                gpus.insert(g.pci, GpuEntry { slot, queues: g.queues.clone(), pool });
             }
             let capacity = topo.max_rx_rules.min(p.rule_capacity);
             if capacity < topo.max_rx_rules {
@@ -197,9 +198,7 @@ impl Startup<'_> {
         let conn_limit = Arc::new(ConnBudget::new(flags.max_connections as usize, idle));
         let rules = Arc::new(RulePath::new(
             nic_threads,
-            gpus.iter().map(|(pci, g): (&PciAddr, &GpuEntry)| {
-                (*pci, GpuSlot { nic: g.nic, index: g.index, ordinal: g.ordinal })
-            }),
+            gpus.iter().map(|(pci, g): (&PciAddr, &GpuEntry)| (*pci, g.slot)),
             self.metrics.clone(),
             conn_limit.clone(),
             clients.clone(),

@@ -118,7 +118,7 @@ fn refused(state: &ServerState, ctx: &ConnContext, kind: &str, want: Option<PciA
     let gpu = state.gpus.get(&pci)?;
     let who = ctx.client.clone().unwrap_or_default();
     let endpoint = format!("gpu_{kind}");
-    let denied = state.tenants.check_gpu(&endpoint, &who, gpu.ordinal, &pci).err()?;
+    let denied = state.tenants.check_gpu(&endpoint, &who, gpu.slot.ordinal, &pci).err()?;
     count(state, kind, denied.code());
     Some(Reply::Message(frame::error(denied.code(), denied.message)))
 }

@@ -26,17 +26,14 @@ use crate::endpoint::{stopped, Endpoint};
 use crate::gpu::RxPool;
 use crate::identity::{ClientTracker, TenantPolicy};
 use crate::metrics::Metrics;
-use crate::steering::RulePath;
+use crate::steering::{GpuSlot, RulePath};
 use crate::types::pci::PciAddr;
 
 /// One managed GPU as the handlers see it.
 #[derive(Debug, Clone)]
 pub struct GpuEntry {
-    pub nic: usize,
-    /// Index of the GPU within its NIC.
-    pub index: usize,
-    /// Its place among all the daemon's GPUs, in topology order.
-    pub ordinal: usize,
+    /// Where it sits: its NIC, its index there, its place among all GPUs.
+    pub slot: GpuSlot,
     pub queues: Vec<u32>,
     /// The daemon's teardown owns the pool: it is freed right after its
     /// binding ends, even while a task still holds this state.

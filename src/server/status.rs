@@ -129,7 +129,7 @@ pub async fn status_json(state: &ServerState) -> Value {
             *t.1.entry(s.ifname.clone()).or_default() += 1;
         }
         let nic_index = state.rules.nics.iter().position(|t| t.ifname == s.ifname);
-        for g in state.gpus.values().filter(|g| Some(g.nic) == nic_index) {
+        for g in state.gpus.values().filter(|g| Some(g.slot.nic) == nic_index) {
             for q in &g.queues {
                 by_queue.entry(*q).or_default();
             }
@@ -175,7 +175,7 @@ pub async fn status_json(state: &ServerState) -> Value {
             let pool = g.pool.as_ref().and_then(Weak::upgrade);
             json!({
                 "gpu": pci.to_string(),
-                "nic": state.rules.nics.get(g.nic).map(|t| t.ifname.clone()),
+                "nic": state.rules.nics.get(g.slot.nic).map(|t| t.ifname.clone()),
                 "queues": g.queues,
                 "size_bytes": pool.as_ref().map(|p| p.size()),
                 "pool": pool.as_ref().map(|p| p.describe()),
