@@ -166,6 +166,11 @@ impl Binding for DevmemBinding {
     fn dmabuf_id(&self) -> Option<u32> {
         Some(self.dmabuf_id)
     }
+
+    fn handover_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        vec![self._socket.as_fd()]
+    }
 }
 
 #[cfg(test)]

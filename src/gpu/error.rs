@@ -39,6 +39,8 @@ pub enum GpuError {
     SpawnWorker { gpu: PciAddr, source: std::io::Error },
     #[error("GPU {gpu}: the allocation thread panicked")]
     WorkerPanicked { gpu: PciAddr },
+    #[error("GPU {gpu}: taking the pool over: {why}")]
+    CannotAdopt { gpu: PciAddr, why: String },
     /// A failure a test asked the recording allocator for.
     #[error(transparent)]
     Injected(#[from] InjectedFailure),

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::unistd::ftruncate;
 
-use super::{GpuError, PoolAllocator, RxPool, ShmemType};
+use super::{GpuError, HandedPool, PoolAllocator, RxPool, ShmemType};
 use crate::types::pci::PciAddr;
 
 const PAGE: u64 = 4096;
@@ -61,6 +61,20 @@ impl PoolAllocator for HostAllocator {
         }
         Ok(Box::new(HostPool::new(gpu, size)?))
     }
+
+    fn adopt(&self, pool: HandedPool) -> Result<Box<dyn RxPool>, GpuError> {
+        let gpu = pool.gpu;
+        let fd = pool
+            .share_fd
+            .ok_or_else(|| GpuError::CannotAdopt { gpu, why: "no memfd was handed over".into() })?;
+        let st = nix::sys::stat::fstat(&fd)
+            .map_err(|e| GpuError::CannotAdopt { gpu, why: format!("fstat of the handed memfd: {e}") })?;
+        if st.st_size as u64 != pool.size {
+            let why = format!("the handed memfd has {} bytes, the pool {}", st.st_size, pool.size);
+            return Err(GpuError::CannotAdopt { gpu, why });
+        }
+        Ok(Box::new(HostPool { gpu, fd, size: pool.size, fake_dmabuf: false }))
+    }
 }
 
 impl RxPool for HostPool {
@@ -99,5 +113,30 @@ mod tests {
         assert_eq!(st.st_size as u64, pool.size());
         assert!(HostAllocator.allocate(gpu, 1, ShmemType::File).is_err());
         assert!(pool.dmabuf_fd().is_none(), "a memfd is no dma-buf");
+    }
+
+    #[test]
+    fn adopted_pool_is_the_same_memory() {
+        use std::os::fd::AsFd;
+        let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
+        let pool = HostAllocator.allocate(gpu, 8192, ShmemType::Fd).unwrap();
+        nix::sys::uio::pwrite(pool.share_fd().unwrap(), b"kept", 100).unwrap();
+        let fd = pool.share_fd().unwrap().try_clone_to_owned().unwrap();
+        let handed = |size| HandedPool {
+            gpu,
+            size,
+            alignment: PAGE,
+            share_fd: Some(fd.try_clone().unwrap()),
+            dmabuf_fd: None,
+        };
+        let adopted = HostAllocator.adopt(handed(8192)).unwrap();
+        drop(pool);
+        let mut back = [0u8; 4];
+        nix::sys::uio::pread(adopted.share_fd().unwrap().as_fd(), &mut back, 100).unwrap();
+        assert_eq!(&back, b"kept");
+        let err = HostAllocator.adopt(handed(4096)).unwrap_err().to_string();
+        assert!(err.contains("has 8192 bytes, the pool 4096"), "{err}");
+        let none = HandedPool { share_fd: None, ..handed(8192) };
+        assert!(HostAllocator.adopt(none).unwrap_err().to_string().contains("no memfd"));
     }
 }

@@ -11,7 +11,7 @@ mod recording;
 mod tcpx;
 
 use std::fmt::Debug;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 pub use self::binder::{select_binder, BinderKind};
 pub use self::cuda::{CudaAllocator, CudaError, LoadError};
@@ -89,6 +89,28 @@ pub trait PoolAllocator: Send + Sync {
         Ok(None)
     }
     fn allocate(&self, gpu: PciAddr, size: u64, shmem: ShmemType) -> Result<Box<dyn RxPool>, GpuError>;
+    /// Takes over a pool that the daemon this one replaces allocated, from
+    /// the fds it handed over: nothing is allocated, the memory stays the
+    /// same. Backends whose pools cannot outlive their process refuse.
+    fn adopt(&self, pool: HandedPool) -> Result<Box<dyn RxPool>, GpuError> {
+        Err(GpuError::CannotAdopt {
+            gpu: pool.gpu,
+            why: format!("the {} backend cannot take pools over", self.backend()),
+        })
+    }
+}
+
+/// A pool as one daemon hands it to its successor: the fds that keep its
+/// memory alive and what the pool is.
+#[derive(Debug)]
+pub struct HandedPool {
+    pub gpu: PciAddr,
+    pub size: u64,
+    pub alignment: u64,
+    /// The fd clients import (the pool's shareable handle).
+    pub share_fd: Option<OwnedFd>,
+    /// The pool's dma-buf, where it has one (queue binding holds it too).
+    pub dmabuf_fd: Option<OwnedFd>,
 }
 
 /// Allocates one pool per `(gpu, size)` request, all GPUs in parallel (one
@@ -129,6 +151,35 @@ pub trait Binding: Send + Sync + Debug {
     /// `/debug/config`.
     fn dmabuf_id(&self) -> Option<u32> {
         None
+    }
+    /// The fds whose being open keeps the binding alive (a TCPX pages fd,
+    /// the devmem netlink socket): a takeover hands them to the successor.
+    fn handover_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
+    }
+}
+
+/// A binding taken over from the daemon this one replaced: the kernel keeps
+/// the queues bound while these fds are open; dropping closes them (unbinds).
+#[derive(Debug)]
+pub struct AdoptedBinding {
+    pub fds: Vec<OwnedFd>,
+    pub description: String,
+    pub dmabuf_id: Option<u32>,
+}
+
+impl Binding for AdoptedBinding {
+    fn describe(&self) -> String {
+        format!("{} (taken over)", self.description)
+    }
+
+    fn dmabuf_id(&self) -> Option<u32> {
+        self.dmabuf_id
+    }
+
+    fn handover_fds(&self) -> Vec<BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.fds.iter().map(|f| f.as_fd()).collect()
     }
 }
 

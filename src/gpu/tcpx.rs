@@ -180,6 +180,11 @@ impl Binding for TcpxBinding {
             self.queues
         )
     }
+
+    fn handover_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        vec![self.pages.as_fd()]
+    }
 }
 
 #[cfg(test)]
