@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/unix_socket_message.proto", "proto/gpu_rxq_configuration.proto"];
+    let files =
+        ["proto/unix_socket_message.proto", "proto/gpu_rxq_configuration.proto", "proto/handover.proto"];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -185,6 +185,7 @@ impl Startup<'_> {
                 self.metrics.clone(),
                 stopping.clone(),
                 tenants.clone(),
+                None,
             )
             .map_err(|source| DaemonError::NicRuleThread { ifname: n.ifname.clone(), source })?;
             nic_threads.push(w);

@@ -12,6 +12,7 @@
 pub mod accept_backoff;
 pub mod budget;
 pub mod memory;
+pub mod pause;
 
 use std::sync::Arc;
 

@@ -46,6 +46,7 @@ use crate::rules::engine::Installed;
 use crate::rules::table::{Owner, RuleEntry};
 use crate::rules::RuleFailure;
 use crate::types::pci::PciAddr;
+use crate::wire::handover::RuleTable;
 use apply::{BookedCopy, NicFlows, NicRuleThread};
 pub use handoff::{Handoff, Inbox};
 
@@ -204,6 +205,13 @@ pub enum Job {
     RemoveAll {
         give_up_at: Instant,
         reply: oneshot::Sender<Vec<NicError>>,
+    },
+    /// A takeover: writes the table out, then runs nothing more until
+    /// `hold` ends (a message or its sender dropped: the takeover failed,
+    /// serve on). Handed over, the process exits with the thread still held.
+    Freeze {
+        reply: oneshot::Sender<RuleTable>,
+        hold: std::sync::mpsc::Receiver<()>,
     },
     /// Nothing: makes the thread look at its retry deadline again.
     Wake,

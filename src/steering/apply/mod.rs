@@ -29,10 +29,11 @@ use crate::identity::TenantPolicy;
 use crate::metrics::Metrics;
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine};
-use crate::rules::table::RuleEntry;
+use crate::rules::table::{NicRules, RuleEntry};
 use crate::rules::RuleFailure;
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
+use crate::wire::handover::RuleTable;
 
 mod queue;
 mod reply;
@@ -129,8 +130,10 @@ fn unavailable(msg: &str) -> RuleFailure {
 }
 
 impl NicRuleThread {
-    /// Starts the rule thread of NIC `ifname`. Once `stopping` is set,
+    /// Starts the rule thread of NIC `ifname`, over `adopted` (a table taken
+    /// over from another daemon) or an empty table. Once `stopping` is set,
     /// requests not yet started are answered UNAVAILABLE.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ifname: &str,
         capacity: u32,
@@ -139,13 +142,18 @@ impl NicRuleThread {
         metrics: Arc<Metrics>,
         stopping: Arc<AtomicBool>,
         tenants: Arc<TenantPolicy>,
+        adopted: Option<NicRules>,
     ) -> std::io::Result<NicRuleThread> {
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
         let gpu_names: Arc<[String]> = gpus.iter().map(|(p, _)| p.to_string()).collect();
         let fast = Arc::new(AtomicBool::new(false));
+        let engine = match adopted {
+            Some(rules) => NicRuleEngine::with_rules(ifname, rules),
+            None => NicRuleEngine::new(ifname, capacity, &queues),
+        };
         let state = NicThread::new(
-            NicRuleEngine::new(ifname, capacity, &queues),
+            engine,
             gpu_names.clone(),
             nic.clone(),
             metrics.clone(),
@@ -153,7 +161,7 @@ impl NicRuleThread {
             fast.clone(),
             tenants,
         );
-        state.reset_gauges();
+        state.gauges_from_table();
         let core = Arc::new(NicCore { jobs: JobQueue::new(), state: Mutex::new(state), fast });
         let shared = core.clone();
         std::thread::Builder::new()
@@ -217,6 +225,15 @@ impl NicRuleThread {
         self.ask(|reply| Job::Uninstall { flow, who, reply })
             .await
             .unwrap_or_else(|| Err(unavailable("the daemon is shutting down")))
+    }
+
+    /// Takeover: the table as it stands once every job queued before is
+    /// done, and the hold that keeps the thread from running anything after
+    /// (drop it to let the thread go on). `None` if the thread is gone.
+    pub async fn freeze(&self) -> Option<(RuleTable, std::sync::mpsc::Sender<()>)> {
+        let (tx, hold) = std::sync::mpsc::channel();
+        let table = self.ask(|reply| Job::Freeze { reply, hold }).await?;
+        Some((table, tx))
     }
 
     /// Queues the removal of every rule of `lease` (its process exited).
@@ -283,7 +300,7 @@ impl NicRuleThread {
 mod tests {
     use super::*;
     use crate::nic::sim::SimNic;
-    use crate::nic::{NicOp, NicSetup, FEATURE_NTUPLE};
+    use crate::nic::{NicOp, NicSetup, RuleControl, FEATURE_NTUPLE};
 
     fn flow(i: u32) -> FlowSpec {
         FlowSpec {
@@ -304,6 +321,7 @@ mod tests {
             Arc::new(Metrics::new()),
             Arc::new(AtomicBool::new(false)),
             Arc::new(TenantPolicy::off()),
+            None,
         )
         .unwrap();
         (nic, t)
@@ -360,6 +378,49 @@ mod tests {
         // The bookkeeping is the NIC thread's own: it sees the inline install.
         let copy = t.booked_copy().await;
         assert_eq!(copy.rules.len(), n as usize + 1);
+    }
+
+    #[tokio::test]
+    async fn a_frozen_thread_writes_its_table_and_runs_nothing_until_released() {
+        let (nic, t) = setup();
+        for i in 0..5 {
+            t.install(flow(i), 0, None, Requester::default()).await.unwrap();
+        }
+        let (table, hold) = t.freeze().await.expect("thread alive");
+        assert_eq!(table.rules.len(), 5);
+        assert_eq!(table.capacity, 1000);
+        let later = tokio::spawn({
+            let t = std::sync::Arc::new(t);
+            async move { (t.install(flow(99), 0, None, Requester::default()).await, t) }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!later.is_finished(), "frozen: the install waits");
+        assert_eq!(nic.list_rules("eth1").unwrap().len(), 5, "nothing reached the NIC");
+        drop(hold);
+        let (r, t) = tokio::time::timeout(Duration::from_secs(5), later).await.unwrap().unwrap();
+        assert!(r.is_ok());
+        // A thread started over the table books exactly what it held.
+        let adopted = NicRules::from_wire(&table, 1000, &[vec![8, 9]]).unwrap();
+        let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let t2 = NicRuleThread::new(
+            "eth1",
+            1000,
+            vec![(gpu, vec![8, 9])],
+            nic.clone(),
+            metrics.clone(),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(TenantPolicy::off()),
+            Some(adopted),
+        )
+        .unwrap();
+        assert_eq!(t2.booked_copy().await.rules.len(), 5);
+        assert_eq!(metrics.rules_installed.with_label_values(&["eth1"]).get(), 5);
+        assert!(matches!(
+            t2.install(flow(3), 0, None, Requester::default()).await,
+            Ok(Installed::Existing(_))
+        ));
+        drop(t);
     }
 
     #[tokio::test]
