@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::flags::SetupParam;
 use crate::config::flags::TenantIsolation;
 use crate::endpoint::budget::ConnBudget;
+use crate::endpoint::pause::Gate;
 use crate::endpoint::Endpoint;
 use crate::gpu::{RxPool, ShmemType};
 use crate::host::tuning::{HostTuning, TuningPlan};
@@ -197,6 +198,7 @@ impl Startup<'_> {
         let (clients, exits) = ClientTracker::new(policy, self.metrics.clone(), tenants.clone());
         let idle = (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout));
         let conn_limit = Arc::new(ConnBudget::new(flags.max_connections as usize, idle));
+        let gate = Arc::new(Gate::default());
         let rules = Arc::new(RulePath::new(
             nic_threads,
             gpus.iter().map(|(pci, g): (&PciAddr, &GpuEntry)| (*pci, g.slot)),
@@ -205,6 +207,7 @@ impl Startup<'_> {
             clients.clone(),
             stopping.clone(),
             tenants.clone(),
+            gate.clone(),
         ));
         let state = Arc::new(ServerState {
             gpus: gpus.into_iter().collect(),
@@ -215,6 +218,7 @@ impl Startup<'_> {
             clients,
             stopping,
             tenants,
+            gate,
         });
         spawn_reaper(Arc::downgrade(&state), exits);
         state.rules.set_addresses(address_map(self.backends.nic.as_ref(), topo));
@@ -296,6 +300,7 @@ impl Startup<'_> {
             state.rules.clone(),
             self.shutdown.clone(),
             self.done.clone(),
+            Vec::new(),
         )
         .map_err(|source| DaemonError::RuleIo { source })?;
         for ep in [Endpoint::QueueIdsByGpu, Endpoint::Registry] {

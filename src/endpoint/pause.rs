@@ -75,9 +75,9 @@ impl Default for Gate {
 }
 
 /// Held by an async connection task while it lives.
-pub struct LiveConn<'a>(&'a Gate);
+pub struct LiveConn(std::sync::Arc<Gate>);
 
-impl Drop for LiveConn<'_> {
+impl Drop for LiveConn {
     fn drop(&mut self) {
         self.0.live.fetch_sub(1, Ordering::AcqRel);
     }
@@ -124,9 +124,9 @@ impl Gate {
     }
 
     /// Counts an async connection task for as long as the guard lives.
-    pub fn enter(&self) -> LiveConn<'_> {
+    pub fn enter(self: &std::sync::Arc<Self>) -> LiveConn {
         self.live.fetch_add(1, Ordering::AcqRel);
-        LiveConn(self)
+        LiveConn(self.clone())
     }
 
     /// Announces a rule I/O thread (at start).
@@ -210,7 +210,7 @@ mod tests {
 
     #[tokio::test]
     async fn quiesced_waits_for_every_task_and_thread() {
-        let gate = Gate::default();
+        let gate = std::sync::Arc::new(Gate::default());
         let a = gate.enter();
         let b = gate.enter();
         gate.add_io_thread();

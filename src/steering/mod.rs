@@ -39,6 +39,7 @@ use foldhash::HashMap;
 use tokio::sync::oneshot;
 
 use crate::endpoint::budget::ConnBudget;
+use crate::endpoint::pause::Gate;
 use crate::identity::{Client, ClientTracker, TenantPolicy};
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicError};
@@ -80,9 +81,12 @@ pub struct RulePath {
     pub stopping: Arc<AtomicBool>,
     /// Tenant isolation: which GPU and which flow a client may use.
     pub tenants: Arc<TenantPolicy>,
+    /// A takeover's pause (shared with the async endpoints).
+    pub gate: Arc<Gate>,
 }
 
 impl RulePath {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         nics: Vec<NicRuleThread>,
         gpus: impl IntoIterator<Item = (PciAddr, GpuSlot)>,
@@ -91,8 +95,10 @@ impl RulePath {
         clients: Arc<ClientTracker>,
         stopping: Arc<AtomicBool>,
         tenants: Arc<TenantPolicy>,
+        gate: Arc<Gate>,
     ) -> RulePath {
         RulePath {
+            gate,
             nics,
             gpus: gpus.into_iter().collect(),
             addresses: Default::default(),
