@@ -46,6 +46,31 @@ impl FdList {
     }
 }
 
+/// The fds that came with a message, each taken once by its index.
+#[derive(Debug, Default)]
+pub struct FdSet {
+    fds: Vec<Option<OwnedFd>>,
+}
+
+impl FdSet {
+    pub fn new(fds: Vec<OwnedFd>) -> FdSet {
+        FdSet { fds: fds.into_iter().map(Some).collect() }
+    }
+
+    /// The fd at `index`; an error if there is none or it was taken already.
+    pub fn take(&mut self, index: u32, what: &str) -> Result<OwnedFd, String> {
+        self.fds
+            .get_mut(index as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| format!("{what}: fd {index} missing or named twice"))
+    }
+
+    /// Like [`Self::take`] for an optional index.
+    pub fn take_opt(&mut self, index: Option<u32>, what: &str) -> Result<Option<OwnedFd>, String> {
+        index.map(|i| self.take(i, what)).transpose()
+    }
+}
+
 fn io(what: &'static str, e: nix::errno::Errno) -> HandoverError {
     HandoverError::Io { what, source: e.into() }
 }

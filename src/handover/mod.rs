@@ -24,7 +24,7 @@ use std::time::Duration;
 use prost::Message;
 
 pub use crate::wire::handover::{offer, verdict, Commit, Hello, Offer, State, Verdict};
-pub use fds::{FdList, FDS_PER_MESSAGE};
+pub use fds::{FdList, FdSet, FDS_PER_MESSAGE};
 
 /// The protocol version both daemons must speak.
 pub const VERSION: u32 = 1;
