@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let bytes = prost::Message::encode_to_vec(&fds);
     std::fs::write(out.join("descriptors.bin"), bytes)?;
-    prost_build::Config::new().compile_fds(fds)?;
+    // A takeover's state is large: boxed, so that a refusal stays small.
+    prost_build::Config::new().boxed(".tcpx_rxdm.handover.Offer.answer.state").compile_fds(fds)?;
     Ok(())
 }

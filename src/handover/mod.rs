@@ -128,7 +128,7 @@ pub fn fingerprint_differs(
 
 /// Sends `state` and the fds it names.
 pub fn send_state(s: &mut UnixStream, state: State, fds: &FdList) -> Result<(), HandoverError> {
-    send(s, "sending the state", &Offer { answer: Some(offer::Answer::State(state)) })?;
+    send(s, "sending the state", &Offer { answer: Some(offer::Answer::State(Box::new(state))) })?;
     fds::send_fds(s, fds.fds())
 }
 
@@ -138,7 +138,7 @@ pub fn recv_offer(s: &mut UnixStream) -> Result<(State, Vec<OwnedFd>), HandoverE
     match offer.answer {
         Some(offer::Answer::State(st)) => {
             let fds = fds::recv_fds(s, st.fd_count as usize)?;
-            Ok((st, fds))
+            Ok((*st, fds))
         }
         Some(offer::Answer::Refused(why)) => {
             Err(HandoverError::Protocol(format!("the running daemon refused: {why}")))

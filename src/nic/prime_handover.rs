@@ -10,9 +10,9 @@ use crate::nic::{DataSplit, RxRing};
 /// [`HeaderSplit`] with its values (its own `Serialize` shows the name only).
 #[derive(Serialize, Deserialize)]
 enum Split {
-    PrivFlags { flags: Vec<(String, bool)>, strict: bool, max_rx_buffer: bool },
-    DataSplit { start: DataSplit },
-    RingSizeFallback { start: RxRing },
+    Flags { flags: Vec<(String, bool)>, strict: bool, max_rx_buffer: bool },
+    Rings { start: DataSplit },
+    RingSize { start: RxRing },
     Unsupported,
 }
 
@@ -29,10 +29,10 @@ impl PrimedNic {
     pub fn to_json(&self) -> Vec<u8> {
         let header_split = match &self.header_split {
             HeaderSplit::PrivFlags { flags, strict, max_rx_buffer } => {
-                Split::PrivFlags { flags: flags.clone(), strict: *strict, max_rx_buffer: *max_rx_buffer }
+                Split::Flags { flags: flags.clone(), strict: *strict, max_rx_buffer: *max_rx_buffer }
             }
-            HeaderSplit::DataSplit { start } => Split::DataSplit { start: *start },
-            HeaderSplit::RingSizeFallback { start } => Split::RingSizeFallback { start: *start },
+            HeaderSplit::DataSplit { start } => Split::Rings { start: *start },
+            HeaderSplit::RingSizeFallback { start } => Split::RingSize { start: *start },
             HeaderSplit::Unsupported => Split::Unsupported,
         };
         let doc = Doc {
@@ -48,11 +48,11 @@ impl PrimedNic {
     pub fn from_json(bytes: &[u8]) -> Result<PrimedNic, String> {
         let d: Doc = serde_json::from_slice(bytes).map_err(|e| format!("NIC undo log: {e}"))?;
         let header_split = match d.header_split {
-            Split::PrivFlags { flags, strict, max_rx_buffer } => {
+            Split::Flags { flags, strict, max_rx_buffer } => {
                 HeaderSplit::PrivFlags { flags, strict, max_rx_buffer }
             }
-            Split::DataSplit { start } => HeaderSplit::DataSplit { start },
-            Split::RingSizeFallback { start } => HeaderSplit::RingSizeFallback { start },
+            Split::Rings { start } => HeaderSplit::DataSplit { start },
+            Split::RingSize { start } => HeaderSplit::RingSizeFallback { start },
             Split::Unsupported => HeaderSplit::Unsupported,
         };
         Ok(PrimedNic {

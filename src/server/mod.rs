@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use crate::endpoint::accept_backoff;
 use crate::endpoint::budget::ConnBudget;
-use crate::endpoint::pause::{self, Gate};
+use crate::endpoint::pause::{self, Gate, Parked};
 use crate::endpoint::{stopped, Endpoint};
 use crate::gpu::RxPool;
 use crate::identity::{ClientTracker, TenantPolicy};
@@ -89,6 +89,32 @@ pub struct ServerState {
     pub stopping: Arc<AtomicBool>,
     /// A takeover's pause: no accepting, connections parked between requests.
     pub gate: Arc<Gate>,
+}
+
+/// Serves a connection taken over from another daemon (registered there,
+/// with part of a request read) until it ends.
+pub fn spawn_adopted(
+    p: Parked,
+    state: Arc<ServerState>,
+    shutdown: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
+) -> Result<(), socket_dir::SocketDirError> {
+    let std = std::os::unix::net::UnixStream::from(p.fd);
+    let stream = std
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(std))
+        .map_err(|err| socket_dir::SocketDirError::Bind { path: p.endpoint.socket_name().into(), err })?;
+    if p.registered {
+        state.registry.register(&state.metrics);
+    }
+    let live = state.gate.enter();
+    let permit = state.conn_limit.try_acquire(p.endpoint);
+    let start = conn::Start { registered: p.registered, input: p.input };
+    tokio::spawn(async move {
+        conn::serve(stream, p.endpoint, &state, shutdown, done, start).await;
+        drop((permit, live));
+    });
+    Ok(())
 }
 
 /// Accepts connections on `listener` until shutdown; each connection runs in

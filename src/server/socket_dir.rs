@@ -238,13 +238,6 @@ impl SocketDir {
         (lock, self.listeners.iter().map(|(n, fd)| (n.as_str(), fd.as_fd())))
     }
 
-    /// Lets go of the folder without removing anything or unlocking: the
-    /// process is about to exit and another daemon serves the folder (or
-    /// the daemon that handed it over serves on).
-    pub fn disarm(self) {
-        std::mem::forget(self);
-    }
-
     /// Binds endpoint `name`, replacing a stale socket file (we hold the lock,
     /// so no live daemon owns it).
     pub fn bind(&mut self, name: &str) -> Result<UnixListener, SocketDirError> {
@@ -333,11 +326,10 @@ mod tests {
             listeners.map(|(n, fd)| (n.to_string(), fd.try_clone_to_owned().unwrap())).collect();
         let mut second = SocketDir::adopt(tmp.path(), 0o660, None, lock, handed).unwrap();
         let l2 = second.bind("a").unwrap();
-        use std::os::fd::AsRawFd;
-        let ino = |fd: i32| nix::sys::stat::fstat(unsafe { BorrowedFd::borrow_raw(fd) }).unwrap().st_ino;
-        assert_eq!(ino(l.as_raw_fd()), ino(l2.as_raw_fd()), "the same socket");
+        let ino = |fd: BorrowedFd<'_>| nix::sys::stat::fstat(fd).unwrap().st_ino;
+        assert_eq!(ino(l.as_fd()), ino(l2.as_fd()), "the same socket");
         // A third daemon still finds the folder locked, naming the new holder.
-        first.disarm();
+        std::mem::forget(first); // as a daemon that handed over: exits without cleanup
         drop(l);
         let err = SocketDir::lock(tmp.path(), 0o660, None).err().unwrap().to_string();
         assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");

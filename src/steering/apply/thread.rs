@@ -229,8 +229,7 @@ impl NicThread {
                 let _ = reply.send(self.remove_all(give_up_at));
             }
             Job::Freeze { reply, hold } => {
-                let _ = reply.send(self.engine.rules().to_wire(self.ifname()));
-                let _ = hold.recv();
+                let _ = (reply.send(self.engine.rules().to_wire(self.ifname())), hold.recv());
             }
             Job::Wake => {}
         }
@@ -401,8 +400,8 @@ impl NicThread {
 
     /// Sets the gauges from the table (one taken over from another daemon).
     pub(super) fn gauges_from_table(&self) {
-        self.reset_gauges();
         let rules = self.engine.rules();
+        self.reset_gauges();
         self.series.installed.set(rules.len() as i64);
         self.series.pending.set(rules.pending_len() as i64);
         self.series.foreign.set(rules.foreign_slots().len() as i64);

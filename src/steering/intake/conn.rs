@@ -153,6 +153,12 @@ impl Conn {
         })
     }
 
+    /// Takes in an answer the NIC thread finished meanwhile (it writes to
+    /// the socket itself and wakes this thread only when it must).
+    pub(super) fn settle_now(&mut self) {
+        self.settle();
+    }
+
     /// The pause ended: look at the socket again.
     pub(super) fn unpause(&mut self) {
         self.may_read = true;

@@ -42,7 +42,16 @@ impl IoThread {
             }
             (_, true) => {}
         }
-        if self.parked || !self.conns.values().all(Conn::parkable) {
+        if self.parked {
+            return;
+        }
+        for key in self.conns.keys() {
+            if let Some(c) = self.conns.get_mut(key) {
+                c.settle_now();
+            }
+            self.drive(key);
+        }
+        if !self.conns.values().all(Conn::parkable) {
             return;
         }
         let mut out = Vec::with_capacity(self.conns.len() + self.waiting.len());
