@@ -338,3 +338,32 @@ fn takeover_auto_starts_normally_when_nobody_serves() {
     let second = daemon(&folder, &["--takeover=auto"], &[]).ready();
     assert!(second.wait_for_log("took over from pid", Duration::from_secs(5)).is_some());
 }
+
+#[test]
+fn sigusr2_starts_a_successor_and_wait_mode_exits_on_sigterm_only() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = tmp.path().join("uds");
+    let mut old = daemon(&folder, &["--after_handover=wait"], &[]).ready();
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(300)), frame::OK_FRAME);
+    old.signal(Signal::SIGUSR2);
+    let line = old.wait_for_log("handed over to pid", Duration::from_secs(20)).expect("handed over");
+    let pid: i32 =
+        line.split("handed over to pid ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(old.wait_for_log("waiting for SIGTERM", Duration::from_secs(5)).is_some());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(old.child.try_wait().unwrap().is_none(), "--after_handover=wait: still up");
+    // The successor serves the same folder, rule and all; the old one only waits.
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(301)), frame::OK_FRAME);
+    old.signal(Signal::SIGTERM);
+    assert!(old.wait_exit(Duration::from_secs(10)).success());
+    assert!(!old.log().iter().any(|l| l.contains("rules removed")), "the old daemon restored nothing");
+    // Its exit shut nothing the successor serves.
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_uninstall"), &rule(301)), frame::OK_FRAME);
+    assert!(folder.join("rx_rule_manager").exists());
+    // The successor is no child of ours: stop it by pid; its exit restores and cleans up.
+    kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    wait_until(Duration::from_secs(20), || kill(Pid::from_raw(pid), None).is_err());
+    assert!(!folder.join("rx_rule_manager").exists(), "the last daemon removes the sockets");
+}

@@ -83,6 +83,16 @@ pub enum Takeover {
     Auto,
 }
 
+/// What a daemon does once it has handed over to a successor (`--after_handover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AfterHandover {
+    /// Exit 0 at once (systemd, plain VMs).
+    Exit,
+    /// Stay up, serving nothing, until SIGTERM, then exit 0 (Kubernetes: a
+    /// container that exited would be restarted).
+    Wait,
+}
+
 /// Who may read `/debug/*` (`--debug_endpoints`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DebugAccess {
@@ -283,6 +293,11 @@ pub struct Flags {
     /// (the serving daemon then serves on): seconds, or with a unit.
     #[arg(long = "takeover_timeout", default_value = "10s", value_parser = parse_wait)]
     pub takeover_timeout: Duration,
+    /// Once this daemon has handed over to a successor: exit (0), or wait,
+    /// serving nothing, for SIGTERM (a Kubernetes container, which would
+    /// otherwise be restarted).
+    #[arg(long = "after_handover", value_enum, default_value = "exit")]
+    pub after_handover: AfterHandover,
 }
 
 impl Flags {

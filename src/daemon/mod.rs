@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::flags::{Flags, Takeover};
+use crate::config::flags::{AfterHandover, Flags, Takeover};
 use crate::config::presets::{self, Source};
 use crate::metrics::Metrics;
 use crate::nic::NicClaim;
@@ -133,6 +133,19 @@ pub async fn run(
     metrics.init_topology(&config.topology);
     let routes = Arc::new(Routes::new(metrics.clone()).with_debug_access(flags.debug_endpoints));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    // HTTP stops at shutdown, and once handed over (the successor answers).
+    let http_stop = watch::Sender::new(false);
+    {
+        let (mut rx, tx) = (shutdown_rx.clone(), http_stop.clone());
+        tokio::spawn(async move {
+            crate::endpoint::stopped(&mut rx).await;
+            let _ = tx.send(true);
+        });
+    }
+    // The path started from, for a successor (SIGUSR2) after the binary was replaced.
+    let exe = std::env::current_exe().ok();
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+        .map_err(DaemonError::Signals)?;
     let mut http_fd = None;
     if let Some(addr) = flags.metrics_address.0 {
         let listener = match handed.as_mut().and_then(|h| h.http.take()) {
@@ -150,7 +163,7 @@ pub async fn run(
         let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
         tracing::info!(address = %bound, "HTTP endpoints listening");
         let limits = http::Limits::new(flags.max_http_connections as usize);
-        tokio::spawn(http::serve(listener, routes.clone(), limits, shutdown_rx.clone()));
+        tokio::spawn(http::serve(listener, routes.clone(), limits, http_stop.subscribe()));
     }
 
     let mut node = Node::new(backends.nic.clone(), dir);
@@ -259,10 +272,18 @@ pub async fn run(
                 };
                 if let Some(pid) = takeover::give::session(conn, &giver, &busy).await {
                     notify::send(&format!("MAINPID={pid}\n{}", notify::status(&format!("handed over to pid {pid}"))));
+                    routes.set_ready(false);
+                    let _ = http_stop.send(true);
+                    if flags.after_handover == AfterHandover::Wait {
+                        tracing::info!("handed over; waiting for SIGTERM (--after_handover=wait)");
+                        let cause = (&mut shutdown).await;
+                        tracing::info!(cause, "exiting; the successor serves");
+                    }
                     // Nothing is undone: the successor holds it all now.
                     std::process::exit(0);
                 }
             }
+            _ = usr2.recv() => takeover::spawn_successor(exe.as_deref()),
         }
     };
     tracing::info!(reason = %reason, "shutting down");

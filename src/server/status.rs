@@ -35,10 +35,17 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 pub fn spawn(listener: UnixListener, state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
+        let mut gate = state.gate.subscribe();
         loop {
+            // Paused or handed over (a takeover): whoever serves next answers.
+            tokio::select! {
+                _ = crate::endpoint::stopped(&mut shutdown) => return,
+                _ = crate::endpoint::pause::wait_open(&mut gate) => {}
+            }
             let Ok(permit) = limit.clone().acquire_owned().await else { return };
             let stream = tokio::select! {
                 _ = crate::endpoint::stopped(&mut shutdown) => return,
+                _ = crate::endpoint::pause::closing(&mut gate) => continue,
                 r = listener.accept() => match r {
                     Ok((s, _)) => s,
                     Err(e) => {

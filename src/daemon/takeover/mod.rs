@@ -44,6 +44,38 @@ pub(super) fn fingerprint(config: &Config, backends: &Backends) -> HashMap<Strin
     .collect()
 }
 
+/// SIGUSR2: starts the binary this daemon was started from (replaced on
+/// disk by an upgrade) with the same arguments and `--takeover`; the
+/// successor then asks for the handover like any other. Its exit status is
+/// logged if it ends without taking over.
+pub(super) fn spawn_successor(exe: Option<&std::path::Path>) {
+    let Some(exe) = exe else {
+        tracing::error!(
+            "SIGUSR2: the path of this daemon's binary is unknown; start the successor with --takeover"
+        );
+        return;
+    };
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    match std::process::Command::new(exe)
+        .args(&args)
+        .arg("--takeover")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(mut child) => {
+            let pid = child.id();
+            tracing::info!(pid, exe = %exe.display(), "SIGUSR2: started a successor to take over");
+            std::thread::spawn(move || match child.wait() {
+                Ok(st) if !st.success() => {
+                    tracing::warn!(pid, status = %st, "the successor ended without taking over")
+                }
+                _ => {}
+            });
+        }
+        Err(e) => tracing::error!(exe = %exe.display(), error = %e, "SIGUSR2: cannot start a successor"),
+    }
+}
+
 /// The state a daemon took over, fds in hand, each piece taken by the
 /// startup step that adopts it.
 pub(super) struct Handed {
