@@ -70,6 +70,10 @@ impl ClientMap {
             unsafe { sys::cuMemcpyHtoD_v2(self.va + offset as u64, data.as_ptr().cast(), data.len()) },
             "cuMemcpyHtoD",
         );
+        // From pageable memory the copy returns once staged, before the DMA
+        // lands: wait for it, or unmapping next could fault the context.
+        // SAFETY: no arguments; the context is current.
+        ck(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize");
     }
 
     fn read(&self, offset: usize, len: usize) -> Vec<u8> {
@@ -161,6 +165,8 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
+    // Driver calls that fail while a pool is freed are logged, not returned.
+    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
     let alloc = CudaAllocator::new().unwrap_or_else(|e| panic!("pool_adopt: {e}"));
     let visible = alloc.visible_gpus().expect("visible_gpus").unwrap_or_default();
     let gpu = gpu.or_else(|| visible.first().copied()).expect("no CUDA GPU");
