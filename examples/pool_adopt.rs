@@ -13,7 +13,7 @@
 //! are refused. Prints `PASS`/`FAIL name: detail` lines and one JSON line per
 //! size (allocate and adopt times in ms); exits 1 on any failure.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::Instant;
 
 use cudarc::driver::sys;
@@ -118,6 +118,19 @@ fn inode(fd: BorrowedFd<'_>) -> (u64, u64) {
     (st.st_dev, st.st_ino)
 }
 
+/// Whether two fds of this process are one open file (`kcmp`, `KCMP_FILE`):
+/// the driver's shareable fds all show one inode, so only this tells them apart.
+fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> Result<bool, std::io::Error> {
+    const KCMP_FILE: libc::c_long = 0;
+    let pid = libc::c_long::from(std::process::id() as i32);
+    // SAFETY: kcmp only compares the two descriptors' kernel objects.
+    let res = unsafe { libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_FILE, a.as_raw_fd(), b.as_raw_fd()) };
+    if res < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(res == 0)
+}
+
 /// A [`HandedPool`] of dups of `pool`'s fds, as a daemon hands it over.
 fn hand(gpu: PciAddr, pool: &dyn RxPool) -> HandedPool {
     let dup = |fd: Option<BorrowedFd<'_>>| fd.map(|f| f.try_clone_to_owned().expect("dup"));
@@ -204,7 +217,7 @@ fn main() {
                 client.write(0, &head);
                 client.write(bytes - window, &tail);
             } // the client's import is released: only the pool and its fds hold the memory
-            let share_ino = inode(orig.share_fd().unwrap());
+            let share_fd = orig.share_fd().unwrap().try_clone_to_owned().expect("dup");
             let dmabuf_ino = orig.dmabuf_fd().map(inode);
             c.check(dmabuf_ino.is_some(), "dmabuf-exported", orig.describe());
 
@@ -216,7 +229,8 @@ fn main() {
             adopt_ms.push(ms(t));
             drop(orig);
 
-            let same_files = adopted.share_fd().map(inode) == Some(share_ino)
+            let same_share = same_file(adopted.share_fd().unwrap(), share_fd.as_fd());
+            let same_files = matches!(same_share, Ok(true))
                 && adopted.dmabuf_fd().map(inode) == dmabuf_ino
                 && adopted.size() as usize == bytes
                 && adopted.alignment() as usize == align;
@@ -224,7 +238,7 @@ fn main() {
                 same_files,
                 "adopt-keeps-files",
                 format!(
-                    "size {bytes}: share fd inode {share_ino:?}, dma-buf inode {dmabuf_ino:?}: {}",
+                    "size {bytes}: same shareable fd file: {same_share:?}, dma-buf inode {dmabuf_ino:?}: {}",
                     adopted.describe()
                 ),
             );
@@ -258,6 +272,14 @@ fn main() {
     // Refusals, each with the reason the operator will read.
     let pool = alloc.allocate(gpu, 64 << 20, ShmemType::Fd).expect("allocate");
     let gran = pool.alignment();
+    let other = alloc.allocate(gpu, 64 << 20, ShmemType::Fd).expect("allocate");
+    let apart = same_file(pool.share_fd().unwrap(), other.share_fd().unwrap());
+    c.check(
+        matches!(apart, Ok(false)),
+        "kcmp-tells-pools-apart",
+        format!("two pools' shareable fds: same file {apart:?}"),
+    );
+    drop(other);
     let err = |h: HandedPool| alloc.adopt(h).err().map(|e| e.to_string()).unwrap_or_default();
     let odd = err(HandedPool { size: pool.size() + gran, ..hand(gpu, pool.as_ref()) });
     c.check(odd.contains("the handed dma-buf has"), "adopt-refuses-wrong-size", &odd);

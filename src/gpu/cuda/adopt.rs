@@ -4,7 +4,7 @@
 //! pool's. The handed dma-buf is kept rather than exported anew, so the queue
 //! bindings made on it stay valid and the kernel sees the same buffer.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use nix::unistd::{lseek, Whence};
@@ -13,13 +13,11 @@ use super::context::Device;
 use super::vmm::{Allocation, VmmPool};
 use crate::gpu::{GpuError, HandedPool};
 
-/// Refuses, before the device is touched, a pool handed over without a
-/// shareable fd: the CUDA backend's only such pools are the legacy IPC ones.
-pub(crate) fn refuse_without_share_fd(pool: &HandedPool) -> Result<(), GpuError> {
-    if pool.share_fd.is_some() {
-        return Ok(());
-    }
-    Err(GpuError::CannotAdopt {
+/// Takes the handed pool's shareable fd, refusing (before the device is
+/// touched) a pool without one: the CUDA backend's only such pools are the
+/// legacy IPC ones.
+pub(crate) fn take_share_fd(pool: &mut HandedPool) -> Result<OwnedFd, GpuError> {
+    pool.share_fd.take().ok_or_else(|| GpuError::CannotAdopt {
         gpu: pool.gpu,
         why: "no shareable fd was handed over: a --gpu_shmem_type file pool (cuMemAlloc memory \
               shared by a CUDA IPC handle) dies with the process that allocated it, so it cannot \
@@ -28,11 +26,10 @@ pub(crate) fn refuse_without_share_fd(pool: &HandedPool) -> Result<(), GpuError>
     })
 }
 
-/// Imports, checks and maps the handed pool on `dev`.
-pub(crate) fn adopt(dev: Arc<Device>, pool: HandedPool) -> Result<VmmPool, GpuError> {
-    refuse_without_share_fd(&pool)?;
-    let HandedPool { gpu, size, alignment, share_fd, dmabuf_fd } = pool;
-    let share_fd = share_fd.expect("checked just above");
+/// Imports the memory behind `share_fd` (taken from `pool`), checks it
+/// against the handed record and maps it on `dev`.
+pub(crate) fn adopt(dev: Arc<Device>, pool: HandedPool, share_fd: OwnedFd) -> Result<VmmPool, GpuError> {
+    let HandedPool { gpu, size, alignment, share_fd: _, dmabuf_fd } = pool;
     let refuse = |why: String| GpuError::CannotAdopt { gpu, why };
     let driver = |source| GpuError::AdoptPool { gpu, source };
 
@@ -91,12 +88,17 @@ mod tests {
     #[test]
     fn ipc_pools_are_refused_before_the_device_is_touched() {
         let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
-        let pool = HandedPool { gpu, size: MIB2, alignment: MIB2, share_fd: None, dmabuf_fd: None };
-        let err = refuse_without_share_fd(&pool).unwrap_err();
+        let mut pool = HandedPool { gpu, size: MIB2, alignment: MIB2, share_fd: None, dmabuf_fd: None };
+        let err = take_share_fd(&mut pool).unwrap_err();
         assert!(matches!(err, GpuError::CannotAdopt { gpu: g, .. } if g == gpu));
         let text = err.to_string();
         assert!(text.starts_with("GPU 0000:04:00.0: taking the pool over: no shareable fd"), "{text}");
         assert!(text.contains("--gpu_shmem_type file") && text.contains("dies with the process"), "{text}");
+        let memfd =
+            nix::sys::memfd::memfd_create("adopt-test", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
+        let mut pool = HandedPool { share_fd: Some(memfd), ..pool };
+        assert!(take_share_fd(&mut pool).is_ok());
+        assert!(pool.share_fd.is_none(), "taken out of the record");
     }
 
     #[test]

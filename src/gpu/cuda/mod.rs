@@ -192,10 +192,10 @@ impl PoolAllocator for CudaAllocator {
 
     /// Imports the pool's memory from its handed shareable fd and keeps the
     /// handed dma-buf; refuses legacy IPC pools, which have no such fd.
-    fn adopt(&self, pool: HandedPool) -> Result<Box<dyn RxPool>, GpuError> {
-        adopt::refuse_without_share_fd(&pool)?;
+    fn adopt(&self, mut pool: HandedPool) -> Result<Box<dyn RxPool>, GpuError> {
+        let share_fd = adopt::take_share_fd(&mut pool)?;
         let dev = self.device(pool.gpu)?;
-        adopt::adopt(dev, pool).map(|p| Box::new(p) as _)
+        adopt::adopt(dev, pool, share_fd).map(|p| Box::new(p) as _)
     }
 }
 
