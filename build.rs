@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/unix_socket_message.proto", "proto/gpu_rxq_configuration.proto"];
+    let files =
+        ["proto/unix_socket_message.proto", "proto/gpu_rxq_configuration.proto", "proto/handover.proto"];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }
@@ -13,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let bytes = prost::Message::encode_to_vec(&fds);
     std::fs::write(out.join("descriptors.bin"), bytes)?;
-    prost_build::Config::new().compile_fds(fds)?;
+    // A takeover's state is large: boxed, so that a refusal stays small.
+    prost_build::Config::new().boxed(".tcpx_rxdm.handover.Offer.answer.state").compile_fds(fds)?;
     Ok(())
 }

@@ -34,6 +34,7 @@ pub mod endpoint;
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod gpu;
+pub mod handover;
 pub mod host;
 pub mod identity;
 pub mod inject;

@@ -19,7 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["types"],
     &["netlink"],
     &["wire"],
-    &["nic", "host", "gpu"],
+    &["nic", "host", "gpu", "handover"],
     &["rules"],
     &["config"],
     &["metrics", "nccl"],

@@ -72,6 +72,17 @@ impl TenantIsolation {
     }
 }
 
+/// Whether to take over from a daemon serving the same folder (`--takeover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Takeover {
+    /// Start normally (a daemon already serving the folder is an error).
+    Off,
+    /// Take over from the running daemon; fail (exit 1) if there is none or it refuses.
+    On,
+    /// Take over if a daemon serves the folder, else start normally.
+    Auto,
+}
+
 /// Who may read `/debug/*` (`--debug_endpoints`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DebugAccess {
@@ -262,6 +273,16 @@ pub struct Flags {
     /// With discovery (auto, a6) it waits until discovery finds the NICs.
     #[arg(long = "wait_for_nics", default_value = "0", value_parser = parse_wait)]
     pub wait_for_nics: Duration,
+    /// Take over the NICs, pools, rules and clients of the daemon serving this
+    /// --uds_path, without a failed request (an upgrade): on, or auto (take over
+    /// if one serves, else start normally).
+    #[arg(long = "takeover", value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "off", default_missing_value = "on")]
+    pub takeover: Takeover,
+    /// How long each side of a takeover waits for the other before giving up
+    /// (the serving daemon then serves on): seconds, or with a unit.
+    #[arg(long = "takeover_timeout", default_value = "10s", value_parser = parse_wait)]
+    pub takeover_timeout: Duration,
 }
 
 impl Flags {

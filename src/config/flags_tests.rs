@@ -129,7 +129,7 @@ fn every_flag_may_be_repeated() {
             "metrics_address" => "127.0.0.1:1".to_string(),
             "setup_param" => "--verbose 1 2 3".to_string(),
             "socket_mode" => "0600".to_string(),
-            "wait_for_nics" => "5s".to_string(),
+            "wait_for_nics" | "takeover_timeout" => "5s".to_string(),
             l if BOOL_FLAGS.contains(&l) => "true".to_string(),
             _ => match arg.get_possible_values().first() {
                 Some(v) => v.get_name().to_string(),
@@ -147,6 +147,17 @@ fn every_flag_may_be_repeated() {
         let r = parse(&[&a, &a]);
         assert!(r.is_ok(), "{a} twice: {}", r.unwrap_err());
     }
+}
+
+#[test]
+fn takeover_takes_on_auto_or_nothing_and_a_timeout() {
+    use crate::config::flags::Takeover;
+    assert_eq!(parse(&[]).unwrap().takeover, Takeover::Off);
+    assert_eq!(parse(&["--takeover"]).unwrap().takeover, Takeover::On);
+    assert_eq!(parse(&["--takeover=auto"]).unwrap().takeover, Takeover::Auto);
+    let f = parse(&["--takeover=auto", "--takeover_timeout=1500ms"]).unwrap();
+    assert_eq!(f.takeover_timeout, std::time::Duration::from_millis(1500));
+    assert!(parse(&["--takeover=sometimes"]).unwrap_err().to_string().contains("--takeover"));
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub enum DaemonError {
     EthtoolBackend(#[source] EthtoolError),
     #[error("{0}")]
     LockSocketDir(#[source] SocketDirError),
+    /// `--takeover`: nothing to take over from, or the running daemon refused.
+    #[error("takeover failed: {0}")]
+    Takeover(String),
     #[error("{0}")]
     ClaimNic(#[from] ClaimError),
     #[error("{0}")]

@@ -53,6 +53,9 @@ pub(super) fn spawn_reaper(state: Weak<ServerState>, mut exits: mpsc::UnboundedR
     tokio::spawn(async move {
         while let Some(lease) = exits.recv().await {
             let Some(state) = state.upgrade() else { return };
+            // Paused for a takeover: whoever serves next reclaims (the successor
+            // watches the same processes).
+            crate::endpoint::pause::wait_open(&mut state.gate.subscribe()).await;
             for w in &state.rules.nics {
                 w.reclaim(lease);
             }

@@ -17,20 +17,23 @@ pub(crate) mod job_end;
 pub mod notify;
 mod signals;
 mod startup;
+mod takeover;
 mod teardown;
 mod wait_nics;
 
 use std::future::Future;
 use std::io::Write;
-use std::sync::atomic::Ordering;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::flags::Flags;
+use crate::config::flags::{Flags, Takeover};
 use crate::config::presets::{self, Source};
 use crate::metrics::Metrics;
+use crate::nic::NicClaim;
 use crate::nic::NicEvent;
 use crate::server::http;
 use crate::server::socket_dir::{resolve_group, SocketDir};
@@ -97,24 +100,52 @@ pub async fn run(
     notify::send(&notify::status("priming NICs, allocating pools"));
 
     let t = Instant::now();
-    let dir = SocketDir::lock(&flags.uds_path, flags.socket_mode, gid).map_err(DaemonError::LockSocketDir)?;
+    // A takeover: the running daemon's state, fds in hand (nothing served yet).
+    let (taking, mut handed) = match flags.takeover {
+        Takeover::Off => (None, None),
+        _ => match takeover::take::fetch(&config, &backends).await? {
+            Some((taking, handed)) => (Some(taking), Some(handed)),
+            None => (None, None),
+        },
+    };
+    let locked = match handed.as_mut() {
+        Some(h) => {
+            let lock = h.lock.take().expect("decoded with the lock");
+            SocketDir::adopt(&flags.uds_path, flags.socket_mode, gid, lock, std::mem::take(&mut h.listeners))
+        }
+        None => SocketDir::lock(&flags.uds_path, flags.socket_mode, gid),
+    };
+    let dir = locked.map_err(DaemonError::LockSocketDir).or_else(|e| abort(&taking, e))?;
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
     // Held until the process exits; claimed before anything touches a NIC.
-    let _claims = crate::nic::claim::claim_managed(
-        backends.nic.capabilities(),
-        flags.claim_sim_nics,
-        config.topology.nics.iter().map(|n| n.ifname.as_str()),
-    )?;
+    let claims = match handed.as_mut() {
+        Some(h) => std::mem::take(&mut h.claims).into_iter().map(|(n, fd)| NicClaim::adopt(&n, fd)).collect(),
+        None => crate::nic::claim::claim_managed(
+            backends.nic.capabilities(),
+            flags.claim_sim_nics,
+            config.topology.nics.iter().map(|n| n.ifname.as_str()),
+        ),
+    };
+    let claims = claims.map_err(DaemonError::from).or_else(|e| abort(&taking, e))?;
     let shutdown_file = flags.shutdown_file().map(|path| ShutdownFile::watch(&path)).transpose()?;
 
     let metrics = Arc::new(Metrics::new());
     metrics.init_topology(&config.topology);
     let routes = Arc::new(Routes::new(metrics.clone()).with_debug_access(flags.debug_endpoints));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut http_fd = None;
     if let Some(addr) = flags.metrics_address.0 {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| DaemonError::MetricsListen { addr, source })?;
+        let listener = match handed.as_mut().and_then(|h| h.http.take()) {
+            Some(fd) => {
+                let std = std::net::TcpListener::from(fd);
+                std.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(std))
+            }
+            None => tokio::net::TcpListener::bind(addr).await,
+        };
+        let listener = listener
+            .map_err(|source| DaemonError::MetricsListen { addr, source })
+            .or_else(|e| abort(&taking, e))?;
+        http_fd = listener.as_fd().try_clone_to_owned().ok();
         // The bound address (port 0 picks a free one).
         let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
         tracing::info!(address = %bound, "HTTP endpoints listening");
@@ -123,6 +154,9 @@ pub async fn run(
     }
 
     let mut node = Node::new(backends.nic.clone(), dir);
+    let takeovers = handed.as_ref().map_or(0, |h| h.takeovers);
+    let (handed_rules, handed_pools) = handed.as_ref().map_or((0, 0), |h| (h.rule_count(), h.pools.len()));
+    node.adopting = handed;
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel::<NicEvent>();
     let startup = Startup {
@@ -135,10 +169,35 @@ pub async fn run(
     };
     let started_ok = startup.run(&mut node).await;
     drop(startup);
-    let monitor = match started_ok
-        .and_then(|()| events::start_link_monitor(&backends.nic, &config.topology, &events_tx))
+    // The handover socket (owner only): where a successor asks to take over.
+    let handover_listener = started_ok.and_then(|()| {
+        node.dir.bind_with_mode(crate::handover::SOCKET, 0o600).map_err(DaemonError::Endpoint)
+    });
+    let handover_listener = match (handover_listener, &taking) {
+        (Ok(l), _) => Ok(l),
+        (Err(e), Some(_)) => abort(&taking, e),
+        (Err(e), None) => Err(e),
+    };
+    if let Some(taking) = taking {
+        // Adopted: answer, and serve once the old daemon has committed.
+        let from = taking.from;
+        let since = taking.started;
+        if let Err(why) = taking.commit().await {
+            tracing::error!("takeover failed: {why}");
+            std::process::exit(EXIT_FAILURE.into());
+        }
+        let state = node.state.clone().expect("set by startup");
+        state.gate.resume();
+        tracing::info!(
+            "took over from pid {from}: {handed_rules} rules, {} clients, {handed_pools} pools in {:.1} ms",
+            state.clients.subscribe().borrow().alive,
+            since.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let (monitor, handover) = match handover_listener
+        .and_then(|l| events::start_link_monitor(&backends.nic, &config.topology, &events_tx).map(|m| (m, l)))
     {
-        Ok(m) => m,
+        Ok(v) => v,
         Err(e) => {
             // The error itself is logged once, by the caller, when the process exits.
             tracing::warn!("startup failed; undoing what was applied");
@@ -176,16 +235,35 @@ pub async fn run(
 
     let grace = Duration::from_secs(flags.wait_time_before_exit);
     let mut shutdown = Box::pin(shutdown);
-    let reason = tokio::select! {
-        cause = &mut shutdown => StopReason::Requested(cause),
-        _ = state.registry.last_gone.notified(), if flags.monitor_shutdown => StopReason::LastApplicationGone,
-        _ = async { shutdown_file.as_ref().expect("guarded").appeared().await }, if shutdown_file.is_some() => {
-            StopReason::ShutdownFile(shutdown_file.as_ref().expect("guarded").path().to_path_buf())
+    let busy = Arc::new(AtomicBool::new(false));
+    let mut successors = takeover::give::accept(handover, busy.clone());
+    let reason = loop {
+        tokio::select! {
+            cause = &mut shutdown => break StopReason::Requested(cause),
+            _ = state.registry.last_gone.notified(), if flags.monitor_shutdown => break StopReason::LastApplicationGone,
+            _ = async { shutdown_file.as_ref().expect("guarded").appeared().await }, if shutdown_file.is_some() => {
+                break StopReason::ShutdownFile(shutdown_file.as_ref().expect("guarded").path().to_path_buf())
+            }
+            _ = job_end::all_clients_exited(state.clients.subscribe(), grace), if flags.shutdown_when_all_clients_exited => {
+                break StopReason::AllClientsExited(grace)
+            }
+            ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &config.topology, &metrics) => break StopReason::Nic(ev),
+            Some(conn) = successors.recv() => {
+                let giver = takeover::give::Giver {
+                    config: &config,
+                    backends: &backends,
+                    node: &node,
+                    claims: &claims,
+                    http: http_fd.as_ref().map(|f| f.as_fd()),
+                    takeovers,
+                };
+                if let Some(pid) = takeover::give::session(conn, &giver, &busy).await {
+                    notify::send(&format!("MAINPID={pid}\n{}", notify::status(&format!("handed over to pid {pid}"))));
+                    // Nothing is undone: the successor holds it all now.
+                    std::process::exit(0);
+                }
+            }
         }
-        _ = job_end::all_clients_exited(state.clients.subscribe(), grace), if flags.shutdown_when_all_clients_exited => {
-            StopReason::AllClientsExited(grace)
-        }
-        ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &config.topology, &metrics) => StopReason::Nic(ev),
     };
     tracing::info!(reason = %reason, "shutting down");
     notify::send(&format!("STOPPING=1\n{}", notify::status(&format!("shutting down: {reason}"))));
@@ -223,6 +301,16 @@ pub async fn run(
         StopReason::Nic(_) => Err(DaemonError::NicFailed(reason)),
         _ => Ok(()),
     }
+}
+
+/// A failure after the running daemon handed its state over: tell it (it
+/// serves on) and exit at once, undoing nothing — what this process holds
+/// is the other daemon's.
+fn abort<T>(taking: &Option<takeover::take::Taking>, e: DaemonError) -> Result<T, DaemonError> {
+    let Some(t) = taking else { return Err(e) };
+    tracing::error!("takeover failed: {e}; pid {} serves on", t.from);
+    t.fail(&e.to_string());
+    std::process::exit(EXIT_FAILURE.into());
 }
 
 /// Writes `<uds_path>/nccl.env` (the NCCL plugin's settings for this node

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::flags::SetupParam;
 use crate::config::flags::TenantIsolation;
 use crate::endpoint::budget::ConnBudget;
+use crate::endpoint::pause::Gate;
 use crate::endpoint::Endpoint;
 use crate::gpu::{RxPool, ShmemType};
 use crate::host::tuning::{HostTuning, TuningPlan};
@@ -20,6 +21,7 @@ use crate::identity::tenant::{cgroup2_mount, GpuDevices};
 use crate::identity::{ClientTracker, LeasePolicy, TenantPolicy};
 use crate::metrics::Metrics;
 use crate::nic::prime;
+use crate::rules::table::NicRules;
 use crate::server::{self, AppRegistry, GpuEntry, ServerState};
 use crate::steering::apply::NicRuleThread;
 use crate::steering::{intake, GpuSlot, RulePath};
@@ -59,8 +61,21 @@ impl Startup<'_> {
     }
 
     /// Primes every NIC, in parallel; keeps what succeeded so it can be undone.
+    /// A takeover adopts the undo logs (and a simulated NIC's own state) instead.
     fn prime(&self, node: &mut Node) -> Result<(), DaemonError> {
         let (topo, nic) = (&self.config.topology, &self.backends.nic);
+        if let Some(h) = node.adopting.as_mut() {
+            nic.adopt_state(&h.sim).map_err(DaemonError::Takeover)?;
+            node.primed = std::mem::take(&mut h.primed);
+            let handed: Vec<&str> = node.primed.iter().map(|p| p.ifname.as_str()).collect();
+            let ours: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
+            if handed != ours {
+                return Err(DaemonError::Takeover(format!(
+                    "NICs {handed:?} were handed over, this daemon manages {ours:?}"
+                )));
+            }
+            return Ok(());
+        }
         let t = Instant::now();
         let results: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = topo
@@ -94,6 +109,20 @@ impl Startup<'_> {
     fn allocate(&self, node: &mut Node) -> Result<(), DaemonError> {
         let (topo, alloc) = (&self.config.topology, &self.backends.alloc);
         let t = Instant::now();
+        if let Some(h) = node.adopting.as_mut() {
+            for handed in std::mem::take(&mut h.pools) {
+                let gpu = handed.gpu;
+                let pool: Arc<dyn RxPool> = Arc::from(alloc.adopt(handed).map_err(DaemonError::Allocate)?);
+                self.metrics.pool_bytes.with_label_values(&[&gpu.to_string()]).set(pool.size() as i64);
+                node.pools.push((gpu, pool));
+            }
+            let missing: Vec<_> =
+                topo.gpus().filter(|(_, g)| !node.pools.iter().any(|(p, _)| *p == g.pci)).collect();
+            if let Some((_, g)) = missing.first() {
+                return Err(DaemonError::Takeover(format!("no pool was handed over for GPU {}", g.pci)));
+            }
+            return Ok(());
+        }
         let gpus: Vec<PciAddr> = topo.gpus().map(|(_, g)| g.pci).collect();
         let requests: Vec<(PciAddr, u64)> = gpus.iter().map(|&g| (g, topo.rx_pool_size)).collect();
         let pools = crate::gpu::allocate_all(alloc.as_ref(), &requests, self.config.flags.gpu_shmem_type);
@@ -115,6 +144,12 @@ impl Startup<'_> {
     fn bind(&self, node: &mut Node) -> Result<(), DaemonError> {
         let binder = &self.backends.binder;
         let t = Instant::now();
+        if let Some(h) = node.adopting.as_mut() {
+            for b in std::mem::take(&mut h.bindings) {
+                node.bindings.push(Box::new(b));
+            }
+            return Ok(());
+        }
         for (nic, gpu) in self.config.topology.gpus() {
             let pool = &node.pools.iter().find(|(p, _)| *p == gpu.pci).expect("allocated above").1;
             let binding = binder
@@ -177,6 +212,19 @@ impl Startup<'_> {
             }
             let gq = n.gpus.iter().map(|g| (g.pci, g.queues.clone())).collect();
             let nic = self.backends.nic.clone();
+            let adopted = match node.adopting.as_ref() {
+                Some(h) => {
+                    let table = h.tables.iter().find(|t| t.ifname == n.ifname).ok_or_else(|| {
+                        DaemonError::Takeover(format!("no rule table was handed over for {}", n.ifname))
+                    })?;
+                    let queues: Vec<Vec<u32>> = n.gpus.iter().map(|g| g.queues.clone()).collect();
+                    let rules =
+                        NicRules::from_wire(table, capacity, &queues).map_err(DaemonError::Takeover)?;
+                    tenants.count_adopted(rules.iter().filter_map(|(_, e)| e.owner.tenant));
+                    Some(rules)
+                }
+                None => None,
+            };
             let w = NicRuleThread::new(
                 &n.ifname,
                 capacity,
@@ -185,6 +233,7 @@ impl Startup<'_> {
                 self.metrics.clone(),
                 stopping.clone(),
                 tenants.clone(),
+                adopted,
             )
             .map_err(|source| DaemonError::NicRuleThread { ifname: n.ifname.clone(), source })?;
             nic_threads.push(w);
@@ -194,8 +243,17 @@ impl Startup<'_> {
             reclaim: flags.leases,
         };
         let (clients, exits) = ClientTracker::new(policy, self.metrics.clone(), tenants.clone());
+        if let Some(h) = node.adopting.as_mut() {
+            let next = h.next_lease;
+            clients.adopt(&h.leases, next, &mut h.fds).map_err(DaemonError::Takeover)?;
+        }
         let idle = (flags.client_idle_timeout > 0).then(|| Duration::from_secs(flags.client_idle_timeout));
         let conn_limit = Arc::new(ConnBudget::new(flags.max_connections as usize, idle));
+        let gate = Arc::new(Gate::default());
+        if node.adopting.is_some() {
+            // Nothing is served until the daemon taken over from has committed.
+            gate.pause();
+        }
         let rules = Arc::new(RulePath::new(
             nic_threads,
             gpus.iter().map(|(pci, g): (&PciAddr, &GpuEntry)| (*pci, g.slot)),
@@ -204,6 +262,7 @@ impl Startup<'_> {
             clients.clone(),
             stopping.clone(),
             tenants.clone(),
+            gate.clone(),
         ));
         let state = Arc::new(ServerState {
             gpus: gpus.into_iter().collect(),
@@ -214,6 +273,7 @@ impl Startup<'_> {
             clients,
             stopping,
             tenants,
+            gate,
         });
         spawn_reaper(Arc::downgrade(&state), exits);
         state.rules.set_addresses(address_map(self.backends.nic.as_ref(), topo));
@@ -247,6 +307,9 @@ impl Startup<'_> {
     }
 
     fn enable_header_split(&self, node: &mut Node) -> Result<(), DaemonError> {
+        if node.adopting.is_some() {
+            return Ok(()); // on already; the undo log came with the NIC
+        }
         let t = Instant::now();
         for p in &mut node.primed {
             p.enable_header_split(self.backends.nic.as_ref()).map_err(|e| {
@@ -262,6 +325,10 @@ impl Startup<'_> {
     /// undone at shutdown. Only where the NIC backend drives real NICs.
     fn tune_host(&self, node: &mut Node) {
         let flags = &self.config.flags;
+        if let Some(h) = node.adopting.as_mut() {
+            node.tuning = h.tuning.take();
+            return;
+        }
         if !self.backends.nic.capabilities().host_tuning {
             return;
         }
@@ -289,16 +356,25 @@ impl Startup<'_> {
             let socket = l.into_std().map_err(|source| DaemonError::RuleIo { source })?;
             rule_listeners.push(intake::Listener { socket, endpoint: ep });
         }
+        let (rule_conns, other_conns): (Vec<_>, Vec<_>) = match node.adopting.as_mut() {
+            Some(h) => std::mem::take(&mut h.conns).into_iter().partition(|c| c.endpoint.is_rule()),
+            None => Default::default(),
+        };
         intake::spawn(
             rule_listeners,
             intake::worker_threads(),
             state.rules.clone(),
             self.shutdown.clone(),
             self.done.clone(),
+            rule_conns,
         )
         .map_err(|source| DaemonError::RuleIo { source })?;
         for ep in [Endpoint::QueueIdsByGpu, Endpoint::Registry] {
             self.open(node, state, ep)?;
+        }
+        for c in other_conns {
+            server::spawn_adopted(c, state.clone(), self.shutdown.clone(), self.done.clone())
+                .map_err(DaemonError::Endpoint)?;
         }
         for p in &node.primed {
             self.metrics.set_nic_info(&p.ifname, p.header_split.name(), self.backends.binder.backend());

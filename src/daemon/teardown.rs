@@ -29,6 +29,9 @@ pub(super) struct Node {
     pub dir: SocketDir,
     /// Host tuning applied at startup (backends that allow it only).
     pub tuning: Option<HostTuning>,
+    /// A takeover: what the daemon taken over from handed on, adopted by
+    /// the startup steps in place of doing their work.
+    pub adopting: Option<super::takeover::Handed>,
 }
 
 impl Node {
@@ -41,6 +44,7 @@ impl Node {
             state: None,
             dir,
             tuning: None,
+            adopting: None,
         }
     }
 

@@ -12,6 +12,7 @@
 pub mod accept_backoff;
 pub mod budget;
 pub mod memory;
+pub mod pause;
 
 use std::sync::Arc;
 
@@ -49,6 +50,30 @@ impl Endpoint {
         }
     }
 
+    /// The endpoint a socket in the folder serves, by its name.
+    pub fn from_socket_name(name: &str) -> Option<Endpoint> {
+        let pci = |rest: &str| rest.parse::<PciAddr>().ok();
+        Some(match name {
+            "rx_rule_manager" => Endpoint::RuleManager,
+            "rx_rule_uninstall" => Endpoint::RuleUninstall,
+            "queue_ids_by_gpu" => Endpoint::QueueIdsByGpu,
+            "rxdm_application_registry" => Endpoint::Registry,
+            "get_gpu_by_gpu_pci" => Endpoint::GpuIpcHandle,
+            _ => {
+                if let Some(p) = name.strip_prefix("get_gpu_fd_") {
+                    Endpoint::GpuFd(pci(p)?)
+                } else {
+                    Endpoint::GpuMetadata(pci(name.strip_prefix("get_gpu_metadata_")?)?)
+                }
+            }
+        })
+    }
+
+    /// Whether the rule path's own threads serve it.
+    pub fn is_rule(&self) -> bool {
+        matches!(self, Endpoint::RuleManager | Endpoint::RuleUninstall)
+    }
+
     /// Metric label.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -80,4 +105,27 @@ pub fn shutting_down() -> UnixSocketProto {
 /// Resolves once `shutdown` turns true (or its sender is gone).
 pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_names_read_back_as_their_endpoint() {
+        let pci: PciAddr = "0000:04:00.0".parse().unwrap();
+        for e in [
+            Endpoint::RuleManager,
+            Endpoint::RuleUninstall,
+            Endpoint::QueueIdsByGpu,
+            Endpoint::Registry,
+            Endpoint::GpuFd(pci),
+            Endpoint::GpuMetadata(pci),
+            Endpoint::GpuIpcHandle,
+        ] {
+            assert_eq!(Endpoint::from_socket_name(&e.socket_name()), Some(e));
+        }
+        assert_eq!(Endpoint::from_socket_name("get_gpu_fd_nonsense"), None);
+        assert_eq!(Endpoint::from_socket_name(".rxdm-handover"), None);
+    }
 }

@@ -140,7 +140,7 @@ pub fn knob_states(procfs_root: &Path, sysfs_root: &Path) -> Vec<KnobState> {
 /// Applied tuning and what it takes to undo it. Restore in the network
 /// namespace `apply` ran in: `/proc/sys/net` and rtnetlink follow the calling
 /// thread's namespace.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct HostTuning {
     /// Files changed, with their previous contents, in the order written.
     files: Vec<(PathBuf, String)>,
@@ -148,6 +148,18 @@ pub struct HostTuning {
     routes: Vec<Route>,
     /// `teardown.sh` still to run.
     teardown: Option<PathBuf>,
+}
+
+impl HostTuning {
+    /// The undo log as a takeover hands it on.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain data serialises")
+    }
+
+    /// The undo log handed on by the daemon this one took over from.
+    pub fn from_json(bytes: &[u8]) -> Result<HostTuning, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("host tuning undo log: {e}"))
+    }
 }
 
 fn normalize(v: &str) -> String {

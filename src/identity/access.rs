@@ -337,6 +337,18 @@ impl TenantPolicy {
         }
     }
 
+    /// Counts rules taken over from another daemon against their tenants'
+    /// quotas (over the limit or not: they exist).
+    pub fn count_adopted(&self, tenants: impl IntoIterator<Item = u64>) {
+        if !self.counts_rules() {
+            return;
+        }
+        let mut map = self.held.lock().expect("tenant quota lock");
+        for id in tenants {
+            *map.entry(id).or_default() += 1;
+        }
+    }
+
     /// Rules held by tenant `id`, as the quota counts them.
     pub fn rules_held(&self, id: u64) -> u32 {
         self.held.lock().expect("tenant quota lock").get(&id).copied().unwrap_or(0)

@@ -49,6 +49,8 @@ pub struct Lease {
     alive: AtomicBool,
     /// Its tenant, found when the process was first seen (tenant isolation on).
     pub tenant: Option<Arc<Tenant>>,
+    /// A duplicate of the watched pidfd, handed on by a takeover.
+    pidfd: Option<OwnedFd>,
 }
 
 impl Lease {
@@ -228,7 +230,8 @@ impl ClientTracker {
             }
             t.next_id = t.next_id.checked_add(1).unwrap_or(1);
             let id = NonZeroU32::new(t.next_id).expect("ids start at 1");
-            let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true), tenant });
+            let pidfd = pidfd.try_clone().ok();
+            let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true), tenant, pidfd });
             t.by_key.insert(key, lease.clone());
             if let Some(p) = pid {
                 t.by_pid.insert(p.get(), lease.clone());
@@ -339,6 +342,9 @@ impl ClientTracker {
         }
     }
 }
+
+#[path = "leases_handover.rs"]
+mod handover;
 
 #[cfg(test)]
 mod tests {

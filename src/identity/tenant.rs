@@ -112,6 +112,16 @@ impl Tenant {
         gpu < 64 && self.gpus & (1 << gpu) != 0
     }
 
+    /// The GPUs it sees, as a bit set (topology order).
+    pub fn gpu_bits(&self) -> u64 {
+        self.gpus
+    }
+
+    /// A tenant as a takeover hands it on.
+    pub fn from_parts(cgroup_id: u64, cgroup: Option<String>, gpus: u64, net: Option<NetNs>) -> Tenant {
+        Tenant { cgroup_id, cgroup, gpus, net }
+    }
+
     /// How logs and `status` name it.
     pub fn name(&self) -> String {
         self.cgroup.clone().unwrap_or_else(|| format!("cgroup id {}", self.cgroup_id))

@@ -84,6 +84,24 @@ impl NicClaim {
         // Listening makes the holder's pid readable by a second daemon; a small
         // thread accepts and drops those probes, so the backlog never fills.
         listen(&sock, Backlog::new(16).expect("small backlog is valid")).map_err(os)?;
+        NicClaim::hold(ifname, sock)
+    }
+
+    /// Holds a claim taken over from the daemon this one replaced (its
+    /// bound, listening socket).
+    pub fn adopt(ifname: &str, socket: OwnedFd) -> Result<NicClaim, ClaimError> {
+        NicClaim::hold(ifname, socket)
+    }
+
+    /// The claim's socket, for a takeover.
+    pub fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.socket.as_fd()
+    }
+
+    /// Keeps `sock` and answers probes of who holds it.
+    fn hold(ifname: &str, sock: OwnedFd) -> Result<NicClaim, ClaimError> {
+        let os = |err| ClaimError::Os { ifname: ifname.to_string(), err };
         let socket = Arc::new(sock);
         let fd = socket.clone();
         let reaper = std::thread::Builder::new()

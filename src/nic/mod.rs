@@ -150,7 +150,7 @@ impl NicError {
 pub type NicResult<T> = Result<T, NicError>;
 
 /// tcp-data-split as ethtool rings report it (`ETHTOOL_A_RINGS_TCP_DATA_SPLIT`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum DataSplit {
     Unknown,
     Disabled,
@@ -158,7 +158,7 @@ pub enum DataSplit {
 }
 
 /// RX ring size as ethtool rings report it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct RxRing {
     pub current: u32,
     pub max: u32,
@@ -207,6 +207,19 @@ pub trait NicInfo {
     /// queue); empty when the driver does not count per queue.
     fn queue_rx_bytes(&self, ifname: &str) -> NicResult<queue_stats::QueueBytes> {
         Err(NicError::new(ifname, NicOp::Stat, Errno::EOPNOTSUPP))
+    }
+    /// The backend's own state of the NICs, for a takeover. Real NICs keep
+    /// their state in the kernel: nothing to hand on.
+    fn handover_state(&self) -> Vec<crate::wire::handover::SimNic> {
+        Vec::new()
+    }
+    /// Takes on state handed on by [`Self::handover_state`] of the daemon
+    /// this one took over from.
+    fn adopt_state(&self, state: &[crate::wire::handover::SimNic]) -> Result<(), String> {
+        match state {
+            [] => Ok(()),
+            _ => Err(format!("the {} NIC backend keeps no state of its own", self.backend())),
+        }
     }
 }
 

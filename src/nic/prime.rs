@@ -10,7 +10,7 @@ use super::{
 };
 
 /// One applied change and the value it replaced.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Undo {
     Feature(String, bool),
     PrivFlag(String, bool),
@@ -270,3 +270,6 @@ mod tests {
         assert_eq!(p.undo.len(), 0);
     }
 }
+
+#[path = "prime_handover.rs"]
+mod handover;

@@ -49,6 +49,11 @@ impl NicRuleEngine {
         NicRuleEngine { ifname: ifname.to_string(), rules: NicRules::new(capacity, gpu_queues) }
     }
 
+    /// An engine over a table taken over from another daemon.
+    pub fn with_rules(ifname: &str, rules: NicRules) -> Self {
+        NicRuleEngine { ifname: ifname.to_string(), rules }
+    }
+
     pub fn rules(&self) -> &NicRules {
         &self.rules
     }

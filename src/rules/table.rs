@@ -362,3 +362,6 @@ impl NicRules {
 #[cfg(test)]
 #[path = "table_tests.rs"]
 mod tests;
+
+#[path = "table_handover.rs"]
+mod handover;

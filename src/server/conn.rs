@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::handlers::{self, ConnContext};
 use super::ServerState;
+use crate::endpoint::pause::{self, Parked};
 use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
 use crate::gpu::RxPool;
 use crate::identity;
@@ -27,12 +28,21 @@ const FD_CARRIER: [u8; 1] = [0];
 /// request a well-behaved client can have in flight.
 const SHUTDOWN_READ_LIMIT: usize = 256 * 1024;
 
+/// Where a connection starts: fresh, or taken over from another daemon
+/// (registered there, with part of a request received).
+#[derive(Debug, Default)]
+pub struct Start {
+    pub registered: bool,
+    pub input: Vec<u8>,
+}
+
 pub async fn serve(
     mut stream: UnixStream,
     endpoint: Endpoint,
     state: &ServerState,
     mut shutdown: watch::Receiver<bool>,
     done: mpsc::Sender<()>,
+    start: Start,
 ) {
     let gauge = state.metrics.connections.with_label_values(&[endpoint.kind()]);
     gauge.inc();
@@ -44,9 +54,10 @@ pub async fn serve(
         pid = cred.and_then(|c| c.pid).map(|p| p.get());
         tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.map(|c| c.uid), "client connected");
     }
-    let mut ctx = ConnContext { pid, registered: false, client: None };
+    let mut ctx = ConnContext { pid, registered: start.registered, client: None };
     let mut done = Some(done);
-    if let Err(e) = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown, &mut done).await {
+    let r = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown, &mut done, start.input).await;
+    if let Err(e) = r {
         tracing::debug!(endpoint = endpoint.kind(), error = %e, "connection ended with an error");
     }
     if ctx.registered {
@@ -72,8 +83,11 @@ async fn run(
     ctx: &mut ConnContext,
     shutdown: &mut watch::Receiver<bool>,
     done: &mut Option<mpsc::Sender<()>>,
+    input: Vec<u8>,
 ) -> io::Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(512);
+    let mut buf: Vec<u8> = input;
+    buf.reserve(512);
+    let mut gate = state.gate.subscribe();
     let mut stopping = false;
     // The registry serves on through shutdown; everything else stops reading.
     let serves_through_shutdown = endpoint == Endpoint::Registry;
@@ -127,6 +141,12 @@ async fn run(
                 }
                 continue;
             }
+            _ = pause::closing(&mut gate), if !stopping => {
+                // A takeover: hand the connection on between two requests.
+                park(stream, endpoint, state, ctx, &buf);
+                pause::wait_open(&mut gate).await;
+                continue;
+            }
             _ = budget::idle_expired(idle_limit, last_request) => {
                 // No request pending: nothing owed. Part of a frame: an error reply.
                 if let (false, Some(limit)) = (buf.is_empty(), idle_limit) {
@@ -143,6 +163,19 @@ async fn run(
             return Ok(());
         }
     }
+}
+
+/// Parks the connection at the gate: a duplicate of its socket, whether it
+/// registered, and the part of a request already read.
+fn park(stream: &UnixStream, endpoint: Endpoint, state: &ServerState, ctx: &ConnContext, buf: &[u8]) {
+    let parked = match stream.as_fd().try_clone_to_owned() {
+        Ok(fd) => Some(Parked { fd, endpoint, registered: ctx.registered, input: buf.to_vec(), peeked: 0 }),
+        Err(e) => {
+            tracing::warn!(endpoint = endpoint.kind(), error = %e, "cannot duplicate a connection for the takeover: it stays here");
+            None
+        }
+    };
+    state.gate.park_task(parked);
 }
 
 /// Reads what the client already sent, without waiting for more.

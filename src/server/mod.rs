@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use crate::endpoint::accept_backoff;
 use crate::endpoint::budget::ConnBudget;
+use crate::endpoint::pause::{self, Gate, Parked};
 use crate::endpoint::{stopped, Endpoint};
 use crate::gpu::RxPool;
 use crate::identity::{ClientTracker, TenantPolicy};
@@ -86,6 +87,34 @@ pub struct ServerState {
     /// Set when shutdown starts: the NIC threads answer requests not yet
     /// started with UNAVAILABLE.
     pub stopping: Arc<AtomicBool>,
+    /// A takeover's pause: no accepting, connections parked between requests.
+    pub gate: Arc<Gate>,
+}
+
+/// Serves a connection taken over from another daemon (registered there,
+/// with part of a request read) until it ends.
+pub fn spawn_adopted(
+    p: Parked,
+    state: Arc<ServerState>,
+    shutdown: watch::Receiver<bool>,
+    done: mpsc::Sender<()>,
+) -> Result<(), socket_dir::SocketDirError> {
+    let std = std::os::unix::net::UnixStream::from(p.fd);
+    let stream = std
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(std))
+        .map_err(|err| socket_dir::SocketDirError::Bind { path: p.endpoint.socket_name().into(), err })?;
+    if p.registered {
+        state.registry.register(&state.metrics);
+    }
+    let live = state.gate.enter();
+    let permit = state.conn_limit.try_acquire(p.endpoint);
+    let start = conn::Start { registered: p.registered, input: p.input };
+    tokio::spawn(async move {
+        conn::serve(stream, p.endpoint, &state, shutdown, done, start).await;
+        drop((permit, live));
+    });
+    Ok(())
 }
 
 /// Accepts connections on `listener` until shutdown; each connection runs in
@@ -99,7 +128,13 @@ pub fn spawn_endpoint(
 ) {
     tokio::spawn(async move {
         let mut backoff = accept_backoff::AcceptBackoff::new(endpoint.kind());
+        let mut gate = state.gate.subscribe();
         loop {
+            // Paused for a takeover: clients wait in the backlog for whoever serves next.
+            tokio::select! {
+                _ = stopped(&mut shutdown) => return,
+                _ = pause::wait_open(&mut gate) => {}
+            }
             // At the limit, stop accepting so new clients wait in the kernel backlog.
             // The permit is only probed here: an idle listener must not hold one.
             tokio::select! {
@@ -108,6 +143,7 @@ pub fn spawn_endpoint(
             }
             let stream = tokio::select! {
                 _ = stopped(&mut shutdown) => return,
+                _ = pause::closing(&mut gate) => continue,
                 r = listener.accept() => match r {
                     Ok((s, _)) => {
                         backoff.succeeded();
@@ -129,12 +165,14 @@ pub fn spawn_endpoint(
                 _ = stopped(&mut shutdown) => return,
                 p = state.conn_limit.acquire(endpoint) => p,
             };
+            // Counted from here, so that a pause waits for it too.
+            let live = state.gate.enter();
             let state = state.clone();
             let shutdown = shutdown.clone();
             let done = done.clone();
             tokio::spawn(async move {
-                conn::serve(stream, endpoint, &state, shutdown, done).await;
-                drop(permit);
+                conn::serve(stream, endpoint, &state, shutdown, done, conn::Start::default()).await;
+                drop((permit, live));
             });
         }
     });

@@ -1,8 +1,10 @@
 //! The socket folder: the single-instance lock, endpoint files with the
 //! configured mode and group, and their removal on exit.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -66,6 +68,10 @@ pub struct SocketDir {
     gid: Option<Gid>,
     sockets: Vec<PathBuf>,
     lock: Option<Flock<File>>,
+    /// Each bound listener by name, duplicated for a takeover.
+    listeners: Vec<(String, OwnedFd)>,
+    /// Listeners taken over from the daemon this one replaced, not yet bound.
+    handed: HashMap<String, OwnedFd>,
 }
 
 /// Resolves `--socket_group` (a name or a numeric gid).
@@ -186,7 +192,50 @@ impl SocketDir {
         let _ = lock.set_len(0);
         let _ = lock.rewind();
         let _ = write!(*lock, "{}", std::process::id());
-        Ok(SocketDir { dir: dir.to_path_buf(), mode, gid, sockets: Vec::new(), lock: Some(lock) })
+        Ok(SocketDir::with_lock(dir, mode, gid, lock, HashMap::new()))
+    }
+
+    fn with_lock(
+        dir: &Path,
+        mode: u32,
+        gid: Option<Gid>,
+        lock: Flock<File>,
+        handed: HashMap<String, OwnedFd>,
+    ) -> SocketDir {
+        SocketDir {
+            dir: dir.to_path_buf(),
+            mode,
+            gid,
+            sockets: Vec::new(),
+            lock: Some(lock),
+            listeners: Vec::new(),
+            handed,
+        }
+    }
+
+    /// The folder as the daemon this one takes over from held it: its lock
+    /// (the same open file, so the lock is already ours) and its listeners,
+    /// which [`Self::bind`] hands out instead of binding anew.
+    pub fn adopt(
+        dir: &Path,
+        mode: u32,
+        gid: Option<Gid>,
+        lock: OwnedFd,
+        listeners: HashMap<String, OwnedFd>,
+    ) -> Result<SocketDir, SocketDirError> {
+        let path = dir.join(LOCK_FILE);
+        let mut lock = Flock::lock(File::from(lock), FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, err)| SocketDirError::Lock { path, err })?;
+        let _ = lock.set_len(0);
+        let _ = lock.rewind();
+        let _ = write!(*lock, "{}", std::process::id());
+        Ok(SocketDir::with_lock(dir, mode, gid, lock, listeners))
+    }
+
+    /// The lock file and every listener, for a takeover.
+    pub fn handover(&self) -> (Option<BorrowedFd<'_>>, impl Iterator<Item = (&str, BorrowedFd<'_>)>) {
+        let lock = self.lock.as_ref().map(|l| l.as_fd());
+        (lock, self.listeners.iter().map(|(n, fd)| (n.as_str(), fd.as_fd())))
     }
 
     /// Binds endpoint `name`, replacing a stale socket file (we hold the lock,
@@ -198,6 +247,15 @@ impl SocketDir {
     /// Like [`Self::bind`], with a mode of its own (the status socket's).
     pub fn bind_with_mode(&mut self, name: &str, mode: u32) -> Result<UnixListener, SocketDirError> {
         let path = self.dir.join(name);
+        if let Some(fd) = self.handed.remove(name) {
+            let std = std::os::unix::net::UnixListener::from(fd);
+            let bound = std
+                .set_nonblocking(true)
+                .and_then(|()| UnixListener::from_std(std))
+                .map_err(|err| SocketDirError::Bind { path: path.clone(), err })?;
+            self.keep(name, &bound, path)?;
+            return Ok(bound);
+        }
         match fs::symlink_metadata(&path) {
             Ok(m) if m.file_type().is_socket() => {
                 let _ = fs::remove_file(&path);
@@ -207,13 +265,22 @@ impl SocketDir {
         }
         let listener =
             UnixListener::bind(&path).map_err(|err| SocketDirError::Bind { path: path.clone(), err })?;
-        self.sockets.push(path.clone());
+        self.keep(name, &listener, path.clone())?;
         if let Some(gid) = self.gid {
             chown(&path, None, Some(gid)).map_err(|err| SocketDirError::Chown { path: path.clone(), err })?;
         }
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))
             .map_err(|err| SocketDirError::Chmod { path: path.clone(), err })?;
         Ok(listener)
+    }
+
+    /// Records a listener: its file to remove at exit, a duplicate to hand over.
+    fn keep(&mut self, name: &str, l: &UnixListener, path: PathBuf) -> Result<(), SocketDirError> {
+        let dup =
+            l.as_fd().try_clone_to_owned().map_err(|err| SocketDirError::Bind { path: path.clone(), err })?;
+        self.listeners.push((name.to_string(), dup));
+        self.sockets.push(path);
+        Ok(())
     }
 
     /// Removes the socket files and the lock file; idempotent.
@@ -246,6 +313,30 @@ mod tests {
         assert_eq!(dir_mode_for(0o666), 0o755);
         assert_eq!(dir_mode_for(0o640), 0o750);
         assert_eq!(dir_mode_for(0o602), 0o705);
+    }
+
+    #[tokio::test]
+    async fn an_adopted_folder_keeps_the_lock_and_serves_the_same_listeners() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut first = SocketDir::lock(tmp.path(), 0o660, None).unwrap();
+        let l = first.bind("a").unwrap();
+        let (lock, listeners) = first.handover();
+        let lock = lock.unwrap().try_clone_to_owned().unwrap();
+        let handed: HashMap<String, OwnedFd> =
+            listeners.map(|(n, fd)| (n.to_string(), fd.try_clone_to_owned().unwrap())).collect();
+        let mut second = SocketDir::adopt(tmp.path(), 0o660, None, lock, handed).unwrap();
+        let l2 = second.bind("a").unwrap();
+        let ino = |fd: BorrowedFd<'_>| nix::sys::stat::fstat(fd).unwrap().st_ino;
+        assert_eq!(ino(l.as_fd()), ino(l2.as_fd()), "the same socket");
+        // A third daemon still finds the folder locked, naming the new holder.
+        std::mem::forget(first); // as a daemon that handed over: exits without cleanup
+        drop(l);
+        let err = SocketDir::lock(tmp.path(), 0o660, None).err().unwrap().to_string();
+        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        let c = tokio::net::UnixStream::connect(tmp.path().join("a")).await;
+        assert!(c.is_ok(), "the socket file stayed and the listener serves");
+        drop(second);
+        assert!(!tmp.path().join("a").exists(), "the last holder removes it");
     }
 
     #[test]

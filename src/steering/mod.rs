@@ -39,6 +39,7 @@ use foldhash::HashMap;
 use tokio::sync::oneshot;
 
 use crate::endpoint::budget::ConnBudget;
+use crate::endpoint::pause::Gate;
 use crate::identity::{Client, ClientTracker, TenantPolicy};
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicError};
@@ -46,6 +47,7 @@ use crate::rules::engine::Installed;
 use crate::rules::table::{Owner, RuleEntry};
 use crate::rules::RuleFailure;
 use crate::types::pci::PciAddr;
+use crate::wire::handover::RuleTable;
 use apply::{BookedCopy, NicFlows, NicRuleThread};
 pub use handoff::{Handoff, Inbox};
 
@@ -79,9 +81,12 @@ pub struct RulePath {
     pub stopping: Arc<AtomicBool>,
     /// Tenant isolation: which GPU and which flow a client may use.
     pub tenants: Arc<TenantPolicy>,
+    /// A takeover's pause (shared with the async endpoints).
+    pub gate: Arc<Gate>,
 }
 
 impl RulePath {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         nics: Vec<NicRuleThread>,
         gpus: impl IntoIterator<Item = (PciAddr, GpuSlot)>,
@@ -90,8 +95,10 @@ impl RulePath {
         clients: Arc<ClientTracker>,
         stopping: Arc<AtomicBool>,
         tenants: Arc<TenantPolicy>,
+        gate: Arc<Gate>,
     ) -> RulePath {
         RulePath {
+            gate,
             nics,
             gpus: gpus.into_iter().collect(),
             addresses: Default::default(),
@@ -204,6 +211,13 @@ pub enum Job {
     RemoveAll {
         give_up_at: Instant,
         reply: oneshot::Sender<Vec<NicError>>,
+    },
+    /// A takeover: writes the table out, then runs nothing more until
+    /// `hold` ends (a message or its sender dropped: the takeover failed,
+    /// serve on). Handed over, the process exits with the thread still held.
+    Freeze {
+        reply: oneshot::Sender<RuleTable>,
+        hold: std::sync::mpsc::Receiver<()>,
     },
     /// Nothing: makes the thread look at its retry deadline again.
     Wake,

@@ -9,6 +9,7 @@
 mod control;
 mod errno;
 mod faults;
+mod handover;
 mod rng;
 
 use foldhash::HashMap;
@@ -164,6 +165,14 @@ impl NicInfo for SimNic {
 
     fn stat(&self, ifname: &str, name: &str) -> NicResult<Option<u64>> {
         self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
+    }
+
+    fn handover_state(&self) -> Vec<crate::wire::handover::SimNic> {
+        self.export()
+    }
+
+    fn adopt_state(&self, state: &[crate::wire::handover::SimNic]) -> Result<(), String> {
+        self.import(state)
     }
 
     fn queue_rx_bytes(&self, ifname: &str) -> NicResult<QueueBytes> {

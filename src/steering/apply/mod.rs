@@ -29,10 +29,11 @@ use crate::identity::TenantPolicy;
 use crate::metrics::Metrics;
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine};
-use crate::rules::table::RuleEntry;
+use crate::rules::table::{NicRules, RuleEntry};
 use crate::rules::RuleFailure;
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
+use crate::wire::handover::RuleTable;
 
 mod queue;
 mod reply;
@@ -129,8 +130,10 @@ fn unavailable(msg: &str) -> RuleFailure {
 }
 
 impl NicRuleThread {
-    /// Starts the rule thread of NIC `ifname`. Once `stopping` is set,
+    /// Starts the rule thread of NIC `ifname`, over `adopted` (a table taken
+    /// over from another daemon) or an empty table. Once `stopping` is set,
     /// requests not yet started are answered UNAVAILABLE.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ifname: &str,
         capacity: u32,
@@ -139,13 +142,18 @@ impl NicRuleThread {
         metrics: Arc<Metrics>,
         stopping: Arc<AtomicBool>,
         tenants: Arc<TenantPolicy>,
+        adopted: Option<NicRules>,
     ) -> std::io::Result<NicRuleThread> {
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
         let gpu_names: Arc<[String]> = gpus.iter().map(|(p, _)| p.to_string()).collect();
         let fast = Arc::new(AtomicBool::new(false));
+        let engine = match adopted {
+            Some(rules) => NicRuleEngine::with_rules(ifname, rules),
+            None => NicRuleEngine::new(ifname, capacity, &queues),
+        };
         let state = NicThread::new(
-            NicRuleEngine::new(ifname, capacity, &queues),
+            engine,
             gpu_names.clone(),
             nic.clone(),
             metrics.clone(),
@@ -153,7 +161,7 @@ impl NicRuleThread {
             fast.clone(),
             tenants,
         );
-        state.reset_gauges();
+        state.gauges_from_table();
         let core = Arc::new(NicCore { jobs: JobQueue::new(), state: Mutex::new(state), fast });
         let shared = core.clone();
         std::thread::Builder::new()
@@ -219,6 +227,15 @@ impl NicRuleThread {
             .unwrap_or_else(|| Err(unavailable("the daemon is shutting down")))
     }
 
+    /// Takeover: the table as it stands once every job queued before is
+    /// done, and the hold that keeps the thread from running anything after
+    /// (drop it to let the thread go on). `None` if the thread is gone.
+    pub async fn freeze(&self) -> Option<(RuleTable, std::sync::mpsc::Sender<()>)> {
+        let (tx, hold) = std::sync::mpsc::channel();
+        let table = self.ask(|reply| Job::Freeze { reply, hold }).await?;
+        Some((table, tx))
+    }
+
     /// Queues the removal of every rule of `lease` (its process exited).
     pub fn reclaim(&self, lease: NonZeroU32) {
         let _ = self.core.jobs.push(Job::Reclaim { lease, reply: None });
@@ -280,119 +297,4 @@ impl NicRuleThread {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::nic::sim::SimNic;
-    use crate::nic::{NicOp, NicSetup, FEATURE_NTUPLE};
-
-    fn flow(i: u32) -> FlowSpec {
-        FlowSpec {
-            src: format!("10.1.{}.{}:{}", i / 250, i % 250, 1000 + i % 50_000).parse().unwrap(),
-            dst: "192.168.1.2:5000".parse().unwrap(),
-        }
-    }
-
-    fn setup() -> (Arc<SimNic>, NicRuleThread) {
-        let nic = Arc::new(SimNic::new(&["eth1"]));
-        nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
-        let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
-        let t = NicRuleThread::new(
-            "eth1",
-            1000,
-            vec![(gpu, vec![8, 9])],
-            nic.clone(),
-            Arc::new(Metrics::new()),
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(TenantPolicy::off()),
-        )
-        .unwrap();
-        (nic, t)
-    }
-
-    /// An install job and the receiver of its answer.
-    fn install_job(i: u32) -> (Job, oneshot::Receiver<Result<Installed, RuleFailure>>) {
-        let (reply, rx) = oneshot::channel();
-        (Job::Install { flow: flow(i), gpu: 0, hint: None, who: Requester::default(), reply }, rx)
-    }
-
-    /// Installs through the NIC thread until the NIC is trusted (a preempted
-    /// operation on a busy machine may restart the streak); returns how many.
-    async fn warm_up(t: &NicRuleThread, first: u32) -> u32 {
-        let mut n = 0;
-        while !t.core.fast.load(Ordering::Relaxed) {
-            assert!(n < 20 * FAST_STREAK, "never trusted after {n} quick installs");
-            t.install(flow(first + n), 0, None, Requester::default()).await.unwrap();
-            n += 1;
-        }
-        n
-    }
-
-    /// Offers one install to `run_here`, a few times (the NIC thread answers
-    /// its last caller just before it lets go of the NIC); `Some(answer)`
-    /// when it ran on this thread.
-    fn offer(t: &NicRuleThread, i: u32) -> Option<Result<Installed, RuleFailure>> {
-        let (job, mut rx) = install_job(i);
-        let mut batch = vec![job];
-        for _ in 0..50 {
-            if t.run_here(&mut batch) {
-                assert!(batch.is_empty());
-                return Some(rx.try_recv().expect("answered before run_here returned"));
-            }
-            assert_eq!(batch.len(), 1, "a refused batch is left as it was");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        None
-    }
-
-    #[tokio::test]
-    async fn lone_requests_run_here_only_after_a_streak_of_quick_operations() {
-        let (_nic, t) = setup();
-        assert!(offer(&t, 0).is_none(), "a NIC not yet seen answering is not trusted");
-        for i in 0..FAST_STREAK - 1 {
-            t.install(flow(100 + i), 0, None, Requester::default()).await.unwrap();
-        }
-        assert!(offer(&t, 0).is_none(), "not before a whole streak");
-        let n = FAST_STREAK - 1 + warm_up(&t, 10_000).await;
-        match offer(&t, 1) {
-            Some(Ok(Installed::New(e))) => assert!(e.queue == 8 || e.queue == 9),
-            other => panic!("expected an install run here, got {other:?}"),
-        }
-        // The bookkeeping is the NIC thread's own: it sees the inline install.
-        let copy = t.booked_copy().await;
-        assert_eq!(copy.rules.len(), n as usize + 1);
-    }
-
-    #[tokio::test]
-    async fn one_slow_operation_sends_requests_back_to_the_nic_thread() {
-        let (nic, t) = setup();
-        warm_up(&t, 0).await;
-        nic.delay_on("eth1", NicOp::AddRule, FAST_OP * 3);
-        // Still trusted: this one runs here, and is measured slow.
-        assert!(offer(&t, 1001).is_some());
-        assert!(offer(&t, 1002).is_none(), "a slow NIC's requests go to its thread");
-        nic.clear_faults();
-        // Trust comes back only after a new streak.
-        for i in 0..FAST_STREAK - 1 {
-            t.install(flow(2000 + i), 0, None, Requester::default()).await.unwrap();
-        }
-        assert!(offer(&t, 1003).is_none());
-        warm_up(&t, 3000).await;
-        assert!(offer(&t, 1004).is_some());
-    }
-
-    #[tokio::test]
-    async fn a_busy_nic_or_queued_work_keeps_requests_on_its_thread() {
-        let (nic, t) = setup();
-        warm_up(&t, 0).await;
-        // While the thread runs a (slow) operation, nothing runs beside it,
-        // and what is queued behind it keeps its turn.
-        nic.delay_on("eth1", NicOp::AddRule, std::time::Duration::from_millis(500));
-        let (slow, slow_rx) = install_job(500);
-        let (queued, queued_rx) = install_job(501);
-        t.submit(&mut vec![slow, queued]);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(offer(&t, 502).is_none(), "the NIC is busy");
-        assert!(slow_rx.await.unwrap().is_ok());
-        assert!(queued_rx.await.unwrap().is_ok());
-    }
-}
+mod tests;

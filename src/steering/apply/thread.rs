@@ -228,6 +228,9 @@ impl NicThread {
             Job::RemoveAll { give_up_at, reply } => {
                 let _ = reply.send(self.remove_all(give_up_at));
             }
+            Job::Freeze { reply, hold } => {
+                let _ = (reply.send(self.engine.rules().to_wire(self.ifname())), hold.recv());
+            }
             Job::Wake => {}
         }
     }
@@ -393,6 +396,18 @@ impl NicThread {
         self.series.installed.set(pending);
         self.series.pending.set(pending);
         failed
+    }
+
+    /// Sets the gauges from the table (one taken over from another daemon).
+    pub(super) fn gauges_from_table(&self) {
+        let rules = self.engine.rules();
+        self.reset_gauges();
+        self.series.installed.set(rules.len() as i64);
+        self.series.pending.set(rules.pending_len() as i64);
+        self.series.foreign.set(rules.foreign_slots().len() as i64);
+        for (_, e) in rules.iter() {
+            self.queue_add(e.queue, 1);
+        }
     }
 
     pub(super) fn reset_gauges(&self) {

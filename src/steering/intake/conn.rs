@@ -28,6 +28,7 @@ use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::Cx;
+use crate::endpoint::pause::Parked;
 use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
 use crate::steering::request::{self, RuleStart};
 use crate::steering::{Handoff, Requester};
@@ -126,6 +127,43 @@ impl Conn {
         }
     }
 
+    /// A connection taken over from another daemon, with what that daemon
+    /// had read of it.
+    pub(super) fn adopted(mut self, input: Vec<u8>, peeked: usize) -> Self {
+        self.buf = input;
+        self.peeked = peeked;
+        self.may_read = true;
+        self
+    }
+
+    /// Whether it sits between two requests: nothing in flight, nothing
+    /// owed, no whole request unanswered, not closing.
+    pub(super) fn parkable(&self) -> bool {
+        !self.handed && self.out.is_empty() && !self.closing && !self.eof && whole_frame(&self.buf).is_none()
+    }
+
+    /// What a takeover hands on of it (a duplicate of its socket).
+    pub(super) fn park(&self) -> io::Result<Parked> {
+        Ok(Parked {
+            fd: self.shared.sock().try_clone_to_owned()?,
+            endpoint: self.endpoint,
+            registered: false,
+            input: self.buf.clone(),
+            peeked: self.peeked,
+        })
+    }
+
+    /// Takes in an answer the NIC thread finished meanwhile (it writes to
+    /// the socket itself and wakes this thread only when it must).
+    pub(super) fn settle_now(&mut self) {
+        self.settle();
+    }
+
+    /// The pause ended: look at the socket again.
+    pub(super) fn unpause(&mut self) {
+        self.may_read = true;
+    }
+
     /// Shutdown began: read what the client already sent, answer it, close.
     pub(super) fn begin_stop(&mut self) {
         self.may_read = true;
@@ -161,7 +199,9 @@ impl Conn {
                 return Next::Close;
             }
             let frame_end = whole_frame(&self.buf);
-            let reading = self.may_read && (!cx.stopping || self.read_after_stop < SHUTDOWN_READ_LIMIT);
+            // Paused for a takeover: what was read is answered, nothing more is read.
+            let reading =
+                self.may_read && !cx.paused && (!cx.stopping || self.read_after_stop < SHUTDOWN_READ_LIMIT);
             // An answer in flight goes out before anything else happens on the
             // connection: the next frame is answered in order, the close comes
             // after the answer (a half-closed client still waits for it),

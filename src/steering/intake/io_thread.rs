@@ -20,6 +20,9 @@ use crate::endpoint::accept_backoff::AcceptBackoff;
 use crate::endpoint::Endpoint;
 use crate::steering::{Handoff, Inbox, RulePath};
 
+#[path = "io_pause.rs"]
+mod pause;
+
 /// Per listener: the connection gauge and counter of its endpoint.
 struct Series {
     open: IntGauge,
@@ -49,6 +52,8 @@ pub(super) struct IoThread {
     /// epoll reports it again if more wait), which saves a call per client.
     accepted_now: bool,
     accepted_before: bool,
+    /// Its connections are parked at the takeover's gate.
+    parked: bool,
     /// Dropped when the thread ends: shutdown waits for every clone.
     _done: mpsc::Sender<()>,
 }
@@ -102,6 +107,7 @@ impl IoThread {
                 runtime: runtime.clone(),
                 pending: (0..state.nics.len()).map(|_| Vec::new()).collect(),
                 stopping: false,
+                paused: false,
                 now,
                 scratch: Box::new([0; SCRATCH]),
             },
@@ -109,9 +115,15 @@ impl IoThread {
             next_sweep: now,
             accepted_now: false,
             accepted_before: false,
+            parked: false,
             _done: done,
         };
-        t.listen()?;
+        if t.cx.state.gate.closed() {
+            // Started paused (a takeover not yet committed): the gate opens it.
+            t.cx.paused = true;
+        } else {
+            t.listen()?;
+        }
         Ok(t)
     }
 
@@ -168,6 +180,7 @@ impl IoThread {
                 self.begin_stop();
             }
             self.flush();
+            self.follow_gate();
             self.housekeeping();
             self.accepted_before = std::mem::take(&mut self.accepted_now);
             if self.cx.stopping && self.conns.is_empty() {
@@ -221,7 +234,7 @@ impl IoThread {
         if !self.conns.is_empty() && self.idle_limit().is_some() {
             sooner(self.next_sweep);
         }
-        if self.cx.stopping {
+        if self.cx.stopping || (self.cx.paused && !self.parked) {
             // Answers in flight come through the inbox; this is only a safety net.
             sooner(now + Duration::from_millis(100));
         }
@@ -348,6 +361,9 @@ impl IoThread {
 
     fn housekeeping(&mut self) {
         let now = self.cx.now;
+        if self.cx.paused {
+            return;
+        }
         if !self.cx.stopping && self.resume_at.is_some_and(|t| now >= t) {
             self.resume(now);
         }

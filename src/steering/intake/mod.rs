@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use super::{Inbox, Job, RulePath};
+use crate::endpoint::pause::Parked;
 use crate::endpoint::Endpoint;
 use io_thread::IoThread;
 
@@ -65,12 +66,15 @@ pub(super) struct Cx {
     /// Jobs collected for each NIC during one batch of events.
     pending: Vec<Vec<Job>>,
     stopping: bool,
+    /// Paused for a takeover (see `endpoint::pause`).
+    paused: bool,
     /// Taken once per batch of events.
     now: Instant,
     scratch: Box<[u8; SCRATCH]>,
 }
 
-/// Starts `threads` I/O threads serving `listeners` until `shutdown`. Each
+/// Starts `threads` I/O threads serving `listeners` until `shutdown`, and
+/// the connections `adopted` from the daemon this one took over from. Each
 /// thread holds a clone of `done` until its last connection is closed.
 pub fn spawn(
     listeners: Vec<Listener>,
@@ -78,6 +82,7 @@ pub fn spawn(
     state: Arc<RulePath>,
     mut shutdown: watch::Receiver<bool>,
     done: mpsc::Sender<()>,
+    adopted: Vec<Parked>,
 ) -> io::Result<()> {
     assert!(listeners.len() < (slab::FIRST_KEY - FIRST_LISTENER_KEY) as usize, "too many listeners");
     for l in &listeners {
@@ -86,10 +91,25 @@ pub fn spawn(
     let listeners: Arc<[Listener]> = listeners.into();
     let shared = Arc::new(Shared { threads: threads.max(1), ..Shared::default() });
     let runtime = tokio::runtime::Handle::current();
-    let workers = (0..threads.max(1))
+    let mut workers = (0..threads.max(1))
         .map(|i| IoThread::new(i, &listeners, &state, &shared, &runtime, done.clone()))
         .collect::<io::Result<Vec<_>>>()?;
+    let n = workers.len();
+    for (i, p) in adopted.into_iter().enumerate() {
+        workers[i % n].adopt(p);
+    }
     let inboxes: Vec<_> = workers.iter().map(|w| w.inbox.clone()).collect();
+    {
+        // A takeover's pause and its end wake every thread.
+        let (mut gate, inboxes) = (state.gate.subscribe(), inboxes.clone());
+        tokio::spawn(async move {
+            while gate.changed().await.is_ok() {
+                for i in &inboxes {
+                    i.poke();
+                }
+            }
+        });
+    }
     {
         let (shared, inboxes) = (shared.clone(), inboxes.clone());
         tokio::spawn(async move {
@@ -98,6 +118,7 @@ pub fn spawn(
         });
     }
     for w in workers {
+        state.gate.add_io_thread();
         let name = format!("rule-io-{}", w.id);
         if let Err(e) = std::thread::Builder::new().name(name).spawn(move || w.run()) {
             shared.request_stop(&inboxes);

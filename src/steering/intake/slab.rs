@@ -68,6 +68,11 @@ impl<T> Slab<T> {
         self.len
     }
 
+    /// The values in use now.
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().filter_map(|(_, v)| v.as_ref())
+    }
+
     /// The keys in use now.
     pub(super) fn keys(&self) -> Vec<u64> {
         self.slots

@@ -1,0 +1,150 @@
+//! Takeover: a new daemon takes the running one's place without touching
+//! the NICs or the pools and without a failed request (an upgrade).
+//!
+//! The old daemon ([`give`]) pauses every serving path (listeners stay open,
+//! clients wait in the backlog), lets the requests already read finish,
+//! freezes the NIC threads and sends its whole state with its fds. The new
+//! daemon ([`take`]) adopts it without priming, allocating or binding, and
+//! answers `adopted`; the old one then commits (it never serves again and
+//! exits 0) and the new one opens the gate. Anything wrong before the
+//! commit and the old daemon serves on as if nothing happened. The
+//! transport is `handover`; the protocol is in docs/ARCHITECTURE.md.
+
+pub(super) mod give;
+pub(super) mod take;
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use crate::endpoint::pause::Parked;
+use crate::endpoint::Endpoint;
+use crate::gpu::{AdoptedBinding, HandedPool};
+use crate::handover::{FdSet, State};
+use crate::host::tuning::HostTuning;
+use crate::nic::prime::PrimedNic;
+use crate::types::pci::PciAddr;
+use crate::wire::handover as wire;
+
+use super::{Backends, Config};
+
+/// What two daemons must agree on before one takes over from the other.
+pub(super) fn fingerprint(config: &Config, backends: &Backends) -> HashMap<String, String> {
+    let f = &config.flags;
+    [
+        ("topology", format!("{:?}", config.topology)),
+        ("uds_path", f.uds_path.display().to_string()),
+        ("nic_backend", backends.nic.backend().to_string()),
+        ("pool_backend", backends.alloc.backend().to_string()),
+        ("bind_backend", backends.binder.backend().to_string()),
+        ("gpu_shmem_type", f.gpu_shmem_type.name().to_string()),
+        ("tenant_isolation", f.tenant_isolation.name().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The state a daemon took over, fds in hand, each piece taken by the
+/// startup step that adopts it.
+pub(super) struct Handed {
+    /// The daemon it came from.
+    pub pid: u32,
+    pub lock: Option<OwnedFd>,
+    /// Folder listeners by socket name.
+    pub listeners: HashMap<String, OwnedFd>,
+    pub http: Option<OwnedFd>,
+    pub claims: Vec<(String, OwnedFd)>,
+    pub pools: Vec<HandedPool>,
+    pub bindings: Vec<AdoptedBinding>,
+    pub conns: Vec<Parked>,
+    pub leases: Vec<wire::Lease>,
+    pub next_lease: u32,
+    pub tables: Vec<wire::RuleTable>,
+    pub primed: Vec<PrimedNic>,
+    pub tuning: Option<HostTuning>,
+    pub sim: Vec<wire::SimNic>,
+    /// The fds not yet taken (the leases' are taken when they are adopted).
+    pub fds: FdSet,
+    pub takeovers: u32,
+}
+
+impl Handed {
+    /// Reads the message; an error names what does not fit.
+    pub fn decode(st: State, fds: Vec<OwnedFd>) -> Result<Handed, String> {
+        let mut fds = FdSet::new(fds);
+        let mut listeners = HashMap::new();
+        let mut http = None;
+        for l in &st.listeners {
+            let fd = fds.take(l.fd, "listener")?;
+            match l.name.as_str() {
+                "" => http = Some(fd),
+                n => drop(listeners.insert(n.to_string(), fd)),
+            }
+        }
+        let claims = st
+            .claims
+            .iter()
+            .map(|c| Ok((c.ifname.clone(), fds.take(c.fd, "NIC claim")?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        let mut pools = Vec::new();
+        for p in &st.pools {
+            let gpu: PciAddr = p.gpu.parse().map_err(|e| format!("pool GPU {:?}: {e}", p.gpu))?;
+            pools.push(HandedPool {
+                gpu,
+                size: p.size,
+                alignment: p.alignment,
+                share_fd: fds.take_opt(p.share_fd, "pool fd")?,
+                dmabuf_fd: fds.take_opt(p.dmabuf_fd, "pool dma-buf")?,
+            });
+        }
+        let mut bindings = Vec::new();
+        for b in &st.bindings {
+            let held = b.fds.iter().map(|&i| fds.take(i, "binding")).collect::<Result<Vec<_>, _>>()?;
+            bindings.push(AdoptedBinding {
+                fds: held,
+                description: b.description.clone(),
+                dmabuf_id: b.dmabuf_id,
+            });
+        }
+        let mut conns = Vec::new();
+        for c in &st.connections {
+            let endpoint = Endpoint::from_socket_name(&c.endpoint)
+                .ok_or_else(|| format!("a connection of unknown endpoint {:?}", c.endpoint))?;
+            conns.push(Parked {
+                fd: fds.take(c.fd, "connection")?,
+                endpoint,
+                registered: c.registered,
+                input: c.input.clone(),
+                peeked: c.peeked as usize,
+            });
+        }
+        let primed = st.primed.iter().map(|j| PrimedNic::from_json(j)).collect::<Result<Vec<_>, _>>()?;
+        let tuning = match st.tuning.is_empty() {
+            true => None,
+            false => Some(HostTuning::from_json(&st.tuning)?),
+        };
+        Ok(Handed {
+            pid: st.pid,
+            lock: Some(fds.take(st.lock_fd, "folder lock")?),
+            listeners,
+            http,
+            claims,
+            pools,
+            bindings,
+            conns,
+            leases: st.leases,
+            next_lease: st.next_lease,
+            tables: st.tables,
+            primed,
+            tuning,
+            sim: st.sim,
+            fds,
+            takeovers: st.takeovers,
+        })
+    }
+
+    /// Rules across the NICs.
+    pub fn rule_count(&self) -> usize {
+        self.tables.iter().map(|t| t.rules.len()).sum()
+    }
+}

@@ -1,0 +1,203 @@
+//! The takeover's wire: how a daemon about to take over and the daemon
+//! serving talk over the folder's handover socket.
+//!
+//! Four messages in this order, each framed as a 4-byte big-endian length
+//! and a `tcpx_rxdm.handover` protobuf:
+//! 1. new → old [`Hello`]: version, pid and what it would serve;
+//! 2. old → new [`Offer`]: refused with a reason, or the whole [`State`],
+//!    followed by its fds (SCM_RIGHTS, at most [`FDS_PER_MESSAGE`] per
+//!    `sendmsg`, each chunk carried by one byte);
+//! 3. new → old [`Verdict`]: adopted, or failed with a reason;
+//! 4. old → new [`Commit`]: the old daemon has stopped for good.
+//!
+//! What each side does around them lives in the daemon (`daemon::takeover`);
+//! this module is only the transport, the peer check and the fd list.
+//! It may use `wire` and the layers below.
+
+pub mod fds;
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use prost::Message;
+
+pub use crate::wire::handover::{offer, verdict, Commit, Hello, Offer, State, Verdict};
+pub use fds::{FdList, FdSet, FDS_PER_MESSAGE};
+
+/// The protocol version both daemons must speak.
+pub const VERSION: u32 = 1;
+/// The handover socket's name in the socket folder (owner only).
+pub const SOCKET: &str = ".rxdm-handover";
+/// The largest message accepted (a State with 100 000 rules per NIC on
+/// eight NICs is about 40 MiB).
+pub const MAX_MESSAGE: usize = 256 << 20;
+
+/// A failure of the handover itself: where, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{what}: malformed message: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("{0}")]
+    Protocol(String),
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> HandoverError {
+    move |source| HandoverError::Io { what, source }
+}
+
+/// Sets both timeouts of the connection.
+pub fn set_timeouts(s: &UnixStream, t: Duration) -> Result<(), HandoverError> {
+    s.set_read_timeout(Some(t)).map_err(io_err("setting a timeout"))?;
+    s.set_write_timeout(Some(t)).map_err(io_err("setting a timeout"))
+}
+
+/// Writes one framed message.
+pub fn send<M: Message>(s: &mut UnixStream, what: &'static str, m: &M) -> Result<(), HandoverError> {
+    let body = m.encode_to_vec();
+    let mut framed = Vec::with_capacity(body.len() + 4);
+    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&body);
+    s.write_all(&framed).map_err(io_err(what))
+}
+
+/// Reads one framed message.
+pub fn recv<M: Message + Default>(s: &mut UnixStream, what: &'static str) -> Result<M, HandoverError> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).map_err(io_err(what))?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(HandoverError::Protocol(format!("{what}: a message of {len} bytes is over the limit")));
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).map_err(io_err(what))?;
+    M::decode(body.as_slice()).map_err(|source| HandoverError::Decode { what, source })
+}
+
+/// The uid of the process at the other end (`SO_PEERCRED`).
+pub fn peer_uid(s: &UnixStream) -> Result<u32, HandoverError> {
+    let cred = nix::sys::socket::getsockopt(&s.as_fd(), nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| HandoverError::Io { what: "reading the peer's credentials", source: e.into() })?;
+    Ok(cred.uid())
+}
+
+/// The pid of the process at the other end, as this daemon sees it.
+pub fn peer_pid(s: &UnixStream) -> Option<u32> {
+    let cred = nix::sys::socket::getsockopt(&s.as_fd(), nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    u32::try_from(cred.pid()).ok().filter(|&p| p > 0)
+}
+
+/// Refuses a peer that is not this daemon's own user.
+pub fn check_peer(s: &UnixStream) -> Result<(), HandoverError> {
+    let (uid, own) = (peer_uid(s)?, nix::unistd::geteuid().as_raw());
+    if uid != own {
+        return Err(HandoverError::Protocol(format!(
+            "the peer runs as uid {uid}, this daemon as uid {own}: only the same user may take over"
+        )));
+    }
+    Ok(())
+}
+
+/// The first difference between two daemons' fingerprints, named.
+pub fn fingerprint_differs(
+    ours: &std::collections::HashMap<String, String>,
+    theirs: &std::collections::HashMap<String, String>,
+) -> Option<String> {
+    let mut keys: Vec<&String> = ours.keys().chain(theirs.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter().find_map(|k| {
+        let (a, b) = (ours.get(k), theirs.get(k));
+        (a != b).then(|| {
+            let show = |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("{v:?}"));
+            format!("{k} differs: this daemon has {}, the other {}", show(a), show(b))
+        })
+    })
+}
+
+/// Sends `state` and the fds it names.
+pub fn send_state(s: &mut UnixStream, state: State, fds: &FdList) -> Result<(), HandoverError> {
+    send(s, "sending the state", &Offer { answer: Some(offer::Answer::State(Box::new(state))) })?;
+    fds::send_fds(s, fds.fds())
+}
+
+/// Reads the offer; a state comes with exactly the fds it counts.
+pub fn recv_offer(s: &mut UnixStream) -> Result<(State, Vec<OwnedFd>), HandoverError> {
+    let offer: Offer = recv(s, "reading the offer")?;
+    match offer.answer {
+        Some(offer::Answer::State(st)) => {
+            let fds = fds::recv_fds(s, st.fd_count as usize)?;
+            Ok((*st, fds))
+        }
+        Some(offer::Answer::Refused(why)) => {
+            Err(HandoverError::Protocol(format!("the running daemon refused: {why}")))
+        }
+        None => Err(HandoverError::Protocol("an empty offer".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn messages_and_fds_cross_and_bad_frames_are_refused() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        set_timeouts(&b, Duration::from_secs(5)).unwrap();
+        let hello =
+            Hello { version: VERSION, pid: 42, fingerprint: HashMap::from([("a".into(), "1".into())]) };
+        send(&mut a, "hello", &hello).unwrap();
+        assert_eq!(recv::<Hello>(&mut b, "hello").unwrap(), hello);
+        // More fds than one message may carry, with their order kept.
+        let files: Vec<_> = (0..600).map(|_| tempfile::tempfile().unwrap()).collect();
+        let mut list = FdList::default();
+        let idx: Vec<u32> = files.iter().map(|f| list.push(f.as_fd()).unwrap()).collect();
+        assert_eq!(idx, (0..600).collect::<Vec<u32>>());
+        let state = State { version: VERSION, pid: 7, fd_count: list.len(), ..State::default() };
+        let sender = std::thread::spawn(move || send_state(&mut a, state, &list).map(|()| a));
+        let (st, fds) = recv_offer(&mut b).unwrap();
+        let mut a = sender.join().unwrap().unwrap();
+        assert_eq!((st.pid, fds.len()), (7, 600));
+        use std::os::unix::fs::MetadataExt;
+        for (f, got) in files.iter().zip(&fds) {
+            let got = std::fs::File::from(got.try_clone().unwrap());
+            assert_eq!(f.metadata().unwrap().ino(), got.metadata().unwrap().ino());
+        }
+        // A refusal reads as an error naming the reason; a huge length is refused.
+        send(&mut a, "offer", &Offer { answer: Some(offer::Answer::Refused("busy".into())) }).unwrap();
+        assert!(recv_offer(&mut b).unwrap_err().to_string().contains("refused: busy"));
+        a.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        assert!(recv::<Hello>(&mut b, "hello").unwrap_err().to_string().contains("over the limit"));
+    }
+
+    #[test]
+    fn fingerprints_name_their_first_difference() {
+        let m = |v: &[(&str, &str)]| {
+            v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>()
+        };
+        assert_eq!(fingerprint_differs(&m(&[("a", "1")]), &m(&[("a", "1")])), None);
+        let d = fingerprint_differs(&m(&[("a", "1"), ("b", "2")]), &m(&[("a", "1"), ("b", "3")])).unwrap();
+        assert_eq!(d, "b differs: this daemon has \"2\", the other \"3\"");
+        let d = fingerprint_differs(&m(&[("a", "1")]), &m(&[("a", "1"), ("c", "x")])).unwrap();
+        assert!(d.starts_with("c differs: this daemon has (none)"), "{d}");
+    }
+
+    #[test]
+    fn only_the_same_user_passes() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        check_peer(&a).unwrap();
+        assert_eq!(peer_pid(&a), Some(std::process::id()));
+    }
+}

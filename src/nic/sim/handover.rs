@@ -1,0 +1,144 @@
+//! The simulated NICs' state through a takeover: a real NIC keeps its
+//! settings and rule table in the kernel when the daemon is replaced; the
+//! simulated one lives in the daemon's memory, so it is handed on.
+
+use std::net::IpAddr;
+
+use foldhash::HashMap;
+use serde::{Deserialize, Serialize};
+
+use super::{SimNic, SimRule, SimState};
+use crate::nic::{DataSplit, RxRing};
+use crate::wire::handover::{self as wire, Flow};
+
+/// Everything but the rules.
+#[derive(Serialize, Deserialize)]
+struct Settings {
+    index: u32,
+    addresses: Vec<IpAddr>,
+    channels: u32,
+    capacity: u32,
+    features: Vec<(String, bool)>,
+    priv_flags: Vec<(String, bool)>,
+    data_split: DataSplit,
+    rx_ring: RxRing,
+    rss: Vec<u32>,
+    stats: Vec<(String, u64)>,
+    rx_bytes: Vec<u64>,
+}
+
+impl SimNic {
+    pub(super) fn export(&self) -> Vec<wire::SimNic> {
+        let mut out: Vec<_> = self
+            .nics
+            .iter()
+            .map(|(name, st)| {
+                let st = st.lock().expect("sim nic lock");
+                let settings = Settings {
+                    index: st.index,
+                    addresses: st.addresses.clone(),
+                    channels: st.channels,
+                    capacity: st.capacity,
+                    features: st.features.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                    priv_flags: st.priv_flags.clone(),
+                    data_split: st.data_split,
+                    rx_ring: st.rx_ring,
+                    rss: st.rss.clone(),
+                    stats: st.stats.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                    rx_bytes: st.rx_bytes.clone(),
+                };
+                let rules = st
+                    .rules
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(loc, r)| {
+                        let r = r.as_ref()?;
+                        Some(wire::SimRule {
+                            loc: loc as u32,
+                            queue: r.queue,
+                            flow: Some(Flow::from(&r.flow)),
+                        })
+                    })
+                    .collect();
+                wire::SimNic {
+                    ifname: name.clone(),
+                    settings: serde_json::to_vec(&settings).expect("plain data serialises"),
+                    rules,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.ifname.cmp(&b.ifname));
+        out
+    }
+
+    /// Replaces the named NICs' state; every NIC handed on must exist here.
+    pub(super) fn import(&self, state: &[wire::SimNic]) -> Result<(), String> {
+        let mut staged = Vec::with_capacity(state.len());
+        for n in state {
+            let slot = self
+                .nics
+                .get(&n.ifname)
+                .ok_or_else(|| format!("simulated NIC {} is not configured here", n.ifname))?;
+            let s: Settings = serde_json::from_slice(&n.settings)
+                .map_err(|e| format!("simulated NIC {}: {e}", n.ifname))?;
+            let mut rules: Vec<Option<SimRule>> = Vec::new();
+            for r in &n.rules {
+                let flow = r
+                    .flow
+                    .as_ref()
+                    .and_then(Flow::spec)
+                    .ok_or_else(|| format!("simulated NIC {}: a malformed rule", n.ifname))?;
+                let loc = r.loc as usize;
+                if r.loc >= s.capacity {
+                    return Err(format!("simulated NIC {}: rule slot {loc} beyond the capacity", n.ifname));
+                }
+                if rules.len() <= loc {
+                    rules.resize(loc + 1, None);
+                }
+                rules[loc] = Some(SimRule { queue: r.queue, flow });
+            }
+            let st = SimState {
+                index: s.index,
+                addresses: s.addresses,
+                channels: s.channels,
+                capacity: s.capacity,
+                rules,
+                features: s.features.into_iter().collect::<HashMap<_, _>>(),
+                priv_flags: s.priv_flags,
+                data_split: s.data_split,
+                rx_ring: s.rx_ring,
+                rss: s.rss,
+                stats: s.stats.into_iter().collect(),
+                rx_bytes: s.rx_bytes,
+            };
+            staged.push((slot, st));
+        }
+        for (slot, st) in staged {
+            *slot.lock().expect("sim nic lock") = st;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nic::sim::SimNic;
+    use crate::nic::{FlowSpec, NicInfo, NicSetup, RuleControl, FEATURE_NTUPLE};
+
+    #[test]
+    fn a_second_sim_takes_on_the_first_ones_table_and_settings() {
+        let a = SimNic::new(&["eth1", "eth2"]);
+        a.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        a.set_rss_equal("eth1", 4).unwrap();
+        let f = FlowSpec { src: "10.0.0.1:4000".parse().unwrap(), dst: "192.168.1.2:5000".parse().unwrap() };
+        a.add_rule("eth1", &f, 3, 17).unwrap();
+        let b = SimNic::new(&["eth1", "eth2"]);
+        b.adopt_state(&a.handover_state()).unwrap();
+        assert_eq!(b.list_rules("eth1").unwrap(), a.list_rules("eth1").unwrap());
+        assert_eq!(b.rss_table("eth1").unwrap(), a.rss_table("eth1").unwrap());
+        assert!(b.feature("eth1", FEATURE_NTUPLE).unwrap());
+        assert!(b.list_rules("eth2").unwrap().is_empty());
+        let c = SimNic::new(&["eth9"]);
+        assert!(c.adopt_state(&a.handover_state()).unwrap_err().contains("eth1 is not configured here"));
+    }
+}

@@ -1,0 +1,340 @@
+//! Takeover end to end on simulated NICs and host pools: 20 takeovers in a
+//! row under load from 16 client processes without one failed request,
+//! leases, registrations and pool memory that move with the daemon, and
+//! every way a takeover can fail leaving the serving daemon as it was.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{encoded, wait_until, Daemon};
+use tcpx_rxdm::daemon::READY_LINE;
+use tcpx_rxdm::wire::{client, frame};
+
+const GPU: &str = "0000:04:00.0";
+const CLIENTS: usize = 16;
+const TAKEOVERS: usize = 20;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn rule(sport: i32) -> Vec<u8> {
+    encoded(&client::rule_request(1, ("10.1.0.2", sport), ("192.168.1.2", 5000), Some(GPU), None))
+}
+
+/// One load process: installs and removes its rules, each on a new
+/// connection as the NCCL plugin does, until `stop` exists; waits while
+/// `hold` exists (saying so with `held.<n>`). Any reply but OK, any refused
+/// connect: prints FAIL and exits 1. At the end prints `done <requests>`.
+const LOAD_PY: &str = r#"
+import os, socket, sys, time
+install, uninstall, folder, ok, n = sys.argv[1], sys.argv[2], sys.argv[3], bytes.fromhex(sys.argv[4]), sys.argv[5]
+rules = [bytes.fromhex(h) for h in sys.argv[6:]]
+stop, hold, held = os.path.join(folder, 'stop'), os.path.join(folder, 'hold'), os.path.join(folder, 'held.' + n)
+def ask(path, req):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    s.sendall(req)
+    got = b''
+    while len(got) < 2 or len(got) < 2 + int.from_bytes(got[:2], 'big'):
+        b = s.recv(64)
+        if not b:
+            break
+        got += b
+    s.close()
+    if got != ok:
+        print('FAIL ' + path + ' ' + got.hex(), flush=True)
+        sys.exit(1)
+count = 0
+while not os.path.exists(stop):
+    if os.path.exists(hold):
+        open(held, 'w').close()
+        while os.path.exists(hold):
+            time.sleep(0.002)
+        os.remove(held)
+    for r in rules:
+        ask(install, r)
+        ask(uninstall, r)
+        count += 2
+print('done %d' % count, flush=True)
+"#;
+
+struct Load {
+    procs: Vec<Child>,
+    ctl: PathBuf,
+}
+
+impl Load {
+    fn start(folder: &Path, ctl: &Path) -> Load {
+        let procs = (0..CLIENTS)
+            .map(|p| {
+                let mut cmd = Command::new("python3");
+                cmd.arg("-c").arg(LOAD_PY);
+                cmd.arg(folder.join("rx_rule_manager")).arg(folder.join("rx_rule_uninstall")).arg(ctl);
+                cmd.arg(hex(frame::OK_FRAME)).arg(p.to_string());
+                for i in 0..4 {
+                    cmd.arg(hex(&rule(20_000 + (p * 10 + i) as i32)));
+                }
+                cmd.stdout(Stdio::piped()).spawn().expect("python3")
+            })
+            .collect();
+        Load { procs, ctl: ctl.to_path_buf() }
+    }
+
+    /// Stops every process between two requests (none is in flight).
+    fn hold(&self) {
+        std::fs::write(self.ctl.join("hold"), b"").unwrap();
+        wait_until(Duration::from_secs(20), || {
+            (0..CLIENTS).all(|n| self.ctl.join(format!("held.{n}")).exists())
+        });
+    }
+
+    fn release(&self) {
+        std::fs::remove_file(self.ctl.join("hold")).unwrap();
+    }
+
+    /// Stops the load; the requests made, all answered OK.
+    fn finish(self) -> u64 {
+        std::fs::write(self.ctl.join("stop"), b"").unwrap();
+        let mut total = 0;
+        for mut p in self.procs {
+            let mut out = String::new();
+            p.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+            let st = p.wait().unwrap();
+            assert!(st.success(), "a load process failed: {out}");
+            total += out.trim().strip_prefix("done ").and_then(|n| n.parse::<u64>().ok()).expect("done line");
+        }
+        total
+    }
+}
+
+/// A daemon on the shared folder.
+fn daemon(folder: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+    let mut args = vec![format!("--uds_path={}", folder.display()), "--leases".to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Daemon::spawn(&args, env)
+}
+
+/// Booked rules equal the NIC's table, NIC by NIC; the number booked.
+fn check_tables(d: &Daemon) -> usize {
+    let flows = d.flows();
+    let mut total = 0;
+    for n in flows["nics"].as_array().unwrap() {
+        let mut booked: Vec<u64> =
+            n["rules"].as_array().unwrap().iter().map(|r| r["loc"].as_u64().unwrap()).collect();
+        let mut nic: Vec<u64> = n["nic_rules"]
+            .as_array()
+            .expect("NIC readable")
+            .iter()
+            .map(|r| r["loc"].as_u64().unwrap())
+            .collect();
+        booked.sort_unstable();
+        nic.sort_unstable();
+        assert_eq!(booked, nic, "{}: bookkeeping and NIC table differ", n["ifname"]);
+        total += booked.len();
+    }
+    total
+}
+
+fn has_sport(d: &Daemon, sport: u16) -> bool {
+    let needle = format!(":{sport}");
+    d.flows()["nics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["rules"].as_array().unwrap().iter().any(|r| r["src"].as_str().unwrap().ends_with(&needle)))
+}
+
+/// Writes `pattern` into the pool through the fd the daemon serves (or
+/// reads it back when `pattern` is empty), from a process of its own.
+fn pool_io(folder: &Path, pattern: &str) -> String {
+    let py = r#"
+import mmap, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(bytes.fromhex(sys.argv[2]))
+msg, anc, flags, addr = s.recvmsg(1, socket.CMSG_SPACE(4))
+fd = int.from_bytes(anc[0][2][:4], 'little')
+m = mmap.mmap(fd, 4096)
+if sys.argv[3]:
+    m[:len(sys.argv[3])] = sys.argv[3].encode()
+print(m[:32].rstrip(b'\0').decode(), flush=True)
+"#;
+    let req = encoded(&client::raw_request(GPU));
+    let out = Command::new("python3")
+        .args(["-c", py])
+        .arg(folder.join(format!("get_gpu_fd_{GPU}")))
+        .arg(hex(&req))
+        .arg(pattern)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn twenty_takeovers_under_load_lose_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (folder, ctl) = (tmp.path().join("uds"), tmp.path().join("ctl"));
+    std::fs::create_dir_all(&ctl).unwrap();
+    let mut current = daemon(&folder, &["--monitor_shutdown"], &[]).ready();
+    let first_pid = current.child.id();
+    // A registered application, a live client with a rule, and pool memory written.
+    let mut reg = UnixStream::connect(folder.join("rxdm_application_registry")).unwrap();
+    reg.write_all(&encoded(&client::register(true))).unwrap();
+    common::read_frame(&mut reg).unwrap();
+    let mut lingering =
+        common::ClientProcess::run(&[(folder.join("rx_rule_manager"), rule(777))], Duration::from_secs(300));
+    assert_eq!(lingering.replies, vec![frame::OK_FRAME.to_vec()]);
+    assert_eq!(pool_io(&folder, "written before the takeovers"), "written before the takeovers");
+    let load = Load::start(&folder, &ctl);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut slowest = Duration::ZERO;
+    for i in 0..TAKEOVERS {
+        let t = Instant::now();
+        let next = daemon(&folder, &["--monitor_shutdown", "--takeover"], &[]).ready();
+        let took = t.elapsed();
+        slowest = slowest.max(took);
+        let st = current.wait_exit(Duration::from_secs(20));
+        assert!(st.success(), "takeover {i}: the old daemon exited {st:?}");
+        let pid = next.child.id();
+        let line = current.wait_for_log("handed over to pid", Duration::from_secs(5)).unwrap();
+        assert!(line.contains(&format!("handed over to pid {pid}")), "{line}");
+        let log = current.log().join("\n");
+        assert!(
+            !log.contains("rules removed") && !log.contains("shutdown complete"),
+            "takeover {i}: the old daemon restored something:\n{log}"
+        );
+        let took_line = next.wait_for_log("took over from pid", Duration::from_secs(5)).unwrap();
+        assert!(took_line.contains(&format!("took over from pid {}", current.child.id())), "{took_line}");
+        load.hold();
+        let booked = check_tables(&next);
+        assert!(booked >= 1, "takeover {i}: the lingering client's rule is gone");
+        load.release();
+        current = next;
+    }
+    let requests = load.finish();
+    assert!(requests > 1000, "too little load to mean anything: {requests} requests");
+    assert_eq!(check_tables(&current), 1, "only the lingering client's rule is left");
+    // What moved with the daemon: the pool's memory, the lease, the registration.
+    assert_eq!(pool_io(&folder, ""), "written before the takeovers");
+    assert!(has_sport(&current, 777));
+    lingering.kill();
+    wait_until(Duration::from_secs(10), || !has_sport(&current, 777));
+    assert_eq!(check_tables(&current), 0);
+    drop(reg);
+    let st = current.wait_exit(Duration::from_secs(20));
+    assert!(st.success(), "{st:?}");
+    assert!(
+        current.log().iter().any(|l| l.contains("shutting down") && l.contains("application")),
+        "{}",
+        current.log().join("\n")
+    );
+    eprintln!(
+        "{TAKEOVERS} takeovers from pid {first_pid}: {requests} requests from {CLIENTS} processes, none failed; \
+         slowest takeover (start to ready) {slowest:?}"
+    );
+}
+
+/// Speaks the handover protocol by hand: sends `hello`, returns the offer.
+fn ask_by_hand(
+    folder: &Path,
+    hello: &tcpx_rxdm::handover::Hello,
+) -> Result<tcpx_rxdm::handover::Offer, String> {
+    let mut s = UnixStream::connect(folder.join(tcpx_rxdm::handover::SOCKET)).map_err(|e| e.to_string())?;
+    tcpx_rxdm::handover::set_timeouts(&s, Duration::from_secs(10)).unwrap();
+    tcpx_rxdm::handover::send(&mut s, "hello", hello).map_err(|e| e.to_string())?;
+    tcpx_rxdm::handover::recv(&mut s, "offer").map_err(|e| e.to_string())
+}
+
+/// The daemon still serves as before: an install and its removal answer OK,
+/// and the rules it held are still booked and on the NIC.
+fn still_serves(d: &Daemon, folder: &Path, sport: i32, rules_before: usize) {
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(sport)), frame::OK_FRAME);
+    assert_eq!(check_tables(d), rules_before + 1);
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_uninstall"), &rule(sport)), frame::OK_FRAME);
+    assert_eq!(check_tables(d), rules_before);
+}
+
+#[test]
+fn a_failed_takeover_leaves_the_old_daemon_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = tmp.path().join("uds");
+    let old = daemon(&folder, &["--takeover_timeout=1s"], &[]).ready();
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(100)), frame::OK_FRAME);
+    assert_eq!(check_tables(&old), 1);
+
+    // Another protocol version: refused before anything pauses.
+    let hello = tcpx_rxdm::handover::Hello { version: 99, pid: 1, fingerprint: Default::default() };
+    let offer = ask_by_hand(&folder, &hello).unwrap();
+    let refused = format!("{:?}", offer.answer);
+    assert!(refused.contains("Refused") && refused.contains("version 99"), "{refused}");
+    still_serves(&old, &folder, 101, 1);
+
+    // Flags that change what is served: the new daemon exits 1 naming the difference.
+    let mut other = daemon(&folder, &["--takeover", "--tenant_isolation=off"], &[]);
+    let st = other.wait_exit(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(1));
+    assert!(
+        other.wait_for_log("tenant_isolation differs", Duration::from_secs(2)).is_some(),
+        "{}",
+        other.log().join("\n")
+    );
+    still_serves(&old, &folder, 102, 1);
+
+    // The new process dies holding the state: the old one serves on.
+    let mut dies = daemon(&folder, &["--takeover"], &[("TCPX_RXDM_TEST_TAKEOVER_FAULT", "exit")]);
+    assert_eq!(dies.wait_exit(Duration::from_secs(20)).code(), Some(3));
+    assert!(old.wait_for_log("takeover failed; serving on", Duration::from_secs(5)).is_some());
+    still_serves(&old, &folder, 103, 1);
+
+    // It never answers: after --takeover_timeout the old one serves on; a
+    // second takeover meanwhile is refused at once.
+    let count = |d: &Daemon, needle: &str| d.log().iter().filter(|l| l.contains(needle)).count();
+    let asked = count(&old, "takeover asked: pausing");
+    let mut stalls = daemon(&folder, &["--takeover"], &[("TCPX_RXDM_TEST_TAKEOVER_FAULT", "stall")]);
+    wait_until(Duration::from_secs(20), || count(&old, "takeover asked: pausing") > asked);
+    std::thread::sleep(Duration::from_millis(100)); // the state is on its way
+    let mut second = daemon(&folder, &["--takeover"], &[]);
+    assert_eq!(second.wait_exit(Duration::from_secs(20)).code(), Some(1));
+    assert!(
+        second.wait_for_log("another takeover is under way", Duration::from_secs(2)).is_some(),
+        "{}",
+        second.log().join("\n")
+    );
+    let resumed = count(&old, "takeover failed; serving on");
+    wait_until(Duration::from_secs(10), || count(&old, "takeover failed; serving on") > resumed);
+    still_serves(&old, &folder, 104, 1);
+    stalls.child.kill().unwrap();
+    let _ = stalls.wait_exit(Duration::from_secs(5));
+
+    // With nothing wrong the same folder is taken over, rules and all.
+    let new = daemon(&folder, &["--takeover"], &[]).ready();
+    let mut old = old;
+    assert!(old.wait_exit(Duration::from_secs(20)).success());
+    assert_eq!(check_tables(&new), 1);
+    assert!(new.log().iter().any(|l| l.contains(READY_LINE)));
+}
+
+#[test]
+fn takeover_auto_starts_normally_when_nobody_serves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = tmp.path().join("uds");
+    let mut none = daemon(&folder, &["--takeover"], &[]);
+    assert_eq!(none.wait_exit(Duration::from_secs(20)).code(), Some(1));
+    assert!(
+        none.wait_for_log("no daemon serves", Duration::from_secs(2)).is_some(),
+        "{}",
+        none.log().join("\n")
+    );
+    let first = daemon(&folder, &["--takeover=auto"], &[]).ready();
+    assert!(first.wait_for_log("no daemon to take over from", Duration::from_secs(2)).is_some());
+    let second = daemon(&folder, &["--takeover=auto"], &[]).ready();
+    assert!(second.wait_for_log("took over from pid", Duration::from_secs(5)).is_some());
+}
