@@ -15,6 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = prost::Message::encode_to_vec(&fds);
     std::fs::write(out.join("descriptors.bin"), bytes)?;
     // A takeover's state is large: boxed, so that a refusal stays small.
-    prost_build::Config::new().boxed(".tcpx_rxdm.handover.Offer.answer.state").compile_fds(fds)?;
+    // The packed rule tables are decoded without a copy (slices of the read buffer).
+    prost_build::Config::new()
+        .boxed(".tcpx_rxdm.handover.Offer.answer.state")
+        .bytes([".tcpx_rxdm.handover.RuleTable.rules", ".tcpx_rxdm.handover.SimNic.rules"])
+        .compile_fds(fds)?;
     Ok(())
 }

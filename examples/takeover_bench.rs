@@ -52,7 +52,7 @@ impl Daemon {
             .arg(format!("--uds_path={}", folder.display()))
             .arg("--metrics_address=")
             .arg("--client_idle_timeout=0")
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", std::env::var("TAKEOVER_BENCH_RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -196,6 +196,17 @@ fn main() {
                 worst_before = worst_before.max(wb);
                 n += k;
                 failed += f;
+            }
+            if std::env::var_os("TAKEOVER_BENCH_LOGS").is_some() {
+                for (_, l) in b.log.lock().unwrap().iter().chain(a.log.lock().unwrap().iter()) {
+                    if l.contains("took over")
+                        || l.contains("handed over")
+                        || l.contains("state received")
+                        || l.contains("elapsed_ms")
+                    {
+                        eprintln!("{l}");
+                    }
+                }
             }
             let commit_ms = took
                 .split(" in ")

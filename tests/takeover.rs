@@ -298,9 +298,14 @@ fn a_failed_takeover_leaves_the_old_daemon_serving() {
     // second takeover meanwhile is refused at once.
     let count = |d: &Daemon, needle: &str| d.log().iter().filter(|l| l.contains(needle)).count();
     let asked = count(&old, "takeover asked: pausing");
+    // A connection open before the pause whose request arrives during it:
+    // answered once the old daemon serves on.
+    let mut early = UnixStream::connect(folder.join("rx_rule_manager")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
     let mut stalls = daemon(&folder, &["--takeover"], &[("TCPX_RXDM_TEST_TAKEOVER_FAULT", "stall")]);
     wait_until(Duration::from_secs(20), || count(&old, "takeover asked: pausing") > asked);
     std::thread::sleep(Duration::from_millis(100)); // the state is on its way
+    early.write_all(&rule(105)).unwrap();
     let mut second = daemon(&folder, &["--takeover"], &[]);
     assert_eq!(second.wait_exit(Duration::from_secs(20)).code(), Some(1));
     assert!(
@@ -310,14 +315,26 @@ fn a_failed_takeover_leaves_the_old_daemon_serving() {
     );
     let resumed = count(&old, "takeover failed; serving on");
     wait_until(Duration::from_secs(10), || count(&old, "takeover failed; serving on") > resumed);
+    early.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(common::read_frame(&mut early).unwrap(), frame::OK_FRAME, "the request sent during the pause");
+    drop(early);
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_uninstall"), &rule(105)), frame::OK_FRAME);
     still_serves(&old, &folder, 104, 1);
     stalls.child.kill().unwrap();
     let _ = stalls.wait_exit(Duration::from_secs(5));
 
-    // With nothing wrong the same folder is taken over, rules and all.
+    // With nothing wrong the same folder is taken over, rules and all, and a
+    // connection open across it is served by the successor.
+    let mut across = UnixStream::connect(folder.join("rx_rule_manager")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
     let new = daemon(&folder, &["--takeover"], &[]).ready();
     let mut old = old;
     assert!(old.wait_exit(Duration::from_secs(20)).success());
+    across.write_all(&rule(106)).unwrap();
+    across.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(common::read_frame(&mut across).unwrap(), frame::OK_FRAME);
+    drop(across);
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_uninstall"), &rule(106)), frame::OK_FRAME);
     assert_eq!(check_tables(&new), 1);
     assert!(new.log().iter().any(|l| l.contains(READY_LINE)));
 }

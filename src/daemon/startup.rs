@@ -65,7 +65,6 @@ impl Startup<'_> {
     fn prime(&self, node: &mut Node) -> Result<(), DaemonError> {
         let (topo, nic) = (&self.config.topology, &self.backends.nic);
         if let Some(h) = node.adopting.as_mut() {
-            nic.adopt_state(&h.sim).map_err(DaemonError::Takeover)?;
             node.primed = std::mem::take(&mut h.primed);
             let handed: Vec<&str> = node.primed.iter().map(|p| p.ifname.as_str()).collect();
             let ours: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
@@ -74,6 +73,24 @@ impl Startup<'_> {
                     "NICs {handed:?} were handed over, this daemon manages {ours:?}"
                 )));
             }
+            // The simulated NICs' state and each NIC's rule table, all at once.
+            let (sim, tables, primed) = (&h.sim, &h.tables, &node.primed);
+            let (sim, rules) = std::thread::scope(|s| {
+                let sim = s.spawn(|| nic.adopt_state(sim));
+                let rules: Vec<_> = topo
+                    .nics
+                    .iter()
+                    .zip(primed)
+                    .map(|(n, p)| {
+                        s.spawn(move || adopt_table(tables, n, topo.max_rx_rules.min(p.rule_capacity)))
+                    })
+                    .collect();
+                let rules: Vec<_> = rules.into_iter().map(|r| r.join().expect("table thread")).collect();
+                (sim.join().expect("sim thread"), rules)
+            });
+            sim.map_err(DaemonError::Takeover)?;
+            let rules: Result<Vec<_>, String> = rules.into_iter().map(|r| r.map(Some)).collect();
+            h.rules = rules.map_err(DaemonError::Takeover)?;
             return Ok(());
         }
         let t = Instant::now();
@@ -212,19 +229,10 @@ impl Startup<'_> {
             }
             let gq = n.gpus.iter().map(|g| (g.pci, g.queues.clone())).collect();
             let nic = self.backends.nic.clone();
-            let adopted = match node.adopting.as_ref() {
-                Some(h) => {
-                    let table = h.tables.iter().find(|t| t.ifname == n.ifname).ok_or_else(|| {
-                        DaemonError::Takeover(format!("no rule table was handed over for {}", n.ifname))
-                    })?;
-                    let queues: Vec<Vec<u32>> = n.gpus.iter().map(|g| g.queues.clone()).collect();
-                    let rules =
-                        NicRules::from_wire(table, capacity, &queues).map_err(DaemonError::Takeover)?;
-                    tenants.count_adopted(rules.iter().filter_map(|(_, e)| e.owner.tenant));
-                    Some(rules)
-                }
-                None => None,
-            };
+            let adopted = node.adopting.as_mut().and_then(|h| h.rules.get_mut(ni)?.take());
+            if let Some(rules) = &adopted {
+                tenants.count_adopted(rules.iter().filter_map(|(_, e)| e.owner.tenant));
+            }
             let w = NicRuleThread::new(
                 &n.ifname,
                 capacity,
@@ -382,4 +390,18 @@ impl Startup<'_> {
         tracing::info!(elapsed_ms = ms(t), "rule endpoints started");
         Ok(())
     }
+}
+
+/// NIC `n`'s rule table as handed over, rebuilt for `capacity` slots.
+fn adopt_table(
+    tables: &[crate::wire::handover::RuleTable],
+    n: &crate::types::topology::NicSpec,
+    capacity: u32,
+) -> Result<NicRules, String> {
+    let table = tables
+        .iter()
+        .find(|t| t.ifname == n.ifname)
+        .ok_or_else(|| format!("no rule table was handed over for {}", n.ifname))?;
+    let queues: Vec<Vec<u32>> = n.gpus.iter().map(|g| g.queues.clone()).collect();
+    NicRules::from_wire(table, capacity, &queues)
 }

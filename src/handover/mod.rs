@@ -66,10 +66,8 @@ pub fn set_timeouts(s: &UnixStream, t: Duration) -> Result<(), HandoverError> {
 /// Writes one framed message.
 pub fn send<M: Message>(s: &mut UnixStream, what: &'static str, m: &M) -> Result<(), HandoverError> {
     let body = m.encode_to_vec();
-    let mut framed = Vec::with_capacity(body.len() + 4);
-    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&body);
-    s.write_all(&framed).map_err(io_err(what))
+    s.write_all(&(body.len() as u32).to_be_bytes()).map_err(io_err(what))?;
+    s.write_all(&body).map_err(io_err(what))
 }
 
 /// Reads one framed message.
@@ -82,7 +80,8 @@ pub fn recv<M: Message + Default>(s: &mut UnixStream, what: &'static str) -> Res
     }
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).map_err(io_err(what))?;
-    M::decode(body.as_slice()).map_err(|source| HandoverError::Decode { what, source })
+    // From `Bytes`, the large fields are slices of this buffer, not copies.
+    M::decode(prost::bytes::Bytes::from(body)).map_err(|source| HandoverError::Decode { what, source })
 }
 
 /// The uid of the process at the other end (`SO_PEERCRED`).

@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use foldhash::{HashMap as FastMap, HashMapExt, HashSet as FastSet, HashSetExt};
 
 use super::{FlowKey, NicRules, Owner, QueueLoads, RuleEntry, RuleSlots};
-use crate::wire::handover::{Flow, Rule, RuleTable};
+use crate::wire::handover::{Record, RuleTable, RECORD};
 
 impl RuleSlots {
     /// The allocator of a table whose slots `used` are taken (each once).
@@ -22,11 +22,10 @@ impl RuleSlots {
 impl NicRules {
     /// The table as the handover message carries it.
     pub fn to_wire(&self, ifname: &str) -> RuleTable {
-        let rules = self
-            .flows
-            .iter()
-            .map(|(k, e)| Rule {
-                flow: Some(Flow::from(&k.spec())),
+        let mut rules = Vec::with_capacity(self.flows.len() * RECORD);
+        for (k, e) in &self.flows {
+            Record {
+                flow: k.spec(),
                 loc: e.loc,
                 queue: e.queue,
                 gpu: e.gpu as u32,
@@ -34,12 +33,13 @@ impl NicRules {
                 lease: e.owner.lease.map_or(0, NonZeroU32::get),
                 tenant: e.owner.tenant,
                 pending_delete: e.pending_delete,
-            })
-            .collect();
+            }
+            .pack(&mut rules);
+        }
         RuleTable {
             ifname: ifname.to_string(),
             capacity: self.slots.capacity(),
-            rules,
+            rules: rules.into(),
             foreign: self.foreign.iter().copied().collect(),
         }
     }
@@ -52,15 +52,12 @@ impl NicRules {
             return Err(format!("{}: {} rule slots then, {capacity} now", t.ifname, t.capacity));
         }
         let mut gpus: Vec<QueueLoads> = gpu_queues.iter().map(|q| QueueLoads::new(q)).collect();
-        let mut flows = FastMap::with_capacity(t.rules.len());
+        let records = Record::unpack_all(&t.rules).map_err(|e| format!("{}: {e}", t.ifname))?;
+        let mut flows = FastMap::with_capacity(t.rules.len() / RECORD);
         let mut pending = FastSet::new();
         let mut used: BTreeSet<u32> = t.foreign.iter().copied().collect();
-        for r in &t.rules {
-            let flow = r
-                .flow
-                .as_ref()
-                .and_then(Flow::spec)
-                .ok_or_else(|| format!("{}: a malformed flow", t.ifname))?;
+        for r in records {
+            let flow = r.flow;
             let gpu = r.gpu as usize;
             let loads = gpus.get_mut(gpu).ok_or_else(|| format!("{}: no GPU {gpu}", t.ifname))?;
             if !loads.queues().contains(&r.queue) {
@@ -158,7 +155,11 @@ mod tests {
         assert!(NicRules::from_wire(&wire, 16, &queues).unwrap_err().contains("8 rule slots then, 16 now"));
         assert!(NicRules::from_wire(&wire, 8, &[vec![3]]).unwrap_err().contains("queue"));
         let mut twice = wire.clone();
-        twice.rules.push(Rule { flow: Some(Flow::from(&flow(2))), ..twice.rules[0].clone() });
+        let mut other = Record::unpack_all(&wire.rules).unwrap().next().unwrap();
+        other.flow = flow(2);
+        let mut bytes = twice.rules.to_vec();
+        other.pack(&mut bytes);
+        twice.rules = bytes.into();
         assert!(NicRules::from_wire(&twice, 8, &queues).unwrap_err().contains("used twice"));
         let mut far = wire;
         far.foreign.push(9);

@@ -117,23 +117,28 @@ async fn run(mut conn: UnixStream, g: &Giver<'_>) -> Option<u32> {
         blocking(move || refuse(conn, &why)).await;
         return None;
     };
-    let mut holds = Vec::with_capacity(state.rules.nics.len());
-    let mut tables = Vec::with_capacity(state.rules.nics.len());
-    for n in &state.rules.nics {
-        match n.freeze().await {
-            Some((table, hold)) => {
-                tables.push(table);
-                holds.push(hold);
-            }
-            None => {
-                state.gate.resume();
-                blocking(move || refuse(conn, "a NIC thread is gone")).await;
-                return None;
-            }
-        }
-    }
     let quiesced_ms = t.elapsed().as_secs_f64() * 1e3;
+    // Every NIC thread writes its table at once.
+    let asked: Vec<_> = state.rules.nics.iter().map(|n| n.freeze()).collect();
+    let mut holds = Vec::with_capacity(asked.len());
+    let mut tables = Vec::with_capacity(asked.len());
+    for a in asked {
+        let got = match a {
+            Some((table, hold)) => table.await.ok().map(|t| (t, hold)),
+            None => None,
+        };
+        let Some((table, hold)) = got else {
+            drop(holds);
+            state.gate.resume();
+            blocking(move || refuse(conn, "a NIC thread is gone")).await;
+            return None;
+        };
+        tables.push(table);
+        holds.push(hold);
+    }
+    let frozen_ms = t.elapsed().as_secs_f64() * 1e3;
     let built = build(g, &state, parked, tables);
+    let built_ms = t.elapsed().as_secs_f64() * 1e3;
     let (st, fds) = match built {
         Ok(v) => v,
         Err(e) => {
@@ -144,7 +149,8 @@ async fn run(mut conn: UnixStream, g: &Giver<'_>) -> Option<u32> {
             return None;
         }
     };
-    let (rules, conns) = (st.tables.iter().map(|t| t.rules.len()).sum::<usize>(), st.connections.len());
+    let rules = st.tables.iter().map(|t| t.rules.len() / crate::wire::handover::RECORD).sum::<usize>();
+    let conns = st.connections.len();
     let outcome = blocking(move || {
         handover::send_state(&mut conn, st, &fds)?;
         drop(fds);
@@ -161,6 +167,8 @@ async fn run(mut conn: UnixStream, g: &Giver<'_>) -> Option<u32> {
                 rules,
                 connections = conns,
                 quiesced_ms,
+                frozen_ms,
+                built_ms,
                 elapsed_ms = t.elapsed().as_secs_f64() * 1e3,
                 "handed over to pid {pid}"
             );

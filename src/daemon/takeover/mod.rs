@@ -92,6 +92,8 @@ pub(super) struct Handed {
     pub leases: Vec<wire::Lease>,
     pub next_lease: u32,
     pub tables: Vec<wire::RuleTable>,
+    /// The tables rebuilt for this daemon's NICs, in topology order (by the prime step).
+    pub rules: Vec<Option<crate::rules::table::NicRules>>,
     pub primed: Vec<PrimedNic>,
     pub tuning: Option<HostTuning>,
     pub sim: Vec<wire::SimNic>,
@@ -167,6 +169,7 @@ impl Handed {
             leases: st.leases,
             next_lease: st.next_lease,
             tables: st.tables,
+            rules: Vec::new(),
             primed,
             tuning,
             sim: st.sim,
@@ -177,6 +180,6 @@ impl Handed {
 
     /// Rules across the NICs.
     pub fn rule_count(&self) -> usize {
-        self.tables.iter().map(|t| t.rules.len()).sum()
+        self.tables.iter().map(|t| t.rules.len() / crate::wire::handover::RECORD).sum()
     }
 }

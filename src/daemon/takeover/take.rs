@@ -76,6 +76,7 @@ pub(in crate::daemon) async fn fetch(
         );
         return Err(failed(why));
     }
+    tracing::debug!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "state received");
     match Handed::decode(state, fds) {
         Ok(handed) => Ok(Some((Taking { conn, from: handed.pid, started }, handed))),
         Err(why) => {

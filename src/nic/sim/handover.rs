@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{SimNic, SimRule, SimState};
 use crate::nic::{DataSplit, RxRing};
-use crate::wire::handover::{self as wire, Flow};
+use crate::wire::handover::{self as wire, Record};
 
 /// Everything but the rules.
 #[derive(Serialize, Deserialize)]
@@ -47,23 +47,26 @@ impl SimNic {
                     stats: st.stats.iter().map(|(k, v)| (k.clone(), *v)).collect(),
                     rx_bytes: st.rx_bytes.clone(),
                 };
-                let rules = st
-                    .rules
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(loc, r)| {
-                        let r = r.as_ref()?;
-                        Some(wire::SimRule {
-                            loc: loc as u32,
-                            queue: r.queue,
-                            flow: Some(Flow::from(&r.flow)),
-                        })
-                    })
-                    .collect();
+                let mut rules = Vec::new();
+                for (loc, r) in st.rules.iter().enumerate() {
+                    let Some(r) = r else { continue };
+                    let (loc, queue, flow) = (loc as u32, r.queue, r.flow);
+                    Record {
+                        flow,
+                        loc,
+                        queue,
+                        gpu: 0,
+                        owner_pid: 0,
+                        lease: 0,
+                        tenant: None,
+                        pending_delete: false,
+                    }
+                    .pack(&mut rules);
+                }
                 wire::SimNic {
                     ifname: name.clone(),
                     settings: serde_json::to_vec(&settings).expect("plain data serialises"),
-                    rules,
+                    rules: rules.into(),
                 }
             })
             .collect();
@@ -82,12 +85,10 @@ impl SimNic {
             let s: Settings = serde_json::from_slice(&n.settings)
                 .map_err(|e| format!("simulated NIC {}: {e}", n.ifname))?;
             let mut rules: Vec<Option<SimRule>> = Vec::new();
-            for r in &n.rules {
-                let flow = r
-                    .flow
-                    .as_ref()
-                    .and_then(Flow::spec)
-                    .ok_or_else(|| format!("simulated NIC {}: a malformed rule", n.ifname))?;
+            let records =
+                Record::unpack_all(&n.rules).map_err(|e| format!("simulated NIC {}: {e}", n.ifname))?;
+            for r in records {
+                let flow = r.flow;
                 let loc = r.loc as usize;
                 if r.loc >= s.capacity {
                     return Err(format!("simulated NIC {}: rule slot {loc} beyond the capacity", n.ifname));

@@ -227,13 +227,15 @@ impl NicRuleThread {
             .unwrap_or_else(|| Err(unavailable("the daemon is shutting down")))
     }
 
-    /// Takeover: the table as it stands once every job queued before is
-    /// done, and the hold that keeps the thread from running anything after
-    /// (drop it to let the thread go on). `None` if the thread is gone.
-    pub async fn freeze(&self) -> Option<(RuleTable, std::sync::mpsc::Sender<()>)> {
+    /// Takeover: asks for the table as it stands once every job queued
+    /// before is done (the answer comes on the receiver), with the hold that
+    /// keeps the thread from running anything after (drop it to let the
+    /// thread go on). `None` if the thread is gone.
+    pub fn freeze(&self) -> Option<(oneshot::Receiver<RuleTable>, std::sync::mpsc::Sender<()>)> {
         let (tx, hold) = std::sync::mpsc::channel();
-        let table = self.ask(|reply| Job::Freeze { reply, hold }).await?;
-        Some((table, tx))
+        let (reply, rx) = oneshot::channel();
+        self.core.jobs.push(Job::Freeze { reply, hold }).ok()?;
+        Some((rx, tx))
     }
 
     /// Queues the removal of every rule of `lease` (its process exited).

@@ -87,7 +87,8 @@ async fn a_frozen_thread_writes_its_table_and_runs_nothing_until_released() {
     for i in 0..5 {
         t.install(flow(i), 0, None, Requester::default()).await.unwrap();
     }
-    let (table, hold) = t.freeze().await.expect("thread alive");
+    let (table, hold) = t.freeze().expect("thread alive");
+    let table = table.await.unwrap();
     assert_eq!(table.rules.len(), 5);
     assert_eq!(table.capacity, 1000);
     let later = tokio::spawn({

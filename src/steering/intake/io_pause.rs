@@ -30,6 +30,8 @@ impl IoThread {
                     }
                     self.drive(key);
                 }
+                // What that read goes to the NIC threads now, not after the next event.
+                self.flush();
                 return;
             }
             (_, false) => {
@@ -51,6 +53,7 @@ impl IoThread {
             }
             self.drive(key);
         }
+        self.flush();
         if !self.conns.values().all(Conn::parkable) {
             return;
         }

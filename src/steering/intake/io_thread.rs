@@ -234,7 +234,11 @@ impl IoThread {
         if !self.conns.is_empty() && self.idle_limit().is_some() {
             sooner(self.next_sweep);
         }
-        if self.cx.stopping || (self.cx.paused && !self.parked) {
+        if self.cx.paused && !self.parked {
+            // A pause waits for answers the NIC threads write themselves: look often.
+            sooner(now + Duration::from_millis(1));
+        }
+        if self.cx.stopping {
             // Answers in flight come through the inbox; this is only a safety net.
             sooner(now + Duration::from_millis(100));
         }
