@@ -11,6 +11,7 @@
 //! answers from the new one. The old daemon's failures leave it serving;
 //! the reason is in its log, not here.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -237,7 +238,7 @@ pub fn main(args: &[String]) -> u8 {
     let opts = match parse(args) {
         Ok(Some(o)) => o,
         Ok(None) => {
-            print!("{HELP}");
+            let _ = write!(std::io::stdout(), "{HELP}");
             return 0;
         }
         Err(e) => {
@@ -247,7 +248,8 @@ pub fn main(args: &[String]) -> u8 {
     };
     match upgrade(&opts) {
         Ok((old, new)) => {
-            println!("upgraded: pid {old} -> pid {new}");
+            // Done whether or not anyone reads it (`upgrade | head` must not panic).
+            let _ = writeln!(std::io::stdout(), "upgraded: pid {old} -> pid {new}");
             0
         }
         Err(e) => {
