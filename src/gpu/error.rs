@@ -41,6 +41,9 @@ pub enum GpuError {
     WorkerPanicked { gpu: PciAddr },
     #[error("GPU {gpu}: taking the pool over: {why}")]
     CannotAdopt { gpu: PciAddr, why: String },
+    /// A driver call failed while importing or mapping a handed pool.
+    #[error("GPU {gpu}: taking the pool over: {source}")]
+    AdoptPool { gpu: PciAddr, source: CudaError },
     /// A failure a test asked the recording allocator for.
     #[error(transparent)]
     Injected(#[from] InjectedFailure),

@@ -121,16 +121,36 @@ pub fn allocate_all(
     requests: &[(PciAddr, u64)],
     shmem: ShmemType,
 ) -> Vec<Result<Box<dyn RxPool>, GpuError>> {
-    if let [(gpu, size)] = requests {
-        return vec![allocator.allocate(*gpu, *size, shmem)];
+    per_gpu(requests.to_vec(), |gpu, size| allocator.allocate(gpu, size, shmem))
+}
+
+/// Adopts the pools a predecessor handed over, all GPUs in parallel as
+/// [`allocate_all`] does (opening each GPU's context dominates). Results
+/// come back in the order of `pools`.
+pub fn adopt_all(
+    allocator: &dyn PoolAllocator,
+    pools: Vec<HandedPool>,
+) -> Vec<Result<Box<dyn RxPool>, GpuError>> {
+    let work = pools.into_iter().map(|p| (p.gpu, p)).collect();
+    per_gpu(work, |_, pool| allocator.adopt(pool))
+}
+
+/// Runs `f` once per item, one thread per item (inline for a single one).
+fn per_gpu<T: Send>(
+    work: Vec<(PciAddr, T)>,
+    f: impl Fn(PciAddr, T) -> Result<Box<dyn RxPool>, GpuError> + Sync,
+) -> Vec<Result<Box<dyn RxPool>, GpuError>> {
+    if work.len() == 1 {
+        return work.into_iter().map(|(gpu, item)| f(gpu, item)).collect();
     }
+    let f = &f;
     std::thread::scope(|scope| {
-        let workers: Vec<_> = requests
-            .iter()
-            .map(|&(gpu, size)| {
+        let workers: Vec<_> = work
+            .into_iter()
+            .map(|(gpu, item)| {
                 let worker = std::thread::Builder::new()
                     .name(format!("pool-{gpu}"))
-                    .spawn_scoped(scope, move || allocator.allocate(gpu, size, shmem));
+                    .spawn_scoped(scope, move || f(gpu, item));
                 (gpu, worker)
             })
             .collect();
@@ -213,5 +233,29 @@ mod tests {
             .iter()
             .all(|r| matches!(r, Err(GpuError::Unsupported { shmem: ShmemType::File, .. }))));
         assert!(allocate_all(&host::HostAllocator, &[], ShmemType::Fd).is_empty());
+    }
+
+    #[test]
+    fn adopt_all_keeps_order_and_per_pool_errors() {
+        let a: PciAddr = "0000:04:00.0".parse().unwrap();
+        let b: PciAddr = "0000:05:00.0".parse().unwrap();
+        let pools = allocate_all(&host::HostAllocator, &[(a, 8192), (b, 4096)], ShmemType::Fd);
+        let hand = |pool: &dyn RxPool, gpu, size| HandedPool {
+            gpu,
+            size,
+            alignment: pool.alignment(),
+            share_fd: pool.share_fd().map(|f| f.try_clone_to_owned().unwrap()),
+            dmabuf_fd: None,
+        };
+        let (pa, pb) = (pools[0].as_ref().unwrap(), pools[1].as_ref().unwrap());
+        let adopted =
+            adopt_all(&host::HostAllocator, vec![hand(pb.as_ref(), b, 4096), hand(pa.as_ref(), a, 4096)]);
+        assert_eq!(adopted[0].as_ref().unwrap().size(), 4096);
+        assert!(adopted[0].as_ref().unwrap().describe().contains("0000:05:00.0"));
+        let err = adopted[1].as_ref().unwrap_err();
+        assert!(matches!(err, GpuError::CannotAdopt { gpu, .. } if *gpu == a), "{err}");
+        let one = adopt_all(&host::HostAllocator, vec![hand(pa.as_ref(), a, 8192)]);
+        assert_eq!(one[0].as_ref().unwrap().size(), 8192);
+        assert!(adopt_all(&host::HostAllocator, Vec::new()).is_empty());
     }
 }

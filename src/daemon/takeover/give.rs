@@ -132,7 +132,7 @@ async fn run(mut conn: UnixStream, g: &Giver<'_>) -> Option<u32> {
             }
         }
     }
-    let paused_ms = t.elapsed().as_secs_f64() * 1e3;
+    let quiesced_ms = t.elapsed().as_secs_f64() * 1e3;
     let built = build(g, &state, parked, tables);
     let (st, fds) = match built {
         Ok(v) => v,
@@ -160,7 +160,7 @@ async fn run(mut conn: UnixStream, g: &Giver<'_>) -> Option<u32> {
                 pid,
                 rules,
                 connections = conns,
-                paused_ms,
+                quiesced_ms,
                 elapsed_ms = t.elapsed().as_secs_f64() * 1e3,
                 "handed over to pid {pid}"
             );

@@ -10,6 +10,7 @@
 //! made current on whichever thread allocates or frees, so pools can be created
 //! in parallel and dropped from any thread.
 
+mod adopt;
 mod context;
 mod error;
 mod ipc;
@@ -23,7 +24,7 @@ use cudarc::driver::sys;
 use self::context::Device;
 use self::error::check;
 pub use self::error::{CudaError, LoadError};
-use super::{GpuError, PoolAllocator, RxPool, ShmemType};
+use super::{GpuError, HandedPool, PoolAllocator, RxPool, ShmemType};
 use crate::types::pci::PciAddr;
 
 /// Every driver entry point this backend (and cudarc underneath it) resolves.
@@ -46,6 +47,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemCreate",
     "cuMemRelease",
     "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemGetAllocationPropertiesFromHandle",
     "cuMemAddressReserve",
     "cuMemAddressFree",
     "cuMemMap",
@@ -185,6 +188,14 @@ impl PoolAllocator for CudaAllocator {
             ShmemType::File => ipc::IpcPool::create(dev, bytes).map(|p| Box::new(p) as _),
         };
         pool.map_err(|source| GpuError::CreatePool { gpu, source })
+    }
+
+    /// Imports the pool's memory from its handed shareable fd and keeps the
+    /// handed dma-buf; refuses legacy IPC pools, which have no such fd.
+    fn adopt(&self, mut pool: HandedPool) -> Result<Box<dyn RxPool>, GpuError> {
+        let share_fd = adopt::take_share_fd(&mut pool)?;
+        let dev = self.device(pool.gpu)?;
+        adopt::adopt(dev, pool, share_fd).map(|p| Box::new(p) as _)
     }
 }
 

@@ -4,25 +4,64 @@
 //! Each driver object is a small RAII type; [`VmmPool`] declares them so that
 //! they drop in reverse order of creation: dma-buf fd, mapping, address range,
 //! allocation, shareable fd, and last the context reference.
+//!
+//! A pool taken over from the daemon this one replaces (`adopt.rs`) holds
+//! the same types: its allocation imported from the handed shareable fd, its
+//! own mapping of it, and the handed fds themselves. Dropping it releases
+//! this process's handle and mapping only.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::context::Device;
+use super::context::{Device, Layout};
 use super::error::{check, check_in_drop, owned_fd, CudaError};
 use crate::gpu::RxPool;
 
-/// A physical allocation (`cuMemCreate`), released on drop.
+/// A physical allocation handle held by this process (`cuMemCreate`, or
+/// `cuMemImportFromShareableHandle` for a pool taken over), released on drop.
+/// Releasing drops this process's reference only: the memory lives on while
+/// other processes, the shareable fd or a dma-buf still reference it.
 #[derive(Debug)]
-struct Allocation(sys::CUmemGenericAllocationHandle);
+pub(crate) struct Allocation(sys::CUmemGenericAllocationHandle);
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        // SAFETY: the handle came from cuMemCreate and is released once; the
-        // mapping that used it was dropped before (field order in VmmPool).
+        // SAFETY: the handle came from cuMemCreate or cuMemImportFromShareableHandle
+        // and is released once; the mapping that used it was dropped before
+        // (field order in VmmPool).
         check_in_drop("cuMemRelease", unsafe { sys::cuMemRelease(self.0) });
+    }
+}
+
+impl Allocation {
+    /// Imports the allocation behind a shareable POSIX fd (the driver dups
+    /// what it needs; `fd` stays ours). The device's context must be current.
+    pub(crate) fn import(fd: BorrowedFd<'_>) -> Result<Allocation, CudaError> {
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        let fd_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        // For POSIX_FILE_DESCRIPTOR the driver takes the fd's number in the pointer's place.
+        let os_handle = fd.as_raw_fd() as usize as *mut std::ffi::c_void;
+        // SAFETY: valid out-pointer; `fd` is open for the duration of the call.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(&mut handle, os_handle, fd_type)
+        })?;
+        Ok(Allocation(handle))
+    }
+
+    /// Where the allocation lives, as the driver recorded it (`template`
+    /// supplies a fully initialised struct for the driver to overwrite).
+    pub(crate) fn location(
+        &self,
+        template: sys::CUmemAllocationProp,
+    ) -> Result<sys::CUmemLocation, CudaError> {
+        let mut prop = template;
+        // SAFETY: valid out-pointer to an initialised struct; the handle is live.
+        check("cuMemGetAllocationPropertiesFromHandle", unsafe {
+            sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, self.0)
+        })?;
+        Ok(prop.location)
     }
 }
 
@@ -55,10 +94,50 @@ impl Drop for Mapping {
     }
 }
 
+/// Reserves `size` bytes of address space, maps all of `allocation` there and
+/// grants `location` read-write access: what every pool does with its memory,
+/// allocated here or imported.
+fn map_rw(
+    allocation: &Allocation,
+    size: usize,
+    gran: usize,
+    location: sys::CUmemLocation,
+) -> Result<(Mapping, AddressRange), CudaError> {
+    let mut va: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; no fixed address requested.
+    check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut va, size, gran, 0, 0) })?;
+    let range = AddressRange { va, size };
+
+    // SAFETY: maps the allocation at offset 0 into the whole range we just
+    // reserved; the driver refuses a size beyond the allocation's.
+    check("cuMemMap", unsafe { sys::cuMemMap(range.va, size, 0, allocation.0, 0) })?;
+    let mapping = Mapping { va, size };
+
+    let access =
+        sys::CUmemAccessDesc { location, flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    // SAFETY: the range is mapped; one descriptor passed with count 1.
+    check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(mapping.va, size, &access, 1) })?;
+    Ok((mapping, range))
+}
+
+/// The pool's dma-buf (for queue binding): where it came from, or why there is none.
+#[derive(Debug)]
+pub(crate) enum Dmabuf {
+    /// Exported by this process from its mapping.
+    Exported(OwnedFd),
+    /// Handed over by the daemon this one replaced: the very dma-buf its
+    /// queue bindings use, so they stay valid.
+    Handed(OwnedFd),
+    /// The driver exported none; queue binding will fail.
+    Failed(CudaError),
+    /// The daemon this one replaced had none to hand over.
+    NotHanded,
+}
+
 /// One GPU's receive pool. Field order is drop order (see module docs).
 #[derive(Debug)]
 pub(crate) struct VmmPool {
-    dmabuf: Result<OwnedFd, CudaError>,
+    dmabuf: Dmabuf,
     mapping: Mapping,
     _range: AddressRange,
     _allocation: Allocation,
@@ -87,24 +166,35 @@ impl VmmPool {
         })?;
         let share_fd = owned_fd(EXPORT, raw_fd)?;
 
-        let mut va: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; no fixed address requested.
-        check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut va, size, gran, 0, 0) })?;
-        let range = AddressRange { va, size };
-
-        // SAFETY: maps the whole allocation at offset 0 into the whole range we
-        // just reserved; both have the same granularity-aligned size.
-        check("cuMemMap", unsafe { sys::cuMemMap(range.va, size, 0, allocation.0, 0) })?;
-        let mapping = Mapping { va, size };
-
-        let access = sys::CUmemAccessDesc {
-            location: layout.prop.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        let (mapping, range) = map_rw(&allocation, size, gran, layout.prop.location)?;
+        let dmabuf = match dev.export_dmabuf(mapping.va, size) {
+            Ok(fd) => Dmabuf::Exported(fd),
+            Err(e) => Dmabuf::Failed(e),
         };
-        // SAFETY: the range is mapped; one descriptor passed with count 1.
-        check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(mapping.va, size, &access, 1) })?;
+        Ok(VmmPool {
+            dmabuf,
+            mapping,
+            _range: range,
+            _allocation: allocation,
+            share_fd,
+            granularity: gran,
+            dev,
+        })
+    }
 
-        let dmabuf = dev.export_dmabuf(mapping.va, size);
+    /// A pool over memory this process imported from `share_fd` (a pool
+    /// taken over): mapped and made accessible like a pool of our own, with
+    /// the fds it came with kept as the pool's.
+    pub(crate) fn adopt(
+        dev: Arc<Device>,
+        allocation: Allocation,
+        layout: &Layout,
+        share_fd: OwnedFd,
+        dmabuf: Option<OwnedFd>,
+    ) -> Result<VmmPool, CudaError> {
+        let (size, gran) = (layout.size, layout.granularity);
+        let (mapping, range) = map_rw(&allocation, size, gran, layout.prop.location)?;
+        let dmabuf = dmabuf.map_or(Dmabuf::NotHanded, Dmabuf::Handed);
         Ok(VmmPool {
             dmabuf,
             mapping,
@@ -138,13 +228,18 @@ impl RxPool for VmmPool {
     }
 
     fn dmabuf_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.dmabuf.as_ref().ok().map(|fd| fd.as_fd())
+        match &self.dmabuf {
+            Dmabuf::Exported(fd) | Dmabuf::Handed(fd) => Some(fd.as_fd()),
+            Dmabuf::Failed(_) | Dmabuf::NotHanded => None,
+        }
     }
 
     fn describe(&self) -> String {
         let dmabuf = match &self.dmabuf {
-            Ok(_) => "dma-buf exported".to_string(),
-            Err(e) => format!("no dma-buf ({e})"),
+            Dmabuf::Exported(_) => "dma-buf exported".to_string(),
+            Dmabuf::Handed(_) => "taken over, dma-buf kept".to_string(),
+            Dmabuf::Failed(e) => format!("no dma-buf ({e})"),
+            Dmabuf::NotHanded => "taken over, no dma-buf (its predecessor had none)".to_string(),
         };
         format!(
             "cuda vmm pool on {} (device {}): {} bytes, granularity {}, gpuDirectRDMA {}, {}",
