@@ -25,6 +25,8 @@
 //! - [`daemon`]: the lifecycle; `main.rs` assembles it.
 //! - [`doctor`]: `tcpx-rxdm doctor`, read-only checks of a node.
 //! - [`inject`] (beside it): `tcpx-rxdm inject`, TCPX added to Kubernetes pod templates.
+//! - [`upgrade`] (beside them): `tcpx-rxdm upgrade`, a running daemon handed
+//!   over to the binary now installed (SIGUSR2), waited for.
 //! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
 
 pub mod config;
@@ -46,4 +48,5 @@ pub mod rules;
 pub mod server;
 pub mod steering;
 pub mod types;
+pub mod upgrade;
 pub mod wire;

@@ -1,6 +1,6 @@
 //! `tcpx-rxdm`: argv normalisation, flags, logging, run, exit code; the
-//! `doctor`, `status`, `nccl-env` and `inject` subcommands (dispatched on the first
-//! argument, before the daemon's flags are parsed, and sharing them).
+//! `doctor`, `status`, `nccl-env`, `inject` and `upgrade` subcommands (dispatched
+//! on the first argument, before the daemon's flags are parsed).
 
 use std::process::ExitCode;
 
@@ -15,6 +15,9 @@ fn main() -> ExitCode {
             return ExitCode::from(tcpx_rxdm::inject::serve::main(&args[3..]));
         }
         return ExitCode::from(tcpx_rxdm::inject::command::main(&args[2..]));
+    }
+    if args.get(1).is_some_and(|a| a == "upgrade") {
+        return ExitCode::from(tcpx_rxdm::upgrade::main(&args[2..]));
     }
     if let Some(cmd) = args.get(1).filter(|a| ["doctor", "status", "nccl-env"].contains(&a.as_str())).cloned()
     {

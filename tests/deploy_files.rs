@@ -249,6 +249,20 @@ fn daemonset_keeps_leases_on_and_podmonitor_finds_it() {
     assert!(!flags.wait_for_nics.is_zero() && flags.wait_for_nics.as_secs() + 20 <= allowance);
     // Leases across Pods on kernels before 6.5 need the host's pid namespace.
     assert_eq!(pod["hostPID"], true);
+    // Rolling updates are takeovers: the new Pod starts beside the old one and
+    // takes over; the old one waits for its SIGTERM rather than exit and be
+    // restarted (and take the node back).
+    use tcpx_rxdm::config::flags::{AfterHandover, Takeover};
+    assert_eq!(flags.takeover, Takeover::Auto);
+    assert_eq!(flags.after_handover, AfterHandover::Wait);
+    let rolling = &ds["spec"]["updateStrategy"];
+    assert_eq!(rolling["type"], "RollingUpdate");
+    assert_eq!(rolling["rollingUpdate"]["maxSurge"], 1);
+    assert_eq!(rolling["rollingUpdate"]["maxUnavailable"], 0);
+    // The probes share the node's port with the old daemon: the new Pod must
+    // stay ready for longer than a takeover may take before the old one goes.
+    let min_ready = ds["spec"]["minReadySeconds"].as_u64().expect("minReadySeconds");
+    assert!(min_ready >= 2 * flags.takeover_timeout.as_secs(), "minReadySeconds {min_ready}");
     for r in ["cpu", "memory"] {
         assert!(c["resources"]["requests"][r].is_string(), "no {r} request");
     }
@@ -400,6 +414,16 @@ fn systemd_unit_command_line_and_socket_folder_agree() {
     assert_ne!(svc.get("PrivateDevices").and_then(|v| v.last()).map(String::as_str), Some("yes"));
     let env = svc["Environment"].join(" ");
     assert!(env.contains("LD_LIBRARY_PATH=/usr/local/nvidia/lib64"), "{env}");
+    // `systemctl reload` is an upgrade by takeover: `upgrade` on the daemon's
+    // folder, done well within the reload's time limit (TimeoutStartSec).
+    assert_eq!(one("ExecReload"), format!("{OUR_BIN} upgrade --uds_path=/run/tcpx"));
+    let reload: Vec<String> = one("ExecReload").split_whitespace().skip(2).map(String::from).collect();
+    let upgrade = tcpx_rxdm::upgrade::parse(&reload).unwrap().expect("options, not --help");
+    assert_eq!(upgrade.uds_path, flags.uds_path);
+    assert!(upgrade.timeout.as_secs() + 30 <= secs("TimeoutStartSec"), "the reload times out first");
+    // The old daemon names its successor itself; stop waits for whichever is main.
+    assert_eq!(one("NotifyAccess"), "main");
+    assert!(one("ExecStop").contains("kill -TERM \"$$MAINPID\""), "{}", one("ExecStop"));
     // The group exists once sysusers.d ran.
     let sysusers = read("deploy/systemd/tcpx-rxdm.sysusers");
     assert!(sysusers.lines().any(|l| l.split_whitespace().take(2).eq(["g", one("Group")])), "{sysusers}");

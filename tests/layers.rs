@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["steering"],
     &["server"],
     &["daemon"],
-    &["doctor", "inject"],
+    &["doctor", "inject", "upgrade"],
     &["fuzz_targets"],
 ];
 

@@ -3,6 +3,7 @@
 scripts that run the daemon for real (the systemd unit in a container).
 
 Usage: tenant_client.py SOCKET_FOLDER OWN_GPU OTHER_GPU
+       tenant_client.py --hold SOCKET_FOLDER OWN_GPU RELEASE_FILE
 
 It opens a TCP connection on loopback, then asks rx_rule_manager, as the
 NCCL plugin does after accept(), to steer it to OWN_GPU (must succeed); to
@@ -10,9 +11,17 @@ steer it to OTHER_GPU, whose device node this process does not see (must be
 refused with PERMISSION_DENIED); and to steer a flow nobody holds (refused
 too). Prints one line per request; exits 0 when every answer is the
 expected one. The wire format is encoded here by hand (no protobuf library).
+
+With --hold it is a job that lives through a daemon upgrade: it steers its
+own connection to OWN_GPU, registers with rxdm_application_registry and
+keeps that connection, prints `holding, source port N`, then waits until
+RELEASE_FILE exists and exits 0 only if the registry connection is still
+open (the daemon that took over kept it).
 """
+import os
 import socket
 import sys
+import time
 
 PERMISSION_DENIED = 7
 
@@ -90,7 +99,46 @@ def ask(folder, frame):
     return status_code(reply)
 
 
+def hold(folder, own, release):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    accepted, peer = listener.accept()
+    got = ask(folder, rule(accepted.getsockname(), peer, own))
+    print(f"own connection, own GPU: status {got} (expected 0)", flush=True)
+    if got != 0:
+        return 1
+    registry = socket.socket(socket.AF_UNIX)
+    registry.connect(folder + "/rxdm_application_registry")
+    # ApplicationRegisterRequest (field 6) with register_client (field 1) = true.
+    msg = field(6, int_field(1, 1))
+    registry.sendall(len(msg).to_bytes(2, "big") + msg)
+    reply = b""
+    while len(reply) < 2 or len(reply) < 2 + int.from_bytes(reply[:2], "big"):
+        more = registry.recv(4096)
+        if not more:
+            print("registry closed the connection", flush=True)
+            return 1
+        reply += more
+    print(f"registered: status {status_code(reply)}", flush=True)
+    print(f"holding, source port {peer[1]}", flush=True)
+    while not os.path.exists(release):
+        time.sleep(0.1)
+    registry.setblocking(False)
+    try:
+        still_open = registry.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        still_open = True
+    print("registry connection: " + ("open" if still_open else "closed by the daemon"), flush=True)
+    client.close()
+    accepted.close()
+    return 0 if still_open else 1
+
+
 def main():
+    if sys.argv[1] == "--hold":
+        return hold(*sys.argv[2:5])
     folder, own, other = sys.argv[1:4]
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

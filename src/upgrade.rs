@@ -1,0 +1,332 @@
+//! `tcpx-rxdm upgrade`: asks the daemon serving a socket folder to hand its
+//! place to the binary now installed at the path it was started from
+//! (SIGUSR2), and waits until that successor serves.
+//!
+//! The daemon's pid is read from the folder's lock file. Before signalling,
+//! the daemon must show that it can take part: it catches SIGUSR2 (for a
+//! version without takeover the signal's default action would kill it
+//! without restoring anything) and its handover socket is there (it serves).
+//! Done means: another live process is named in the lock file and either
+//! the old one is gone, or (`--after_handover=wait`) the status socket
+//! answers from the new one. The old daemon's failures leave it serving;
+//! the reason is in its log, not here.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::config::flags::Flags;
+use crate::server::socket_dir::LOCK_FILE;
+
+const HELP: &str = "Usage: tcpx-rxdm upgrade [--uds_path=DIR] [--timeout=60s]
+
+Makes the daemon serving DIR (default /run/tcpx) hand over to the binary now
+installed at the path it was started from, without touching NICs, pools or
+clients: sends it SIGUSR2 and waits until the successor serves. Prints
+`upgraded: pid OLD -> pid NEW`. Exit 0 upgraded; 1 not upgraded (the old
+daemon serves on; its log says why); 2 bad arguments.
+
+  --uds_path=DIR   the daemon's socket folder (its --uds_path)
+  --timeout=T      how long to wait: seconds, or with a unit (500ms, 90s, 2m)
+";
+
+/// How often the folder and processes are looked at.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What `upgrade` was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub uds_path: PathBuf,
+    pub timeout: Duration,
+}
+
+/// A duration: whole seconds, or a number with `ms`, `s` or `m`; more than
+/// zero and at most an hour.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let (digits, ms) = match (s.strip_suffix("ms"), s.strip_suffix('s'), s.strip_suffix('m')) {
+        (Some(d), _, _) => (d, 1),
+        (None, Some(d), _) => (d, 1000),
+        (None, None, Some(d)) => (d, 60_000),
+        _ => (s, 1000),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let total = n.checked_mul(ms)?;
+    (1..=3_600_000).contains(&total).then(|| Duration::from_millis(total))
+}
+
+/// The options after `upgrade`; `None` asks for the help text. Errors name the flag.
+pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
+    let mut uds: Option<String> = None;
+    let mut timeout = Duration::from_secs(60);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let Some(flag) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
+            return Err(format!("unexpected argument {a:?} (see --help)"));
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (flag, None),
+        };
+        let mut value =
+            || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("--{name} needs a value"));
+        match name {
+            "help" | "h" => return Ok(None),
+            "uds_path" | "uds-path" => uds = Some(value()?),
+            "timeout" => {
+                let v = value()?;
+                timeout = parse_duration(&v).ok_or_else(|| {
+                    format!("--timeout: invalid value {v:?} (a duration up to 1 hour: 60, 60s, 1500ms, 2m)")
+                })?;
+            }
+            _ => return Err(format!("unknown flag --{name} (upgrade takes --uds_path and --timeout)")),
+        }
+    }
+    // The daemon's own parser: the same default and checks as its --uds_path.
+    let mut argv = vec!["tcpx-rxdm".to_string()];
+    argv.extend(uds.map(|u| format!("--uds_path={u}")));
+    let flags = Flags::parse_args(argv).map_err(|e| {
+        let text = e.to_string();
+        text.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string()
+    })?;
+    if flags.uds_path.as_os_str().is_empty() {
+        return Err("--uds_path: empty".into());
+    }
+    Ok(Some(Options { uds_path: flags.uds_path, timeout }))
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which may hold spaces and parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|s| s != "Z" && s != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Whether `pid` catches `sig` (its handler is installed).
+fn catches(pid: u32, sig: nix::sys::signal::Signal) -> Result<bool, String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("pid {pid}: {e}"))?;
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .ok_or_else(|| format!("pid {pid}: no SigCgt line in /proc/{pid}/status"))?;
+    Ok(mask & (1 << (sig as u32 - 1)) != 0)
+}
+
+/// The pid the lock file names, if it names one.
+fn lock_pid(uds: &Path) -> Result<Option<u32>, std::io::Error> {
+    Ok(std::fs::read_to_string(uds.join(LOCK_FILE))?.trim().parse().ok())
+}
+
+/// Children of `pid` started as successors (their last argument is `--takeover`).
+fn successors(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for c in children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+            let cmdline = std::fs::read(format!("/proc/{c}/cmdline")).unwrap_or_default();
+            if cmdline.split(|b| *b == 0).rfind(|a| !a.is_empty()) == Some(b"--takeover") {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Whether the status socket answers from `pid`, ready.
+fn serves(uds: &Path, pid: u32) -> bool {
+    crate::server::status::ask(uds, "status")
+        .is_ok_and(|v| v["pid"].as_u64() == Some(pid.into()) && v["ready"].as_bool() == Some(true))
+}
+
+/// The daemon serving `uds`, checked able to take part in an upgrade.
+fn serving_daemon(uds: &Path) -> Result<u32, String> {
+    let lock = uds.join(LOCK_FILE);
+    let pid = match lock_pid(uds) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Err(format!("{} names no pid: is a daemon starting?", lock.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!("no daemon serves {} ({} is missing)", uds.display(), lock.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(format!("{}: permission denied: run as the daemon's user (root)", lock.display()))
+        }
+        Err(e) => return Err(format!("{}: {e}", lock.display())),
+    };
+    if !alive(pid) {
+        return Err(format!(
+            "pid {pid}, named in {}, is not running: no daemon serves {}",
+            lock.display(),
+            uds.display()
+        ));
+    }
+    if !catches(pid, nix::sys::signal::Signal::SIGUSR2)? {
+        return Err(format!(
+            "pid {pid} does not handle SIGUSR2 (a version without takeover?): the signal would kill it \
+             without restoring the NICs; nothing sent (restart it instead)"
+        ));
+    }
+    let handover = uds.join(crate::handover::SOCKET);
+    if !std::fs::symlink_metadata(&handover)
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+    {
+        return Err(format!(
+            "pid {pid} has no {}: not serving yet (or too old for takeover); nothing sent",
+            handover.display()
+        ));
+    }
+    Ok(pid)
+}
+
+/// Signals the daemon serving `opts.uds_path` and waits for its successor;
+/// `(old, new)` once the new one serves.
+pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
+    let uds = &opts.uds_path;
+    let old = serving_daemon(uds)?;
+    let see_log = "the reason is in the daemon's log (journalctl -u tcpx-rxdm, kubectl logs, or its stderr)";
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), nix::sys::signal::Signal::SIGUSR2)
+        .map_err(|e| match e {
+            nix::errno::Errno::EPERM => {
+                format!("not allowed to signal pid {old}: run as the daemon's user (root)")
+            }
+            e => format!("signalling pid {old}: {e}"),
+        })?;
+    let deadline = Instant::now() + opts.timeout;
+    let mut seen: Vec<u32> = Vec::new();
+    loop {
+        let named = lock_pid(uds).ok().flatten();
+        let old_alive = alive(old);
+        if let Some(new) = named.filter(|&p| p != old && alive(p)) {
+            if !old_alive || serves(uds, new) {
+                return Ok((old, new));
+            }
+        }
+        if !old_alive {
+            return Err(format!("pid {old} is gone and no daemon took over {}; {see_log}", uds.display()));
+        }
+        // A successor that ended while the old daemon still holds the folder failed.
+        for c in successors(old).into_iter().chain(named.filter(|&p| p != old)) {
+            if !seen.contains(&c) {
+                seen.push(c);
+            }
+        }
+        if let Some(gone) = seen.iter().find(|&&c| !alive(c)) {
+            return Err(format!(
+                "the successor (pid {gone}) ended without taking over; pid {old} still serves {}; {see_log}",
+                uds.display()
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "pid {old} still serves {} after {:?}: no successor took over; {see_log}",
+                uds.display(),
+                opts.timeout
+            ));
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// `tcpx-rxdm upgrade ARGS`: the exit code.
+pub fn main(args: &[String]) -> u8 {
+    let opts = match parse(args) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            let _ = write!(std::io::stdout(), "{HELP}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("tcpx-rxdm upgrade: {e}");
+            return 2;
+        }
+    };
+    match upgrade(&opts) {
+        Ok((old, new)) => {
+            // Done whether or not anyone reads it (`upgrade | head` must not panic).
+            let _ = writeln!(std::io::stdout(), "upgraded: pid {old} -> pid {new}");
+            0
+        }
+        Err(e) => {
+            eprintln!("tcpx-rxdm upgrade: {e}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Result<Option<Options>, String> {
+        parse(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults_and_both_value_forms() {
+        let o = args(&[]).unwrap().unwrap();
+        assert_eq!(o, Options { uds_path: "/run/tcpx".into(), timeout: Duration::from_secs(60) });
+        let o = args(&["--uds_path=/tmp/x", "--timeout=1500ms"]).unwrap().unwrap();
+        assert_eq!(o, Options { uds_path: "/tmp/x".into(), timeout: Duration::from_millis(1500) });
+        let o = args(&["-uds_path", "/tmp/y", "--timeout", "2m"]).unwrap().unwrap();
+        assert_eq!(o, Options { uds_path: "/tmp/y".into(), timeout: Duration::from_secs(120) });
+        assert_eq!(args(&["--timeout=90"]).unwrap().unwrap().timeout, Duration::from_secs(90));
+        assert_eq!(args(&["--uds_path=/a", "--help"]).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_arguments_name_the_flag() {
+        let err = |a: &[&str]| args(a).unwrap_err();
+        assert!(err(&["--timeout=0"]).starts_with("--timeout: invalid value \"0\""));
+        assert!(err(&["--timeout=soon"]).starts_with("--timeout"));
+        assert!(err(&["--timeout=2h"]).starts_with("--timeout"));
+        assert!(err(&["--timeout"]).contains("--timeout needs a value"));
+        assert!(err(&["--uds_path"]).contains("--uds_path needs a value"));
+        assert!(err(&["--takeover"]).contains("unknown flag --takeover"));
+        assert!(err(&["now"]).contains("unexpected argument \"now\""));
+        // The daemon's check of the folder's length applies.
+        let long = format!("--uds_path=/{}", "x".repeat(100));
+        assert!(err(&[long.as_str()]).contains("--uds_path"), "{}", err(&[long.as_str()]));
+    }
+
+    #[test]
+    fn processes_and_their_signal_handlers_are_read_from_proc() {
+        let me = std::process::id();
+        assert!(alive(me));
+        // Pids are below 2^22 on Linux.
+        assert!(!alive(u32::MAX - 1));
+        // The test harness installs no SIGUSR2 handler; SIGUSR2 here would kill us.
+        assert!(!catches(me, nix::sys::signal::Signal::SIGUSR2).unwrap());
+        assert!(catches(u32::MAX - 1, nix::sys::signal::Signal::SIGUSR2).is_err());
+        // A zombie is not alive: a child that exited and was not yet reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let t = Instant::now();
+        while alive(pid) {
+            assert!(t.elapsed() < Duration::from_secs(10), "the child did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "reaped too early");
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_folder_without_a_serving_daemon_is_refused_before_any_signal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let e = serving_daemon(tmp.path()).unwrap_err();
+        assert!(e.contains("no daemon serves") && e.contains(LOCK_FILE), "{e}");
+        std::fs::write(tmp.path().join(LOCK_FILE), "").unwrap();
+        assert!(serving_daemon(tmp.path()).unwrap_err().contains("names no pid"));
+        std::fs::write(tmp.path().join(LOCK_FILE), format!("{}", u32::MAX - 1)).unwrap();
+        assert!(serving_daemon(tmp.path()).unwrap_err().contains("is not running"));
+        // A live process that does not handle SIGUSR2 (this test) is never signalled.
+        std::fs::write(tmp.path().join(LOCK_FILE), std::process::id().to_string()).unwrap();
+        let e = serving_daemon(tmp.path()).unwrap_err();
+        assert!(e.contains("does not handle SIGUSR2") && e.contains("nothing sent"), "{e}");
+    }
+}
