@@ -208,8 +208,9 @@ fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
                  (or FILE) against them; exit 0 fine, 1 problems found, 2 bad flags. The daemon's flags:\n"
             ),
             _ => println!(
-                "Usage: tcpx-rxdm status [flows] [--json] [--uds_path=DIR]\n\nAsks the daemon serving \
-                 --uds_path; exit 0 ready, 1 unreachable or not ready, 2 bad arguments. The daemon's flags:\n"
+                "Usage: tcpx-rxdm status [flows|mine] [--json] [--uds_path=DIR]\n\nAsks the daemon serving \
+                 --uds_path; exit 0 ready, 1 unreachable or not ready, 2 bad arguments. `mine`: ready and \
+                 serving from this cgroup (a container's readiness probe across a takeover). The daemon's flags:\n"
             ),
         }
     }

@@ -158,6 +158,15 @@ fn check_daemon_pod(rel: &str, pod: &Value) -> Flags {
     for p in ["startupProbe", "readinessProbe", "livenessProbe"] {
         if c[p].is_object() {
             probes += 1;
+            if let Some(cmd) = c[p]["exec"]["command"].as_array() {
+                // Readiness asked in the Pod: its own daemon serves the folder.
+                let words: Vec<&str> = cmd.iter().filter_map(|w| w.as_str()).collect();
+                assert_eq!(words[1..3], ["status", "mine"], "{rel} {p}");
+                assert_eq!(p, "readinessProbe", "{rel}");
+                let uds = format!("--uds_path={}", flags.uds_path.display());
+                assert!(words.contains(&uds.as_str()), "{rel} {p}: {words:?}");
+                continue;
+            }
             assert_eq!(c[p]["httpGet"]["port"], port, "{rel} {p}");
             let path = c[p]["httpGet"]["path"].as_str().unwrap();
             assert!(["/readyz", "/healthz"].contains(&path), "{rel} {p}: {path}");

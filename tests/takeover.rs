@@ -373,6 +373,10 @@ fn sigusr2_starts_a_successor_and_wait_mode_exits_on_sigterm_only() {
     assert!(old.child.try_wait().unwrap().is_none(), "--after_handover=wait: still up");
     // The successor serves the same folder, rule and all; the old one only waits.
     assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(301)), frame::OK_FRAME);
+    // A readiness probe in this cgroup sees its daemon serving.
+    let (code, out, err) = common::run_bin(&["status", "mine", &format!("--uds_path={}", folder.display())]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("pid {pid}")), "{out}");
     old.signal(Signal::SIGTERM);
     assert!(old.wait_exit(Duration::from_secs(10)).success());
     assert!(!old.log().iter().any(|l| l.contains("rules removed")), "the old daemon restored nothing");

@@ -271,7 +271,7 @@ pub async fn run(
                     takeovers,
                 };
                 if let Some(pid) = takeover::give::session(conn, &giver, &busy).await {
-                    notify::send(&format!("MAINPID={pid}\n{}", notify::status(&format!("handed over to pid {pid}"))));
+                    notify::send(&notify::status(&format!("handed over to pid {pid}")));
                     routes.set_ready(false);
                     let _ = http_stop.send(true);
                     if flags.after_handover == AfterHandover::Wait {

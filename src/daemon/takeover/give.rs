@@ -161,6 +161,9 @@ async fn run(mut conn: UnixStream, g: &Giver<'_>) -> Option<u32> {
     let why = match outcome {
         Some(Ok((mut conn, Verdict { answer: Some(verdict::Answer::Adopted(true)) }))) => {
             state.gate.commit();
+            // The service manager follows the successor from now on; said
+            // before the commit, so that its READY=1 is never dropped.
+            super::super::notify::send(&format!("MAINPID={pid}"));
             let _ = handover::send(&mut conn, "committing", &Commit { pid: std::process::id() });
             tracing::info!(
                 pid,
