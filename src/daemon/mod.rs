@@ -270,8 +270,7 @@ pub async fn run(
                     http: http_fd.as_ref().map(|f| f.as_fd()),
                     takeovers,
                 };
-                if let Some(pid) = takeover::give::session(conn, &giver, &busy).await {
-                    notify::send(&notify::status(&format!("handed over to pid {pid}")));
+                if takeover::give::session(conn, &giver, &busy).await.is_some() {
                     routes.set_ready(false);
                     let _ = http_stop.send(true);
                     if flags.after_handover == AfterHandover::Wait {

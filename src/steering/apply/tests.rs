@@ -89,7 +89,7 @@ async fn a_frozen_thread_writes_its_table_and_runs_nothing_until_released() {
     }
     let (table, hold) = t.freeze().expect("thread alive");
     let table = table.await.unwrap();
-    assert_eq!(table.rules.len(), 5);
+    assert_eq!(table.rules.len(), 5 * crate::wire::handover::RECORD);
     assert_eq!(table.capacity, 1000);
     let later = tokio::spawn({
         let t = std::sync::Arc::new(t);
