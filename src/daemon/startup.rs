@@ -127,9 +127,10 @@ impl Startup<'_> {
         let (topo, alloc) = (&self.config.topology, &self.backends.alloc);
         let t = Instant::now();
         if let Some(h) = node.adopting.as_mut() {
-            for handed in std::mem::take(&mut h.pools) {
-                let gpu = handed.gpu;
-                let pool: Arc<dyn RxPool> = Arc::from(alloc.adopt(handed).map_err(DaemonError::Allocate)?);
+            let handed = std::mem::take(&mut h.pools);
+            let gpus: Vec<PciAddr> = handed.iter().map(|p| p.gpu).collect();
+            for (gpu, r) in gpus.into_iter().zip(crate::gpu::adopt_all(alloc.as_ref(), handed)) {
+                let pool: Arc<dyn RxPool> = Arc::from(r.map_err(DaemonError::Allocate)?);
                 self.metrics.pool_bytes.with_label_values(&[&gpu.to_string()]).set(pool.size() as i64);
                 node.pools.push((gpu, pool));
             }

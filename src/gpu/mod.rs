@@ -92,6 +92,12 @@ pub trait PoolAllocator: Send + Sync {
     /// Takes over a pool that the daemon this one replaces allocated, from
     /// the fds it handed over: nothing is allocated, the memory stays the
     /// same. Backends whose pools cannot outlive their process refuse.
+    /// Gets ready to adopt pools on `gpus` (opens each GPU's context), so that
+    /// a takeover does this before the running daemon pauses, not during.
+    fn prepare(&self, gpus: &[PciAddr]) -> Result<(), GpuError> {
+        let _ = gpus;
+        Ok(())
+    }
     fn adopt(&self, pool: HandedPool) -> Result<Box<dyn RxPool>, GpuError> {
         Err(GpuError::CannotAdopt {
             gpu: pool.gpu,

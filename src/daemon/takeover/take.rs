@@ -32,6 +32,11 @@ pub(in crate::daemon) async fn fetch(
     let flags = &config.flags;
     let path = flags.uds_path.join(handover::SOCKET);
     let started = Instant::now();
+    // What can be done before the running daemon pauses is done first: its
+    // clients then wait only for the handover itself (opening a GPU's
+    // context takes about 100 ms).
+    let gpus: Vec<_> = config.topology.gpus().map(|(_, g)| g.pci).collect();
+    backends.alloc.prepare(&gpus).map_err(|e| failed(format!("preparing the GPUs: {e}")))?;
     let conn = match UnixStream::connect(&path) {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {

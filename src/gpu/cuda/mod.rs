@@ -192,6 +192,17 @@ impl PoolAllocator for CudaAllocator {
 
     /// Imports the pool's memory from its handed shareable fd and keeps the
     /// handed dma-buf; refuses legacy IPC pools, which have no such fd.
+    fn prepare(&self, gpus: &[PciAddr]) -> Result<(), GpuError> {
+        // Contexts open per GPU in parallel, as allocation does.
+        std::thread::scope(|s| {
+            let opened: Vec<_> =
+                gpus.iter().map(|&gpu| (gpu, s.spawn(move || self.device(gpu).map(drop)))).collect();
+            opened
+                .into_iter()
+                .try_for_each(|(gpu, h)| h.join().unwrap_or(Err(GpuError::WorkerPanicked { gpu })))
+        })
+    }
+
     fn adopt(&self, mut pool: HandedPool) -> Result<Box<dyn RxPool>, GpuError> {
         let share_fd = adopt::take_share_fd(&mut pool)?;
         let dev = self.device(pool.gpu)?;
