@@ -154,18 +154,9 @@ impl Checks {
     }
 }
 
-fn parse_size(s: &str) -> u64 {
-    let (num, mult) = match s.chars().last() {
-        Some('M') => (&s[..s.len() - 1], 1 << 20),
-        Some('G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().unwrap_or_else(|_| panic!("bad size {s}")) * mult
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
+#[path = "shared/args.rs"]
+mod args;
+use args::{ms, parse_size};
 
 fn main() {
     let mut args = std::env::args().skip(1);
