@@ -388,3 +388,22 @@ fn sigusr2_starts_a_successor_and_wait_mode_exits_on_sigterm_only() {
     wait_until(Duration::from_secs(20), || kill(Pid::from_raw(pid), None).is_err());
     assert!(!folder.join("rx_rule_manager").exists(), "the last daemon removes the sockets");
 }
+
+#[test]
+#[ignore = "needs root: switches user and group"]
+fn only_the_daemons_own_user_reaches_the_handover_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    common::require_root("switches user and group");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let folder = tmp.path().join("uds");
+    // Sockets every user may use, in a folder every user may search.
+    let d = daemon(&folder, &["--socket_mode=0666"], &[]).ready();
+    let handover = folder.join(tcpx_rxdm::handover::SOCKET);
+    assert_eq!(std::fs::metadata(&handover).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(common::connect_as(65534, 65534, &folder.join("rx_rule_manager"), &[]), Ok(()));
+    assert_eq!(common::connect_as(65534, 65534, &handover, &[]), Err(nix::errno::Errno::EACCES));
+    // Nothing happened to the daemon.
+    assert!(!d.log().iter().any(|l| l.contains("takeover")), "{}", d.log().join("\n"));
+    assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(400)), frame::OK_FRAME);
+}
