@@ -362,13 +362,30 @@ fn sigusr2_starts_a_successor_and_wait_mode_exits_on_sigterm_only() {
     use nix::unistd::Pid;
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");
-    let mut old = daemon(&folder, &["--after_handover=wait"], &[]).ready();
+    let mut old =
+        daemon(&folder, &["--after_handover=wait", "--client_idle_timeout=1", "--nomonitor_shutdown"], &[])
+            .ready();
     assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(300)), frame::OK_FRAME);
+    // Connections open across the takeover: an idle rule connection and a registration.
+    let mut idle = UnixStream::connect(folder.join("rx_rule_manager")).unwrap();
+    let mut reg = UnixStream::connect(folder.join("rxdm_application_registry")).unwrap();
+    reg.write_all(&encoded(&client::register(true))).unwrap();
+    assert_eq!(common::read_frame(&mut reg).unwrap(), frame::OK_FRAME);
+    std::thread::sleep(Duration::from_millis(50));
     old.signal(Signal::SIGUSR2);
     let line = old.wait_for_log("handed over to pid", Duration::from_secs(20)).expect("handed over");
     let pid: i32 =
         line.split("handed over to pid ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert!(old.wait_for_log("waiting for SIGTERM", Duration::from_secs(5)).is_some());
+    // The successor's close of an idle connection reaches the client although
+    // the old daemon still runs: it let go of its copy.
+    idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(idle.read(&mut buf).expect("EOF, not a timeout"), 0);
+    // The registration moved: the successor answers on it.
+    reg.write_all(&encoded(&client::register(false))).unwrap();
+    reg.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(common::read_frame(&mut reg).unwrap(), frame::OK_FRAME);
     std::thread::sleep(Duration::from_millis(200));
     assert!(old.child.try_wait().unwrap().is_none(), "--after_handover=wait: still up");
     // The successor serves the same folder, rule and all; the old one only waits.

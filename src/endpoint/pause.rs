@@ -186,6 +186,22 @@ pub async fn wait_open(rx: &mut watch::Receiver<GateState>) {
     }
 }
 
+/// Waits while the gate is paused: `true` once it is open again, `false`
+/// once it is committed (the successor serves: let go of what is held here).
+pub async fn settled(rx: &mut watch::Receiver<GateState>) -> bool {
+    loop {
+        let now = *rx.borrow_and_update();
+        match now {
+            GateState::Open => return true,
+            GateState::Committed => return false,
+            GateState::Paused => {}
+        }
+        if rx.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
 /// Resolves once the gate closes (pause or commit).
 pub async fn closing(rx: &mut watch::Receiver<GateState>) {
     loop {

@@ -144,8 +144,13 @@ async fn run(
             _ = pause::closing(&mut gate), if !stopping => {
                 // A takeover: hand the connection on between two requests.
                 park(stream, endpoint, state, ctx, &buf);
-                pause::wait_open(&mut gate).await;
-                continue;
+                if pause::settled(&mut gate).await {
+                    continue;
+                }
+                // Handed over: the successor serves it. This copy closes
+                // without a word and without unregistering.
+                ctx.registered = false;
+                return Ok(());
             }
             _ = budget::idle_expired(idle_limit, last_request) => {
                 // No request pending: nothing owed. Part of a frame: an error reply.

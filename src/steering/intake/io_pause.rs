@@ -42,6 +42,15 @@ impl IoThread {
                 self.listening = false;
                 self.resume_at = None;
             }
+            (GateState::Committed, true) => {
+                if self.parked && !(self.conns.is_empty() && self.waiting.is_empty()) {
+                    // Handed over: the successor serves them; this process's copies
+                    // close, so that a close by the successor reaches the client.
+                    self.conns = Default::default();
+                    self.waiting.clear();
+                }
+                return;
+            }
             (_, true) => {}
         }
         if self.parked {
