@@ -134,3 +134,22 @@ fn scripts_run_at_apply_and_restore() {
     assert_eq!(errors.len(), 1);
     assert_eq!(t.restore().unwrap_err().len(), 1);
 }
+
+#[test]
+fn an_undo_log_handed_to_a_successor_restores_the_same() {
+    let proc_ =
+        tree(&[("sys/net/ipv4/tcp_mtu_probing", "1\n"), ("sys/net/ipv4/tcp_max_syn_backlog", "128\n")]);
+    let sys = tree(&[]);
+    let plan = TuningPlan::Native { procfs_root: proc_.path().into(), sysfs_root: sys.path().into() };
+    let (t, _) = HostTuning::apply(&NO_ROUTES, &plan);
+    let p = proc_.path();
+    assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "0");
+    // The first daemon goes away without restoring; its successor restores.
+    let json = t.to_json();
+    std::mem::forget(t);
+    let mut handed = HostTuning::from_json(&json).unwrap();
+    handed.restore().unwrap();
+    assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "1");
+    assert_eq!(read(p, "sys/net/ipv4/tcp_max_syn_backlog"), "128");
+    assert!(HostTuning::from_json(b"[1]").unwrap_err().starts_with("host tuning undo log"));
+}
