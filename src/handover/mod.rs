@@ -159,20 +159,22 @@ mod tests {
             Hello { version: VERSION, pid: 42, fingerprint: HashMap::from([("a".into(), "1".into())]) };
         send(&mut a, "hello", &hello).unwrap();
         assert_eq!(recv::<Hello>(&mut b, "hello").unwrap(), hello);
-        // More fds than one message may carry, with their order kept.
-        let files: Vec<_> = (0..600).map(|_| tempfile::tempfile().unwrap()).collect();
+        // More fds than one message may carry (two chunks), with their order kept;
+        // few enough for a 1024-descriptor limit shared with other tests.
+        use std::os::unix::fs::MetadataExt;
+        const N: u32 = FDS_PER_MESSAGE as u32 + 10;
+        let files: Vec<_> = (0..N).map(|_| tempfile::tempfile().unwrap()).collect();
+        let inodes: Vec<u64> = files.iter().map(|f| f.metadata().unwrap().ino()).collect();
         let mut list = FdList::default();
-        let idx: Vec<u32> = files.iter().map(|f| list.push(f.as_fd()).unwrap()).collect();
-        assert_eq!(idx, (0..600).collect::<Vec<u32>>());
+        let idx: Vec<u32> = files.into_iter().map(|f| list.push_owned(f.into())).collect();
+        assert_eq!(idx, (0..N).collect::<Vec<u32>>());
         let state = State { version: VERSION, pid: 7, fd_count: list.len(), ..State::default() };
         let sender = std::thread::spawn(move || send_state(&mut a, state, &list).map(|()| a));
         let (st, fds) = recv_offer(&mut b).unwrap();
         let mut a = sender.join().unwrap().unwrap();
-        assert_eq!((st.pid, fds.len()), (7, 600));
-        use std::os::unix::fs::MetadataExt;
-        for (f, got) in files.iter().zip(&fds) {
-            let got = std::fs::File::from(got.try_clone().unwrap());
-            assert_eq!(f.metadata().unwrap().ino(), got.metadata().unwrap().ino());
+        assert_eq!((st.pid, fds.len()), (7, N as usize));
+        for (ino, got) in inodes.iter().zip(fds) {
+            assert_eq!(*ino, std::fs::File::from(got).metadata().unwrap().ino());
         }
         // A refusal reads as an error naming the reason; a huge length is refused.
         send(&mut a, "offer", &Offer { answer: Some(offer::Answer::Refused("busy".into())) }).unwrap();
