@@ -22,7 +22,7 @@ pub const SOCK_DIAG: u8 = 200;
 pub const QSTATS: u8 = 201;
 
 /// Target names, as `fuzz/` and the corpus folders call them.
-pub const TARGETS: [&str; 4] = ["frame", "request", "topology", "netlink"];
+pub const TARGETS: [&str; 5] = ["frame", "request", "topology", "netlink", "handover"];
 
 /// Runs target `name` on `data`.
 pub fn run(name: &str, data: &[u8]) {
@@ -31,6 +31,7 @@ pub fn run(name: &str, data: &[u8]) {
         "request" => request(data),
         "topology" => topology(data),
         "netlink" => netlink(data),
+        "handover" => handover(data),
         other => panic!("no fuzz target {other}"),
     }
 }
@@ -170,4 +171,40 @@ fn split_replies(mut b: &[u8]) -> Vec<Vec<u8>> {
         b = &b[2 + n..];
     }
     out
+}
+
+/// The takeover's state as a successor reads it: the message, each rule
+/// table rebuilt for a NIC of 4096 slots with two GPUs, the simulated NICs'
+/// tables and the undo logs. Anything malformed is an error, never a panic
+/// or a table whose books do not add up.
+pub fn handover(data: &[u8]) {
+    let _ = handover_tables(data);
+}
+
+/// What [`handover`] makes of `data`: per rule table, the rules booked or
+/// why it was refused, and whether every undo log read back (`None`: not a
+/// state).
+pub fn handover_tables(data: &[u8]) -> Option<(Vec<Result<usize, String>>, bool)> {
+    use crate::handover::Offer;
+    use crate::rules::table::NicRules;
+    use crate::wire::handover::{offer, Record};
+    let offer = <Offer as prost::Message>::decode(data).ok()?;
+    let Some(offer::Answer::State(st)) = offer.answer else { return None };
+    let queues = [vec![8, 9, 10, 11], vec![12, 13, 14, 15]];
+    let mut tables = Vec::new();
+    for t in &st.tables {
+        let rebuilt = NicRules::from_wire(t, 4096, &queues).map(|rules| {
+            let n = Record::unpack_all(&t.rules).map(|r| r.count()).unwrap_or(0);
+            assert_eq!(rules.len(), n, "every record booked once");
+            assert!(rules.iter().all(|(_, e)| e.loc < 4096 && queues[e.gpu].contains(&e.queue)));
+            n
+        });
+        tables.push(rebuilt);
+    }
+    for n in &st.sim {
+        let _ = Record::unpack_all(&n.rules).map(|r| r.count());
+    }
+    let primed = st.primed.iter().all(|p| crate::nic::prime::PrimedNic::from_json(p).is_ok());
+    let tuning = st.tuning.is_empty() || crate::host::tuning::HostTuning::from_json(&st.tuning).is_ok();
+    Some((tables, primed && tuning))
 }

@@ -47,6 +47,14 @@ fn seeds_include_inputs_the_decoders_accept() {
     assert!(tcpx_rxdm::netlink::rtnl::parse_addr(&addr[1..]).unwrap().is_some());
     let link = read("netlink", "link");
     assert_eq!(tcpx_rxdm::netlink::rtnl::parse_link(&link[1..]).unwrap().name.as_deref(), Some("eth1"));
+    // A handed-over state whose table, records and undo log all read back;
+    // and the same with a slot used twice, refused.
+    use tcpx_rxdm::fuzz_targets::handover_tables;
+    assert_eq!(handover_tables(&read("handover", "state_rules")), Some((vec![Ok(6)], true)));
+    let (twice, _) = handover_tables(&read("handover", "slot_twice")).unwrap();
+    assert!(twice[0].as_ref().unwrap_err().contains("used twice"), "{twice:?}");
+    let (cut, _) = handover_tables(&read("handover", "bad_records")).unwrap();
+    assert!(cut[0].as_ref().unwrap_err().contains("not a whole number"), "{cut:?}");
 }
 
 /// Found by the netlink target: a string set announcing ~1.9 billion strings
