@@ -253,7 +253,6 @@ fn build(
         primed: node.primed.iter().map(|p| p.to_json()).collect(),
         tuning: node.tuning.as_ref().map(|t| t.to_json()).unwrap_or_default(),
         sim: g.backends.nic.handover_state(),
-        serving_since: 0,
         takeovers: g.takeovers + 1,
     };
     Ok((st, fds))

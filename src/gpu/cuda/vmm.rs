@@ -149,7 +149,7 @@ pub(crate) struct VmmPool {
 impl VmmPool {
     pub(crate) fn create(dev: Arc<Device>, size: usize) -> Result<VmmPool, CudaError> {
         let layout = dev.begin_pool(size)?;
-        let (size, gran) = (layout.size, layout.granularity);
+        let size = layout.size;
 
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer; `size` is a multiple of the granularity.
@@ -166,19 +166,9 @@ impl VmmPool {
         })?;
         let share_fd = owned_fd(EXPORT, raw_fd)?;
 
-        let (mapping, range) = map_rw(&allocation, size, gran, layout.prop.location)?;
-        let dmabuf = match dev.export_dmabuf(mapping.va, size) {
+        Self::mapped(dev, allocation, &layout, share_fd, |dev, va| match dev.export_dmabuf(va, size) {
             Ok(fd) => Dmabuf::Exported(fd),
             Err(e) => Dmabuf::Failed(e),
-        };
-        Ok(VmmPool {
-            dmabuf,
-            mapping,
-            _range: range,
-            _allocation: allocation,
-            share_fd,
-            granularity: gran,
-            dev,
         })
     }
 
@@ -192,9 +182,23 @@ impl VmmPool {
         share_fd: OwnedFd,
         dmabuf: Option<OwnedFd>,
     ) -> Result<VmmPool, CudaError> {
+        Self::mapped(dev, allocation, layout, share_fd, |_, _| {
+            dmabuf.map_or(Dmabuf::NotHanded, Dmabuf::Handed)
+        })
+    }
+
+    /// Maps `allocation` read-write on its device and makes the pool, with
+    /// the dma-buf `dmabuf` gives for the mapping's address.
+    fn mapped(
+        dev: Arc<Device>,
+        allocation: Allocation,
+        layout: &Layout,
+        share_fd: OwnedFd,
+        dmabuf: impl FnOnce(&Device, sys::CUdeviceptr) -> Dmabuf,
+    ) -> Result<VmmPool, CudaError> {
         let (size, gran) = (layout.size, layout.granularity);
         let (mapping, range) = map_rw(&allocation, size, gran, layout.prop.location)?;
-        let dmabuf = dmabuf.map_or(Dmabuf::NotHanded, Dmabuf::Handed);
+        let dmabuf = dmabuf(&dev, mapping.va);
         Ok(VmmPool {
             dmabuf,
             mapping,
