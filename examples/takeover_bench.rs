@@ -15,6 +15,10 @@
 //! to commit), B's own count (connect to commit), spawn of B to B ready,
 //! and the longest any client request took during the run, next to the
 //! longest before the takeover began (the machine's own noise).
+//!
+//! To see where the time goes: `TAKEOVER_BENCH_LOGS=1` prints both daemons'
+//! takeover lines after each run (`TAKEOVER_BENCH_ALL=1`: every line),
+//! `TAKEOVER_BENCH_RUST_LOG=debug` sets the daemons' log level.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;

@@ -23,7 +23,19 @@ use super::fingerprint;
 pub(in crate::daemon) fn accept(listener: UnixListener, busy: Arc<AtomicBool>) -> mpsc::Receiver<UnixStream> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
+        let mut backoff = crate::endpoint::accept_backoff::AcceptBackoff::new("handover");
+        loop {
+            let s = match listener.accept().await {
+                Ok((s, _)) => {
+                    backoff.succeeded();
+                    s
+                }
+                Err(e) => {
+                    // Out of descriptors, say: the socket stays served once they free up.
+                    tokio::time::sleep(backoff.failed(&e)).await;
+                    continue;
+                }
+            };
             let Ok(s) = s.into_std() else { continue };
             if s.set_nonblocking(false).is_err() {
                 continue;
