@@ -9,7 +9,8 @@
 //! - [`wire`]: the client protocol: framing, messages, fd passing, a test client.
 //! - [`nic`], [`host`], [`gpu`] (side by side, not using each other): NIC
 //!   control (traits, ethtool and simulated backends, prime/restore, link
-//!   monitor); host tuning and the heap; pool allocators and queue binders.
+//!   monitor); host tuning, the heap and shared folders; pool allocators
+//!   and queue binders.
 //! - [`rules`]: rule bookkeeping (slots, queue loads, flow keys) and the
 //!   per-NIC rule engine.
 //! - [`config`]: flags (the only user of clap), presets, discovery.

@@ -5,6 +5,10 @@
 //! - a shutdown file (`<uds_path>/terminated` by default) that the workload
 //!   creates when it is done, seen through inotify (no polling);
 //! - every client process gone for a while (`--shutdown_when_all_clients_exited`).
+//!
+//! The shutdown file's folder is usually the socket folder, which the
+//! workload writes: it is watched and looked into through its descriptor,
+//! and a stale file is removed as a name, never followed.
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -16,12 +20,19 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::watch;
 
+use crate::host::shared_dir::{Kind, SharedDir};
 use crate::identity::ClientCount;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobEndError {
     #[error("--shutdown_file {path}: its folder {dir} does not exist")]
     NoFolder { path: PathBuf, dir: PathBuf },
+    #[error("--shutdown_file {path}: opening its folder: {err}")]
+    OpenFolder {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("--shutdown_file {path}: removing a stale file left by an earlier job: {err}")]
     RemoveStale {
         path: PathBuf,
@@ -49,6 +60,7 @@ impl AsRawFd for InotifyFd {
 pub struct ShutdownFile {
     path: PathBuf,
     name: OsString,
+    dir: SharedDir,
     inotify: AsyncFd<InotifyFd>,
 }
 
@@ -58,22 +70,31 @@ impl ShutdownFile {
     pub fn watch(path: &Path) -> Result<ShutdownFile, JobEndError> {
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
         let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-        if !dir.is_dir() {
-            return Err(JobEndError::NoFolder { path: path.to_path_buf(), dir });
-        }
-        match std::fs::remove_file(path) {
-            Ok(()) => {
-                tracing::warn!(path = %path.display(), "removed a stale shutdown file left by an earlier job")
+        let folder = match SharedDir::open(&dir) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(JobEndError::NoFolder { path: path.to_path_buf(), dir })
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => return Err(JobEndError::RemoveStale { path: path.to_path_buf(), err }),
+            Err(err) => return Err(JobEndError::OpenFolder { path: path.to_path_buf(), err }),
+        };
+        let stale = |err| JobEndError::RemoveStale { path: path.to_path_buf(), err };
+        match folder.entry(&name).map_err(stale)? {
+            None => {}
+            Some(e) if e.kind == Kind::Folder => {
+                return Err(stale(std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a folder")))
+            }
+            Some(e) => {
+                folder.unlink(&name).map_err(stale)?;
+                tracing::warn!(path = %path.display(), "removed a stale shutdown file left by an earlier job ({})", e.kind);
+            }
         }
         let werr = |err| JobEndError::Watch { path: path.to_path_buf(), dir: dir.clone(), err };
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(werr)?;
-        // Created in place, moved in (an atomic rename), or a hard link.
+        // Created in place, moved in (an atomic rename), or a hard link; the
+        // folder opened above, whatever its path now leads to.
         inotify
             .add_watch(
-                &dir,
+                &folder.proc_path(),
                 AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR,
             )
             .map_err(werr)?;
@@ -81,7 +102,7 @@ impl ShutdownFile {
         // and unchanged for the AsyncFd's whole life.
         let inotify = unsafe { AsyncFd::register_with_interest(InotifyFd(inotify), Interest::READABLE) }
             .map_err(|e| werr(nix::errno::Errno::from_raw(e.into_parts().1.raw_os_error().unwrap_or(0))))?;
-        Ok(ShutdownFile { path: path.to_path_buf(), name, inotify })
+        Ok(ShutdownFile { path: path.to_path_buf(), name, dir: folder, inotify })
     }
 
     pub fn path(&self) -> &Path {
@@ -92,7 +113,8 @@ impl ShutdownFile {
     pub async fn appeared(&self) {
         loop {
             // Also covers a file created between the removal and the watch.
-            if self.path.exists() {
+            // Whatever is at the name counts; nothing is followed.
+            if self.dir.entry(&self.name).is_ok_and(|e| e.is_some()) {
                 return;
             }
             let Ok(mut guard) = self.inotify.readable().await else {
@@ -154,6 +176,28 @@ mod tests {
             std::fs::write(p, b"").unwrap();
         });
         tokio::time::timeout(Duration::from_secs(5), f.appeared()).await.expect("file seen");
+    }
+
+    #[tokio::test]
+    async fn a_planted_link_is_removed_as_a_name_and_a_new_link_counts() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let victim = out.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let path = dir.path().join("terminated");
+        symlink(&victim, &path).unwrap();
+        let f = ShutdownFile::watch(&path).unwrap();
+        assert!(std::fs::symlink_metadata(&path).is_err(), "the link is gone");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "its target stays");
+        // A dangling link made later is the workload's signal as well.
+        symlink(out.path().join("absent"), &path).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), f.appeared()).await.expect("link seen");
+        // A folder at the name is refused, by name.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let e = ShutdownFile::watch(&path).err().unwrap().to_string();
+        assert!(e.contains("stale") && e.contains("it is a folder"), "{e}");
     }
 
     #[test]

@@ -350,7 +350,17 @@ fn write_nccl_env(config: &Config, gid: Option<u32>) {
     }
 }
 
+/// Appends the ready line to `path`. Its folder may be shared with the
+/// workload: the file is created anew or opened only if it is a plain file
+/// of its own, never through a link (see `host::shared_dir`).
 fn write_health_line(path: &str) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let path = std::path::Path::new(path);
+    let Some(name) = path.file_name() else {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"));
+    };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let folder = crate::host::shared_dir::SharedDir::open(dir)?;
+    let mut f =
+        folder.open_or_create(name, 0o666, nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_APPEND)?;
     writeln!(f, "{READY_LINE}")
 }

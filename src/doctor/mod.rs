@@ -149,17 +149,20 @@ pub(crate) fn ranges(q: &[u32]) -> String {
 
 /// The pid in the lock file when a daemon holds the lock, tested with a
 /// non-blocking shared lock on our own descriptor (released at once). Never
-/// creates the file.
+/// creates the file, and opens it only if it is a plain file of its own (a
+/// client may have planted a link or a FIFO at its name).
 fn lock_holder(uds: &Path) -> Option<String> {
-    let path = uds.join(crate::server::socket_dir::LOCK_FILE);
-    let file = std::fs::File::open(&path).ok()?;
+    let folder = crate::host::shared_dir::SharedDir::open(uds).ok()?;
+    let file = folder.open_plain(crate::server::socket_dir::LOCK_FILE, nix::fcntl::OFlag::O_RDONLY).ok()?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
         Ok(l) => {
             drop(l.unlock());
             None
         }
-        Err((_, Errno::EWOULDBLOCK)) => {
-            let pid = std::fs::read_to_string(&path).unwrap_or_default().trim().to_string();
+        Err((mut file, Errno::EWOULDBLOCK)) => {
+            let mut pid = String::new();
+            let _ = std::io::Read::read_to_string(&mut file, &mut pid);
+            let pid = pid.trim();
             Some(if pid.is_empty() { "unknown pid".into() } else { format!("pid {pid}") })
         }
         Err(_) => None,

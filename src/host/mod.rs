@@ -1,5 +1,6 @@
-//! The host around the NICs: TCP tuning through sysctls and routes, and the
-//! process's heap.
+//! The host around the NICs: TCP tuning through sysctls and routes, the
+//! process's heap, and the folders it shares with clients.
 
 pub(crate) mod memory;
+pub mod shared_dir;
 pub mod tuning;

@@ -1,16 +1,24 @@
 //! The socket folder: the single-instance lock, endpoint files with the
 //! configured mode and group, and their removal on exit.
+//!
+//! The folder is shared with the workload (a Pod's `emptyDir`, a host path),
+//! which may plant anything in it. Every entry is handled through the
+//! folder's descriptor without following a link (`host::shared_dir`):
+//! whatever stands at a name the daemon uses is removed as a name or
+//! refused, never written, chmod-ed or chown-ed through.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{Flock, FlockArg};
-use nix::unistd::{chown, Gid, Group};
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::unistd::{Gid, Group};
 use tokio::net::UnixListener;
+
+use crate::host::shared_dir::{proc_fd_path, Created, Entry, Kind, OpenError, SharedDir};
 
 pub const LOCK_FILE: &str = ".rxdm.lock";
 
@@ -18,6 +26,12 @@ pub const LOCK_FILE: &str = ".rxdm.lock";
 pub enum SocketDirError {
     #[error("creating socket folder {path}: {err}")]
     CreateDir {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("opening socket folder {path}: {err}")]
+    OpenDir {
         path: PathBuf,
         #[source]
         err: std::io::Error,
@@ -36,19 +50,26 @@ pub enum SocketDirError {
         #[source]
         err: nix::errno::Errno,
     },
-    #[error("{path} exists and is not a socket; refusing to replace it")]
-    NotASocket { path: PathBuf },
+    #[error(
+        "{path} is {kind}, not a socket; refusing to replace it: remove it, or choose another --uds_path"
+    )]
+    NotASocket { path: PathBuf, kind: Kind },
     #[error("binding {path}: {err}")]
     Bind {
         path: PathBuf,
         #[source]
         err: std::io::Error,
     },
+    #[error(
+        "{path} was replaced while it was being bound: something else writes in the socket folder; \
+         find it, or choose another --uds_path"
+    )]
+    Replaced { path: PathBuf },
     #[error("setting the group of {path}: {err}")]
     Chown {
         path: PathBuf,
         #[source]
-        err: nix::errno::Errno,
+        err: std::io::Error,
     },
     #[error("setting the mode of {path}: {err}")]
     Chmod {
@@ -56,22 +77,26 @@ pub enum SocketDirError {
         #[source]
         err: std::io::Error,
     },
-    #[error("--socket_group {0:?}: no such group")]
+    #[error("--socket_group {0}: no such group")]
     UnknownGroup(String),
 }
 
-/// The locked socket folder. Dropping it removes the socket files it created
-/// and the lock file.
+/// The locked socket folder. Dropping it removes the socket files it bound
+/// and the lock file (each only if it is still the one it made), then the
+/// folders it created, if empty.
 pub struct SocketDir {
-    dir: PathBuf,
+    dir: SharedDir,
     mode: u32,
     gid: Option<Gid>,
-    sockets: Vec<PathBuf>,
+    /// Each socket file by name, as it was once bound (`None`: not known).
+    sockets: Vec<(String, Option<Entry>)>,
     lock: Option<Flock<File>>,
     /// Each bound listener by name, duplicated for a takeover.
     listeners: Vec<(String, OwnedFd)>,
     /// Listeners taken over from the daemon this one replaced, not yet bound.
     handed: HashMap<String, OwnedFd>,
+    /// The folders (the socket folder and missing parents) this daemon made, outermost first.
+    created: Vec<Created>,
 }
 
 /// Resolves `--socket_group` (a name or a numeric gid).
@@ -93,37 +118,6 @@ pub fn dir_mode_for(socket_mode: u32) -> u32 {
     crate::types::mode::granted_to_socket_users(socket_mode, 0o700, 0o5)
 }
 
-/// Creates `dir` and any missing parents with [`dir_mode_for`] and group
-/// `gid`, regardless of the umask (the daemon runs with 077). Folders that
-/// already exist are left as they are.
-fn create_dir(dir: &Path, socket_mode: u32, gid: Option<Gid>) -> std::io::Result<()> {
-    let mut missing = Vec::new();
-    let mut p = dir;
-    while fs::symlink_metadata(p).is_err() {
-        missing.push(p.to_path_buf());
-        match p.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => p = parent,
-            _ => break,
-        }
-    }
-    for d in missing.iter().rev() {
-        match fs::create_dir(d) {
-            Ok(()) => {}
-            // Someone else made it meanwhile: theirs, left alone.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-        if let Some(gid) = gid {
-            chown(d.as_path(), None, Some(gid)).map_err(std::io::Error::from)?;
-        }
-        fs::set_permissions(d, fs::Permissions::from_mode(dir_mode_for(socket_mode)))?;
-    }
-    if !fs::metadata(dir)?.is_dir() {
-        return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "exists and is not a folder"));
-    }
-    Ok(())
-}
-
 /// Which clients the socket mode admits but the folder's own mode keeps out
 /// (they need search permission on it); `None` when all can reach the sockets.
 pub fn unreachable_by(
@@ -143,15 +137,14 @@ pub fn unreachable_by(
 }
 
 /// Warns when an existing folder's mode stops clients the sockets are meant for.
-fn warn_if_unreachable(dir: &Path, socket_mode: u32, gid: Option<Gid>) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(m) = fs::metadata(dir) else { return };
+fn warn_if_unreachable(dir: &SharedDir, socket_mode: u32, gid: Option<Gid>) {
+    let Ok(m) = nix::sys::stat::fstat(dir.fd()) else { return };
     let socket_gid = gid.map(|g| g.as_raw()).unwrap_or_else(|| nix::unistd::getegid().as_raw());
-    if let Some(who) = unreachable_by(m.mode() & 0o7777, m.gid(), socket_mode, socket_gid) {
+    if let Some(who) = unreachable_by(m.st_mode & 0o7777, m.st_gid, socket_mode, socket_gid) {
         tracing::warn!(
-            path = %dir.display(),
-            mode = format!("{:04o}", m.mode() & 0o7777),
-            gid = m.gid(),
+            path = %dir.path().display(),
+            mode = format!("{:04o}", m.st_mode & 0o7777),
+            gid = m.st_gid,
             socket_mode = format!("{socket_mode:04o}"),
             socket_gid,
             "{who} cannot reach the sockets: the folder lacks search (x) permission for them; \
@@ -160,21 +153,74 @@ fn warn_if_unreachable(dir: &Path, socket_mode: u32, gid: Option<Gid>) {
     }
 }
 
+/// Opens (or creates) the lock file. Whatever else stands at its name (a
+/// link, a FIFO, a device node, a second name of another file) was not made
+/// by a daemon: it is removed as a name, never opened, and a file of our own
+/// made in its place. Refusing would let anyone who can write the folder
+/// keep the daemon from starting; a folder there is refused (removing it
+/// could lose what it holds).
+fn open_lock(dir: &SharedDir) -> Result<File, SocketDirError> {
+    let path = dir.join(LOCK_FILE);
+    let err = |err: std::io::Error| SocketDirError::OpenLock { path: path.clone(), err };
+    for _ in 0..3 {
+        match dir.open_or_create(LOCK_FILE, 0o600, OFlag::O_RDWR) {
+            Ok(f) => return Ok(f),
+            Err(e @ OpenError::NotPlain(Kind::Folder)) => return Err(err(e.into())),
+            Err(OpenError::NotPlain(kind)) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    "the lock file's name held {kind}, which no daemon makes; removed it (the name only: \
+                     what it pointed to is untouched) to make the lock file anew"
+                );
+                dir.unlink(LOCK_FILE).map_err(err)?;
+            }
+            Err(OpenError::Io(e)) => return Err(err(e)),
+        }
+    }
+    Err(err(std::io::Error::other("something keeps putting other files at its name")))
+}
+
+/// Whether `file` (the entry bound a moment ago, as a path descriptor) is
+/// `listener`'s socket file: a connection made through it arrives there.
+/// (A socket's own `fstat` names its socket inode, not its file, so the
+/// two cannot be compared directly.)
+fn is_bound_to(listener: &StdUnixListener, file: BorrowedFd<'_>) -> std::io::Result<bool> {
+    let probe = match StdUnixStream::connect(proc_fd_path(file)) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    listener.set_nonblocking(true)?;
+    let me = std::process::id() as i32;
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                let cred = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials);
+                if cred.is_ok_and(|c| c.pid() == me) {
+                    drop(probe);
+                    return Ok(true);
+                }
+                // Someone else's, on a socket not serving yet: dropped.
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl SocketDir {
     /// Creates the folder if needed and takes the exclusive lock.
     pub fn lock(dir: &Path, mode: u32, gid: Option<Gid>) -> Result<SocketDir, SocketDirError> {
-        create_dir(dir, mode, gid)
+        let (folder, created) = SharedDir::create(dir, dir_mode_for(mode), gid)
             .map_err(|err| SocketDirError::CreateDir { path: dir.to_path_buf(), err })?;
-        warn_if_unreachable(dir, mode, gid);
-        let path = dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|err| SocketDirError::OpenLock { path: path.clone(), err })?;
+        // A failure leaves no folder it made behind (when it is empty).
+        let undo = |created: &[Created]| {
+            for c in created.iter().rev() {
+                let _ = c.remove_if_empty();
+            }
+        };
+        warn_if_unreachable(&folder, mode, gid);
+        let file = open_lock(&folder).inspect_err(|_| undo(&created))?;
         let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => l,
             Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
@@ -186,30 +232,38 @@ impl SocketDir {
                 };
                 return Err(SocketDirError::Locked { dir: dir.to_path_buf(), holder });
             }
-            Err((_, err)) => return Err(SocketDirError::Lock { path, err }),
+            Err((file, err)) => {
+                if let Ok(st) = nix::sys::stat::fstat(&file) {
+                    let _ = folder.unlink_if(LOCK_FILE, |now| now.is(&st));
+                }
+                undo(&created);
+                return Err(SocketDirError::Lock { path: folder.join(LOCK_FILE), err });
+            }
         };
         // Record our pid for the message a second instance prints.
         let _ = lock.set_len(0);
         let _ = lock.rewind();
         let _ = write!(*lock, "{}", std::process::id());
-        Ok(SocketDir::with_lock(dir, mode, gid, lock, HashMap::new()))
+        Ok(SocketDir::with_lock(folder, mode, gid, lock, HashMap::new(), created))
     }
 
     fn with_lock(
-        dir: &Path,
+        dir: SharedDir,
         mode: u32,
         gid: Option<Gid>,
         lock: Flock<File>,
         handed: HashMap<String, OwnedFd>,
+        created: Vec<Created>,
     ) -> SocketDir {
         SocketDir {
-            dir: dir.to_path_buf(),
+            dir,
             mode,
             gid,
             sockets: Vec::new(),
             lock: Some(lock),
             listeners: Vec::new(),
             handed,
+            created,
         }
     }
 
@@ -223,13 +277,15 @@ impl SocketDir {
         lock: OwnedFd,
         listeners: HashMap<String, OwnedFd>,
     ) -> Result<SocketDir, SocketDirError> {
-        let path = dir.join(LOCK_FILE);
+        let folder =
+            SharedDir::open(dir).map_err(|err| SocketDirError::OpenDir { path: dir.to_path_buf(), err })?;
+        let path = folder.join(LOCK_FILE);
         let mut lock = Flock::lock(File::from(lock), FlockArg::LockExclusiveNonblock)
             .map_err(|(_, err)| SocketDirError::Lock { path, err })?;
         let _ = lock.set_len(0);
         let _ = lock.rewind();
         let _ = write!(*lock, "{}", std::process::id());
-        Ok(SocketDir::with_lock(dir, mode, gid, lock, listeners))
+        Ok(SocketDir::with_lock(folder, mode, gid, lock, listeners, Vec::new()))
     }
 
     /// The lock file and every listener, for a takeover.
@@ -247,50 +303,99 @@ impl SocketDir {
     /// Like [`Self::bind`], with a mode of its own (the status socket's).
     pub fn bind_with_mode(&mut self, name: &str, mode: u32) -> Result<UnixListener, SocketDirError> {
         let path = self.dir.join(name);
+        let bind_err = |err| SocketDirError::Bind { path: path.clone(), err };
         if let Some(fd) = self.handed.remove(name) {
-            let std = std::os::unix::net::UnixListener::from(fd);
-            let bound = std
-                .set_nonblocking(true)
-                .and_then(|()| UnixListener::from_std(std))
-                .map_err(|err| SocketDirError::Bind { path: path.clone(), err })?;
-            self.keep(name, &bound, path)?;
+            let std = StdUnixListener::from(fd);
+            let bound =
+                std.set_nonblocking(true).and_then(|()| UnixListener::from_std(std)).map_err(bind_err)?;
+            // The file its predecessor bound, as it stands now.
+            let file = self.dir.entry(name).ok().flatten().filter(|e| e.kind == Kind::Socket);
+            self.keep(name, &bound, file)?;
             return Ok(bound);
         }
-        match fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_socket() => {
-                let _ = fs::remove_file(&path);
+        match self.dir.entry(name).map_err(bind_err)? {
+            None => {}
+            Some(e) if e.kind == Kind::Socket => {
+                self.dir.unlink(name).map_err(bind_err)?;
             }
-            Ok(_) => return Err(SocketDirError::NotASocket { path }),
-            Err(_) => {}
+            // Removing a link loses nothing: what it points to is untouched.
+            Some(e) if e.kind == Kind::Link => {
+                tracing::warn!(path = %path.display(), "a symbolic link stood where a socket goes; removed it");
+                self.dir.unlink(name).map_err(bind_err)?;
+            }
+            Some(e) => return Err(SocketDirError::NotASocket { path, kind: e.kind }),
         }
+        // Bound through the folder's descriptor, created private (the
+        // daemon's umask is 077), then opened as a path without following
+        // and checked to be this listener's file before its mode and group
+        // are set through that descriptor.
+        let std = StdUnixListener::bind(self.dir.proc_path().join(name)).map_err(bind_err)?;
+        let (file, st) = self.dir.open_path(name).map_err(bind_err)?;
+        let result = (|| {
+            if Kind::of(&st) != Kind::Socket || !is_bound_to(&std, file.as_fd()).map_err(bind_err)? {
+                return Err(SocketDirError::Replaced { path: path.clone() });
+            }
+            let through = proc_fd_path(file.as_fd());
+            if let Some(gid) = self.gid {
+                std::os::unix::fs::chown(&through, None, Some(gid.as_raw()))
+                    .map_err(|err| SocketDirError::Chown { path: path.clone(), err })?;
+            }
+            std::fs::set_permissions(&through, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .map_err(|err| SocketDirError::Chmod { path: path.clone(), err })?;
+            nix::sys::stat::fstat(&file).map(|st| Entry::of(&st)).map_err(|e| bind_err(e.into()))
+        })();
+        let entry = match result {
+            Ok(entry) => entry,
+            Err(e) => {
+                // Ours (the descriptor keeps its inode number from being reused): removed.
+                let _ = self.dir.unlink_if(name, |now| now.is(&st));
+                return Err(e);
+            }
+        };
         let listener =
-            UnixListener::bind(&path).map_err(|err| SocketDirError::Bind { path: path.clone(), err })?;
-        self.keep(name, &listener, path.clone())?;
-        if let Some(gid) = self.gid {
-            chown(&path, None, Some(gid)).map_err(|err| SocketDirError::Chown { path: path.clone(), err })?;
-        }
-        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-            .map_err(|err| SocketDirError::Chmod { path: path.clone(), err })?;
+            std.set_nonblocking(true).and_then(|()| UnixListener::from_std(std)).map_err(bind_err)?;
+        self.keep(name, &listener, Some(entry))?;
         Ok(listener)
     }
 
     /// Records a listener: its file to remove at exit, a duplicate to hand over.
-    fn keep(&mut self, name: &str, l: &UnixListener, path: PathBuf) -> Result<(), SocketDirError> {
-        let dup =
-            l.as_fd().try_clone_to_owned().map_err(|err| SocketDirError::Bind { path: path.clone(), err })?;
+    fn keep(&mut self, name: &str, l: &UnixListener, file: Option<Entry>) -> Result<(), SocketDirError> {
+        let dup = l
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|err| SocketDirError::Bind { path: self.dir.join(name), err })?;
         self.listeners.push((name.to_string(), dup));
-        self.sockets.push(path);
+        self.sockets.push((name.to_string(), file));
         Ok(())
     }
 
-    /// Removes the socket files and the lock file; idempotent.
+    /// Removes the socket files and the lock file, each only if it is still
+    /// the one this daemon made (a client may have put another there), then
+    /// the folders it created, if they are empty; idempotent. A folder that
+    /// existed before, or a mount point, stays.
     pub fn cleanup(&mut self) {
-        for s in self.sockets.drain(..) {
-            let _ = fs::remove_file(s);
+        for (name, file) in std::mem::take(&mut self.sockets) {
+            if let Some(file) = file {
+                let _ = self.dir.unlink_if(&name, |now| *now == file);
+            }
         }
         if let Some(lock) = self.lock.take() {
-            let _ = fs::remove_file(self.dir.join(LOCK_FILE));
+            if let Ok(st) = nix::sys::stat::fstat(lock.as_fd()) {
+                let _ = self.dir.unlink_if(LOCK_FILE, |now| now.is(&st));
+            }
             drop(lock);
+        }
+        for c in std::mem::take(&mut self.created).iter().rev() {
+            match c.remove_if_empty() {
+                Ok(true) => tracing::info!(path = %c.path().display(), "removed the folder it had created"),
+                Ok(false) => tracing::info!(
+                    path = %c.path().display(),
+                    "left the folder it had created: not empty, or no longer the one it made"
+                ),
+                Err(e) => {
+                    tracing::warn!(path = %c.path().display(), error = %e, "could not remove the folder it had created")
+                }
+            }
         }
     }
 }
@@ -302,74 +407,5 @@ impl Drop for SocketDir {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::MetadataExt;
-
-    #[test]
-    fn folder_mode_follows_the_socket_mode_without_write() {
-        assert_eq!(dir_mode_for(0o660), 0o750);
-        assert_eq!(dir_mode_for(0o600), 0o700);
-        assert_eq!(dir_mode_for(0o666), 0o755);
-        assert_eq!(dir_mode_for(0o640), 0o750);
-        assert_eq!(dir_mode_for(0o602), 0o705);
-    }
-
-    #[tokio::test]
-    async fn an_adopted_folder_keeps_the_lock_and_serves_the_same_listeners() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut first = SocketDir::lock(tmp.path(), 0o660, None).unwrap();
-        let l = first.bind("a").unwrap();
-        let (lock, listeners) = first.handover();
-        let lock = lock.unwrap().try_clone_to_owned().unwrap();
-        let handed: HashMap<String, OwnedFd> =
-            listeners.map(|(n, fd)| (n.to_string(), fd.try_clone_to_owned().unwrap())).collect();
-        let mut second = SocketDir::adopt(tmp.path(), 0o660, None, lock, handed).unwrap();
-        let l2 = second.bind("a").unwrap();
-        let ino = |fd: BorrowedFd<'_>| nix::sys::stat::fstat(fd).unwrap().st_ino;
-        assert_eq!(ino(l.as_fd()), ino(l2.as_fd()), "the same socket");
-        // A third daemon still finds the folder locked, naming the new holder.
-        std::mem::forget(first); // as a daemon that handed over: exits without cleanup
-        drop(l);
-        let err = SocketDir::lock(tmp.path(), 0o660, None).err().unwrap().to_string();
-        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
-        let c = tokio::net::UnixStream::connect(tmp.path().join("a")).await;
-        assert!(c.is_ok(), "the socket file stayed and the listener serves");
-        drop(second);
-        assert!(!tmp.path().join("a").exists(), "the last holder removes it");
-    }
-
-    #[test]
-    fn reachability() {
-        // Group-only sockets in a 0700 folder: the group is kept out.
-        assert_eq!(unreachable_by(0o700, 5, 0o660, 5), Some("the socket group"));
-        // 0750 of the right group: fine; of another group: kept out.
-        assert_eq!(unreachable_by(0o750, 5, 0o660, 5), None);
-        assert_eq!(unreachable_by(0o750, 6, 0o660, 5), Some("the socket group"));
-        // o+x lets everyone search.
-        assert_eq!(unreachable_by(0o711, 6, 0o660, 5), None);
-        assert_eq!(unreachable_by(0o750, 5, 0o666, 5), Some("other users"));
-        assert_eq!(unreachable_by(0o700, 0, 0o600, 0), None);
-    }
-
-    #[test]
-    fn created_folders_get_the_mode_whatever_the_umask() {
-        let tmp = tempfile::tempdir().unwrap();
-        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-        let dir = tmp.path().join("a/b");
-        let r = create_dir(&dir, 0o660, None);
-        nix::sys::stat::umask(old);
-        r.unwrap();
-        for d in [tmp.path().join("a"), dir.clone()] {
-            assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o750, "{}", d.display());
-        }
-        // An existing folder is left as it is.
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
-        create_dir(&dir, 0o666, None).unwrap();
-        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
-        // A file in the way is an error.
-        let file = tmp.path().join("f");
-        fs::write(&file, b"").unwrap();
-        assert!(create_dir(&file, 0o660, None).is_err());
-    }
-}
+#[path = "socket_dir_tests.rs"]
+mod tests;
