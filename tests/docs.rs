@@ -404,7 +404,9 @@ fn run_page(page: &str) -> Tally {
             }
             (Mode::Run, "sh") => {
                 let (code, out) = sandbox.run(&format!("set -e\n{}", sandbox.command(&b.lines.join("\n"))));
-                if code != 0 {
+                if code == 127 {
+                    failures.push(format!("{at}: needs a program that is not on PATH; install it:\n{out}"));
+                } else if code != 0 {
                     failures.push(format!("{at}: exit {code}:\n{out}"));
                 }
                 tally.blocks_run += 1;
@@ -418,7 +420,11 @@ fn run_page(page: &str) -> Tally {
                     let (code, out) = sandbox.run(&format!("(exit {status}); {}", sandbox.command(cmd)));
                     let actual = normalised(&out);
                     let next_reads_status = cmds.get(k + 1).is_some_and(|(c, _, _)| c.contains("$?"));
-                    if code != 0 && !next_reads_status {
+                    if code == 127 {
+                        failures.push(format!(
+                            "{at}: `{cmd}` needs a program that is not on PATH; install it:\n{out}"
+                        ));
+                    } else if code != 0 && !next_reads_status {
                         failures.push(format!("{at}: `{cmd}` exited {code}:\n{out}"));
                     } else if !lines_match(expected, &actual) {
                         if std::env::var_os(UPDATE_VAR).is_some() {
