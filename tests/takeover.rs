@@ -8,7 +8,7 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{encoded, wait_until, Daemon};
@@ -73,7 +73,7 @@ impl Load {
     fn start(folder: &Path, ctl: &Path) -> Load {
         let procs = (0..CLIENTS)
             .map(|p| {
-                let mut cmd = Command::new("python3");
+                let mut cmd = common::python3();
                 cmd.arg("-c").arg(LOAD_PY);
                 cmd.arg(folder.join("rx_rule_manager")).arg(folder.join("rx_rule_uninstall")).arg(ctl);
                 cmd.arg(hex(frame::OK_FRAME)).arg(p.to_string());
@@ -167,7 +167,7 @@ if sys.argv[3]:
 print(m[:32].rstrip(b'\0').decode(), flush=True)
 "#;
     let req = encoded(&client::raw_request(GPU));
-    let out = Command::new("python3")
+    let out = common::python3()
         .args(["-c", py])
         .arg(folder.join(format!("get_gpu_fd_{GPU}")))
         .arg(hex(&req))

@@ -139,6 +139,7 @@ impl Reply {
 impl Agent {
     /// A client in cgroup `cg`, seeing only `/dev/nvidia<minor>`.
     fn start(cg: &Cgroup, minor: u32) -> Agent {
+        common::require_python3();
         let script = r#"echo $$ > "$CG/cgroup.procs" && exec unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /dev && : > "/dev/nvidia$MINOR" && exec python3 -u -c "$AGENT_PY"'"#;
         let mut child = Command::new("sh")
             .arg("-c")
@@ -364,13 +365,8 @@ print("fd" if anc else "reply " + msg.hex(), flush=True)
 
 fn orphan_request(path: &Path, msg: &UnixSocketProto) -> Reply {
     let hex: String = encoded(msg).iter().map(|b| format!("{b:02x}")).collect();
-    let mut child = Command::new("python3")
-        .args(["-c", ORPHAN_PY])
-        .arg(path)
-        .arg(hex)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        common::python3().args(["-c", ORPHAN_PY]).arg(path).arg(hex).stdout(Stdio::piped()).spawn().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     // The connecting process exits at once: reap it before its child asks.
     assert!(child.wait().unwrap().success());

@@ -357,6 +357,24 @@ pub fn connect_as(uid: u32, gid: u32, path: &Path, request: &[u8]) -> Result<(),
     }
 }
 
+/// Fails the test, saying what to install, where `python3` is not on PATH:
+/// the tests that need client processes of their own run them in Python.
+pub fn require_python3() {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|dir| dir.join("python3").is_file()));
+    assert!(
+        on_path,
+        "this test runs its clients as python3 processes, and python3 is not on PATH: \
+         install it (Debian and Ubuntu: apt-get install python3)"
+    );
+}
+
+/// `python3`, after `require_python3`.
+pub fn python3() -> Command {
+    require_python3();
+    Command::new("python3")
+}
+
 /// A client in a process of its own (Python, as on every machine we test on):
 /// it sends each request on a new connection, like the NCCL plugin, keeps any
 /// pool fd it receives, prints `ready`, then sleeps until killed.
@@ -394,13 +412,13 @@ time.sleep(float(sys.argv[1]))
 impl ClientProcess {
     /// Runs the requests (socket path, framed request), then lives `linger` more.
     pub fn run(requests: &[(PathBuf, Vec<u8>)], linger: Duration) -> ClientProcess {
-        let mut cmd = Command::new("python3");
+        let mut cmd = python3();
         cmd.arg("-c").arg(CLIENT_PY).arg(linger.as_secs_f64().to_string());
         for (path, req) in requests {
             let hex: String = req.iter().map(|b| format!("{b:02x}")).collect();
             cmd.arg(path).arg(hex);
         }
-        let mut child = cmd.stdout(Stdio::piped()).stdin(Stdio::null()).spawn().expect("python3");
+        let mut child = cmd.stdout(Stdio::piped()).stdin(Stdio::null()).spawn().expect("python3 runs");
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut replies = Vec::new();
         loop {
