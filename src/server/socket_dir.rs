@@ -72,6 +72,8 @@ pub struct SocketDir {
     listeners: Vec<(String, OwnedFd)>,
     /// Listeners taken over from the daemon this one replaced, not yet bound.
     handed: HashMap<String, OwnedFd>,
+    /// [`Self::cleanup`] removes nothing (see [`Self::disarm`]).
+    disarmed: bool,
 }
 
 /// Resolves `--socket_group` (a name or a numeric gid).
@@ -210,6 +212,7 @@ impl SocketDir {
             lock: Some(lock),
             listeners: Vec::new(),
             handed,
+            disarmed: false,
         }
     }
 
@@ -283,8 +286,11 @@ impl SocketDir {
         Ok(())
     }
 
-    /// Removes the socket files and the lock file; idempotent.
+    /// Removes the socket files and the lock file; idempotent. Disarmed: nothing.
     pub fn cleanup(&mut self) {
+        if self.disarmed {
+            return;
+        }
         for s in self.sockets.drain(..) {
             let _ = fs::remove_file(s);
         }
@@ -292,6 +298,34 @@ impl SocketDir {
             let _ = fs::remove_file(self.dir.join(LOCK_FILE));
             drop(lock);
         }
+    }
+
+    /// Makes [`Self::cleanup`] (and so dropping) remove nothing until
+    /// [`Self::arm`]: a daemon taking over holds the files of one that still
+    /// serves until the commit.
+    pub fn disarm(&mut self) {
+        self.disarmed = true;
+    }
+
+    /// The files are this daemon's to remove from now on.
+    pub fn arm(&mut self) {
+        self.disarmed = false;
+    }
+
+    /// Names this process as the folder's holder: the lock file gets its pid
+    /// (written through the open lock), and each listener is listened on
+    /// again, because a client's `SO_PEERCRED`/`SO_PEERPIDFD` names whoever
+    /// called `listen` last: after a takeover, a daemon that may be gone.
+    pub fn record_holder(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if let Some(lock) = self.lock.as_mut() {
+            lock.set_len(0)?;
+            lock.write_all_at(std::process::id().to_string().as_bytes(), 0)?;
+        }
+        for (_, l) in &self.listeners {
+            nix::sys::socket::listen(l, nix::sys::socket::Backlog::MAXALLOWABLE)?;
+        }
+        Ok(())
     }
 }
 
@@ -337,6 +371,34 @@ mod tests {
         assert!(c.is_ok(), "the socket file stayed and the listener serves");
         drop(second);
         assert!(!tmp.path().join("a").exists(), "the last holder removes it");
+    }
+
+    #[tokio::test]
+    async fn a_disarmed_folder_removes_nothing_and_the_holder_is_written_anew() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut first = SocketDir::lock(tmp.path(), 0o660, None).unwrap();
+        let _l = first.bind("a").unwrap();
+        let (lock, listeners) = first.handover();
+        let lock = lock.unwrap().try_clone_to_owned().unwrap();
+        let handed: HashMap<String, OwnedFd> =
+            listeners.map(|(n, fd)| (n.to_string(), fd.try_clone_to_owned().unwrap())).collect();
+        let mut second = SocketDir::adopt(tmp.path(), 0o660, None, lock, handed).unwrap();
+        second.disarm();
+        let _l2 = second.bind("a").unwrap();
+        // A successor that fails before the commit lets go of the folder as it found it.
+        drop(second);
+        assert!(tmp.path().join("a").exists() && tmp.path().join(LOCK_FILE).exists());
+        // The lock named someone else (a successor that is gone): written anew.
+        fs::write(tmp.path().join(LOCK_FILE), "4194304").unwrap();
+        first.record_holder().unwrap();
+        let named = fs::read_to_string(tmp.path().join(LOCK_FILE)).unwrap();
+        assert_eq!(named, std::process::id().to_string());
+        let c = tokio::net::UnixStream::connect(tmp.path().join("a")).await;
+        assert!(c.is_ok(), "listened on again, still serving");
+        first.disarm();
+        first.arm();
+        drop(first);
+        assert!(!tmp.path().join("a").exists() && !tmp.path().join(LOCK_FILE).exists());
     }
 
     #[test]
