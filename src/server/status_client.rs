@@ -43,7 +43,12 @@ pub fn ask_on(
     let _ = s.set_read_timeout(Some(timeout));
     s.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("sending the request: {e}"))?;
     let mut body = String::new();
-    s.read_to_string(&mut body).map_err(|e| format!("reading the reply: {e}"))?;
+    s.read_to_string(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no reply within {:.1} s (is the daemon stopped or stuck?)", timeout.as_secs_f64())
+        }
+        _ => format!("reading the reply: {e}"),
+    })?;
     let v: Value =
         serde_json::from_str(&body).map_err(|e| format!("the daemon's reply is not JSON ({e})"))?;
     if let Some(e) = v.get("error").and_then(Value::as_str) {
