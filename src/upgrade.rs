@@ -2,20 +2,25 @@
 //! place to the binary now installed at the path it was started from
 //! (SIGUSR2), and waits until that successor serves.
 //!
-//! The daemon's pid is read from the folder's lock file. Before signalling,
-//! the daemon must show that it can take part: it catches SIGUSR2 (for a
-//! version without takeover the signal's default action would kill it
-//! without restoring anything) and its handover socket is there (it serves).
-//! Done means: another live process is named in the lock file and either
-//! the old one is gone, or (`--after_handover=wait`) the status socket
-//! answers from the new one. The old daemon's failures leave it serving;
-//! the reason is in its log, not here.
+//! The daemon is the process that answers on the folder's status socket,
+//! held by a pidfd taken from the connection (each daemon listens on its
+//! sockets anew when it takes over, so the kernel names the one serving);
+//! it must be the pid the lock file names. A pid number alone is never
+//! trusted: it is the daemon's own view (its pid namespace) and may be
+//! reused. Before signalling, the daemon must show that it can take part:
+//! it catches SIGUSR2 (for a version without takeover the signal's default
+//! action would kill it without restoring anything) and its handover socket
+//! is there (it serves). Done means: another process answers on the status
+//! socket, ready. The old daemon's failures leave it serving; the reason is
+//! in its log, not here.
 
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::config::flags::Flags;
+use crate::handover::Process;
 use crate::server::socket_dir::LOCK_FILE;
 
 const HELP: &str = "Usage: tcpx-rxdm upgrade [--uds_path=DIR] [--timeout=60s]
@@ -94,17 +99,11 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     Ok(Some(Options { uds_path: flags.uds_path, timeout }))
 }
 
-/// Whether `pid` is a process that has not exited (a zombie has).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which may hold spaces and parentheses.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            .is_some_and(|s| s != "Z" && s != "X"),
-        Err(_) => false,
-    }
-}
+/// How long one look at the status socket waits for its answer (a daemon
+/// in the middle of a takeover answers once it has settled).
+const ASK_WAIT: Duration = Duration::from_secs(2);
+/// How long after the old daemon is gone a successor may take to answer.
+const GONE_WAIT: Duration = Duration::from_secs(5);
 
 /// Whether `pid` catches `sig` (its handler is installed).
 fn catches(pid: u32, sig: nix::sys::signal::Signal) -> Result<bool, String> {
@@ -139,16 +138,45 @@ fn successors(pid: u32) -> Vec<u32> {
     out
 }
 
-/// Whether the status socket answers from `pid`, ready.
-fn serves(uds: &Path, pid: u32) -> bool {
-    crate::server::status::ask(uds, "status")
-        .is_ok_and(|v| v["pid"].as_u64() == Some(pid.into()) && v["ready"].as_bool() == Some(true))
+/// A daemon that serves a folder, held by its process (a pidfd): signalled
+/// and watched through it, never through a pid number.
+#[derive(Debug)]
+struct Daemon {
+    /// Its pid as it knows itself (what its lock file and its status say).
+    pid: u32,
+    process: Process,
+    ready: bool,
+}
+
+impl Daemon {
+    fn is(&self, other: &Daemon) -> bool {
+        self.process.is(&other.process) || (self.pid == other.pid && !other.process.exited())
+    }
+}
+
+/// The daemon answering on the status socket: the process its listener
+/// names (each daemon listens on it anew when it takes over), checked to be
+/// the one that answered.
+fn answering(uds: &Path, wait: Duration) -> Result<Daemon, String> {
+    let s = crate::server::status::connect(uds)?;
+    let process = Process::of_peer(s.as_fd()).map_err(|e| {
+        format!("cannot hold the process behind {}: {e}", uds.join(crate::server::status::SOCKET).display())
+    })?;
+    let v = crate::server::status::ask_on(s, "status", wait)?;
+    let pid = v["pid"].as_u64().and_then(|p| u32::try_from(p).ok()).ok_or("its status names no pid")?;
+    if process.own_pid() != Some(pid) {
+        return Err(format!(
+            "pid {pid} answered on the status socket, whose listener names another process: \
+             a takeover may be under way; try again"
+        ));
+    }
+    Ok(Daemon { pid, process, ready: v["ready"].as_bool() == Some(true) })
 }
 
 /// The daemon serving `uds`, checked able to take part in an upgrade.
-fn serving_daemon(uds: &Path) -> Result<u32, String> {
+fn serving_daemon(uds: &Path) -> Result<Daemon, String> {
     let lock = uds.join(LOCK_FILE);
-    let pid = match lock_pid(uds) {
+    let named = match lock_pid(uds) {
         Ok(Some(p)) => p,
         Ok(None) => return Err(format!("{} names no pid: is a daemon starting?", lock.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -159,14 +187,22 @@ fn serving_daemon(uds: &Path) -> Result<u32, String> {
         }
         Err(e) => return Err(format!("{}: {e}", lock.display())),
     };
-    if !alive(pid) {
+    let d = answering(uds, ASK_WAIT)
+        .map_err(|e| format!("pid {named}, named in {}, does not answer: {e}", lock.display()))?;
+    if d.pid != named {
         return Err(format!(
-            "pid {pid}, named in {}, is not running: no daemon serves {}",
+            "{} names pid {named}, but pid {} answers: a takeover may be under way; try again",
             lock.display(),
-            uds.display()
+            d.pid
         ));
     }
-    if !catches(pid, nix::sys::signal::Signal::SIGUSR2)? {
+    let pid = d.pid;
+    let Some(here) = d.process.pid_here() else {
+        return Err(format!(
+            "pid {pid} runs in a pid namespace this command cannot see into: run it where the daemon runs"
+        ));
+    };
+    if !catches(here, nix::sys::signal::Signal::SIGUSR2)? {
         return Err(format!(
             "pid {pid} does not handle SIGUSR2 (a version without takeover?): the signal would kill it \
              without restoring the NICs; nothing sent (restart it instead)"
@@ -181,7 +217,7 @@ fn serving_daemon(uds: &Path) -> Result<u32, String> {
             handover.display()
         ));
     }
-    Ok(pid)
+    Ok(d)
 }
 
 /// Signals the daemon serving `opts.uds_path` and waits for its successor;
@@ -190,44 +226,55 @@ pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
     let uds = &opts.uds_path;
     let old = serving_daemon(uds)?;
     let see_log = "the reason is in the daemon's log (journalctl -u tcpx-rxdm, kubectl logs, or its stderr)";
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), nix::sys::signal::Signal::SIGUSR2)
-        .map_err(|e| match e {
-            nix::errno::Errno::EPERM => {
-                format!("not allowed to signal pid {old}: run as the daemon's user (root)")
-            }
-            e => format!("signalling pid {old}: {e}"),
-        })?;
+    let pid = old.pid;
+    old.process.signal(nix::sys::signal::Signal::SIGUSR2).map_err(|e| match e {
+        nix::errno::Errno::EPERM => {
+            format!("not allowed to signal pid {pid}: run as the daemon's user (root)")
+        }
+        nix::errno::Errno::ESRCH => format!("pid {pid} exited before it was asked; nothing sent"),
+        e => format!("signalling pid {pid}: {e}"),
+    })?;
     let deadline = Instant::now() + opts.timeout;
-    let mut seen: Vec<u32> = Vec::new();
+    let mut seen: Vec<(u32, Process)> = Vec::new();
+    let mut gone_at = None;
     loop {
-        let named = lock_pid(uds).ok().flatten();
-        let old_alive = alive(old);
-        if let Some(new) = named.filter(|&p| p != old && alive(p)) {
-            if !old_alive || serves(uds, new) {
-                return Ok((old, new));
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Done: another process answers on the status socket, ready.
+        if let Ok(now) = answering(uds, left.clamp(POLL, ASK_WAIT)) {
+            if now.ready && !now.is(&old) {
+                return Ok((pid, now.pid));
             }
         }
-        if !old_alive {
-            return Err(format!("pid {old} is gone and no daemon took over {}; {see_log}", uds.display()));
-        }
-        // A successor that ended while the old daemon still holds the folder failed.
-        for c in successors(old).into_iter().chain(named.filter(|&p| p != old)) {
-            if !seen.contains(&c) {
-                seen.push(c);
+        if old.process.exited() {
+            let since = *gone_at.get_or_insert_with(Instant::now);
+            if since.elapsed() >= GONE_WAIT || Instant::now() >= deadline {
+                return Err(format!(
+                    "pid {pid} is gone and no daemon took over {}; {see_log}",
+                    uds.display()
+                ));
             }
-        }
-        if let Some(gone) = seen.iter().find(|&&c| !alive(c)) {
-            return Err(format!(
-                "the successor (pid {gone}) ended without taking over; pid {old} still serves {}; {see_log}",
-                uds.display()
-            ));
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "pid {old} still serves {} after {:?}: no successor took over; {see_log}",
-                uds.display(),
-                opts.timeout
-            ));
+        } else {
+            // A successor that ended while the old daemon still serves failed.
+            for c in old.process.pid_here().map(successors).unwrap_or_default() {
+                if !seen.iter().any(|(p, _)| *p == c) {
+                    if let Ok(p) = Process::of_pid(c) {
+                        seen.push((c, p));
+                    }
+                }
+            }
+            if let Some((gone, _)) = seen.iter().find(|(_, p)| p.exited()) {
+                return Err(format!(
+                    "the successor (pid {gone}) ended without taking over; pid {pid} still serves {}; {see_log}",
+                    uds.display()
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "pid {pid} still serves {} after {:?}: no successor took over; {see_log}",
+                    uds.display(),
+                    opts.timeout
+                ));
+            }
         }
         std::thread::sleep(POLL);
     }
@@ -295,24 +342,22 @@ mod tests {
     }
 
     #[test]
-    fn processes_and_their_signal_handlers_are_read_from_proc() {
+    fn signal_handlers_are_read_from_proc() {
         let me = std::process::id();
-        assert!(alive(me));
-        // Pids are below 2^22 on Linux.
-        assert!(!alive(u32::MAX - 1));
         // The test harness installs no SIGUSR2 handler; SIGUSR2 here would kill us.
         assert!(!catches(me, nix::sys::signal::Signal::SIGUSR2).unwrap());
         assert!(catches(u32::MAX - 1, nix::sys::signal::Signal::SIGUSR2).is_err());
-        // A zombie is not alive: a child that exited and was not yet reaped.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        let t = Instant::now();
-        while alive(pid) {
-            assert!(t.elapsed() < Duration::from_secs(10), "the child did not exit");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "reaped too early");
-        child.wait().unwrap();
+    }
+
+    /// A status socket in `dir` that answers one request with `reply`, from this process.
+    fn answer_once(dir: &Path, reply: String) -> std::thread::JoinHandle<()> {
+        let l = std::os::unix::net::UnixListener::bind(dir.join(crate::server::status::SOCKET)).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut line = [0u8; 64];
+            let _ = std::io::Read::read(&mut s, &mut line);
+            s.write_all(reply.as_bytes()).unwrap();
+        })
     }
 
     #[test]
@@ -322,11 +367,29 @@ mod tests {
         assert!(e.contains("no daemon serves") && e.contains(LOCK_FILE), "{e}");
         std::fs::write(tmp.path().join(LOCK_FILE), "").unwrap();
         assert!(serving_daemon(tmp.path()).unwrap_err().contains("names no pid"));
+        // A pid named, but nobody answers on the status socket.
         std::fs::write(tmp.path().join(LOCK_FILE), format!("{}", u32::MAX - 1)).unwrap();
-        assert!(serving_daemon(tmp.path()).unwrap_err().contains("is not running"));
-        // A live process that does not handle SIGUSR2 (this test) is never signalled.
-        std::fs::write(tmp.path().join(LOCK_FILE), std::process::id().to_string()).unwrap();
         let e = serving_daemon(tmp.path()).unwrap_err();
+        assert!(e.contains("does not answer") && e.contains("no daemon answers"), "{e}");
+        // The lock names another pid than the process that answers: not signalled.
+        let me = std::process::id();
+        let t = answer_once(tmp.path(), format!("{{\"pid\": {me}, \"ready\": true}}"));
+        let e = serving_daemon(tmp.path()).unwrap_err();
+        t.join().unwrap();
+        assert!(e.contains(&format!("names pid {}, but pid {me} answers", u32::MAX - 1)), "{e}");
+        // A process that answers for another pid than its own: not signalled.
+        std::fs::remove_file(tmp.path().join(crate::server::status::SOCKET)).unwrap();
+        std::fs::write(tmp.path().join(LOCK_FILE), "1").unwrap();
+        let t = answer_once(tmp.path(), "{\"pid\": 1, \"ready\": true}".to_string());
+        let e = serving_daemon(tmp.path()).unwrap_err();
+        t.join().unwrap();
+        assert!(e.contains("whose listener names another process"), "{e}");
+        // A live process that answers as itself but does not handle SIGUSR2 (this test) is never signalled.
+        std::fs::remove_file(tmp.path().join(crate::server::status::SOCKET)).unwrap();
+        std::fs::write(tmp.path().join(LOCK_FILE), me.to_string()).unwrap();
+        let t = answer_once(tmp.path(), format!("{{\"pid\": {me}, \"ready\": true}}"));
+        let e = serving_daemon(tmp.path()).unwrap_err();
+        t.join().unwrap();
         assert!(e.contains("does not handle SIGUSR2") && e.contains("nothing sent"), "{e}");
     }
 }

@@ -89,6 +89,12 @@ fn upgrade_hands_the_folder_to_a_new_process_and_the_old_one_exits() {
     assert!(!old.log().iter().any(|l| l.contains("rules removed")), "{}", old.log().join("\n"));
     assert!(alive(b));
     assert_eq!(lock_pid(&folder), b);
+    // Its sockets name it to whoever connects: it listened on them again (the
+    // kernel names whoever called listen() last, else the old daemon, gone).
+    let s = std::os::unix::net::UnixStream::connect(folder.join("rxdm_status")).unwrap();
+    let cred = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials).unwrap();
+    assert_eq!(cred.pid(), b as i32);
+    drop(s);
     // The rule is still booked and the folder serves a new request.
     assert_eq!(booked(&old), 1);
     assert_eq!(raw_exchange(&folder.join("rx_rule_manager"), &install_frame(4243, GPU0)), OK_FRAME);

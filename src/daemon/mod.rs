@@ -112,6 +112,11 @@ pub async fn run(
         Some(h) => {
             let lock = h.lock.take().expect("decoded with the lock");
             SocketDir::adopt(&flags.uds_path, flags.socket_mode, gid, lock, std::mem::take(&mut h.listeners))
+                .map(|mut dir| {
+                    // The serving daemon's files until the commit: never removed by this one.
+                    dir.disarm();
+                    dir
+                })
         }
         None => SocketDir::lock(&flags.uds_path, flags.socket_mode, gid),
     };
@@ -127,7 +132,12 @@ pub async fn run(
         ),
     };
     let claims = claims.map_err(DaemonError::from).or_else(|e| abort(&taking, e))?;
-    let shutdown_file = flags.shutdown_file().map(|path| ShutdownFile::watch(&path)).transpose()?;
+    let shutdown_file = flags
+        .shutdown_file()
+        .map(|path| ShutdownFile::watch(&path))
+        .transpose()
+        .map_err(DaemonError::from)
+        .or_else(|e| abort(&taking, e))?;
 
     let metrics = Arc::new(Metrics::new());
     metrics.init_topology(&config.topology);
@@ -145,7 +155,8 @@ pub async fn run(
     // The path started from, for a successor (SIGUSR2) after the binary was replaced.
     let exe = std::env::current_exe().ok();
     let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
-        .map_err(DaemonError::Signals)?;
+        .map_err(DaemonError::Signals)
+        .or_else(|e| abort(&taking, e))?;
     let mut http_fd = None;
     if let Some(addr) = flags.metrics_address.0 {
         let listener = match handed.as_mut().and_then(|h| h.http.take()) {
@@ -199,6 +210,7 @@ pub async fn run(
             tracing::error!("takeover failed: {why}");
             std::process::exit(EXIT_FAILURE.into());
         }
+        takeover::committed(&mut node.dir, node.tuning.as_mut());
         let state = node.state.clone().expect("set by startup");
         state.gate.resume();
         tracing::info!(
@@ -250,6 +262,8 @@ pub async fn run(
     let mut shutdown = Box::pin(shutdown);
     let busy = Arc::new(AtomicBool::new(false));
     let mut successors = takeover::give::accept(handover, busy.clone());
+    // A takeover under way, as a task of its own: the loop stays responsive.
+    let mut session: Option<takeover::give::Session> = None;
     let reason = loop {
         tokio::select! {
             cause = &mut shutdown => break StopReason::Requested(cause),
@@ -262,7 +276,7 @@ pub async fn run(
             }
             ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &config.topology, &metrics) => break StopReason::Nic(ev),
             Some(conn) = successors.recv() => {
-                let giver = takeover::give::Giver {
+                let giver = takeover::handout::Giver {
                     config: &config,
                     backends: &backends,
                     node: &node,
@@ -270,9 +284,14 @@ pub async fn run(
                     http: http_fd.as_ref().map(|f| f.as_fd()),
                     takeovers,
                 };
-                if takeover::give::session(conn, &giver, &busy).await.is_some() {
+                session = Some(takeover::give::Session::start(conn, &giver));
+            }
+            outcome = async { session.as_mut().expect("guarded").finished().await }, if session.is_some() => {
+                session = None;
+                if takeover::give::settle(outcome, &mut node.dir, &busy).is_some() {
                     routes.set_ready(false);
                     let _ = http_stop.send(true);
+                    successors.stop();
                     if flags.after_handover == AfterHandover::Wait {
                         tracing::info!("handed over; waiting for SIGTERM (--after_handover=wait)");
                         let cause = (&mut shutdown).await;
@@ -285,6 +304,16 @@ pub async fn run(
             _ = usr2.recv() => takeover::spawn_successor(exe.as_deref()),
         }
     };
+    // A takeover under way ends first: this daemon serves on (the new one is
+    // gone), then stops as asked; unless the new one already serves.
+    if let Some(mut s) = session.take() {
+        tracing::info!(reason = %reason, "stopping: ending the takeover under way");
+        s.abort();
+        if let Some(pid) = takeover::give::settle(s.finished().await, &mut node.dir, &busy) {
+            tracing::info!(pid, "handed over to pid {pid} before stopping; exiting, the successor serves");
+            std::process::exit(0);
+        }
+    }
     tracing::info!(reason = %reason, "shutting down");
     notify::send(&format!("STOPPING=1\n{}", notify::status(&format!("shutting down: {reason}"))));
     if !matches!(reason, StopReason::Requested(_)) {

@@ -1,20 +1,22 @@
 //! The takeover's wire: how a daemon about to take over and the daemon
 //! serving talk over the folder's handover socket.
 //!
-//! Four messages in this order, each framed as a 4-byte big-endian length
+//! Five messages in this order, each framed as a 4-byte big-endian length
 //! and a `tcpx_rxdm.handover` protobuf:
 //! 1. new → old [`Hello`]: version, pid and what it would serve;
 //! 2. old → new [`Offer`]: refused with a reason, or the whole [`State`],
 //!    followed by its fds (SCM_RIGHTS, at most [`FDS_PER_MESSAGE`] per
 //!    `sendmsg`, each chunk carried by one byte);
 //! 3. new → old [`Verdict`]: adopted, or failed with a reason;
-//! 4. old → new [`Commit`]: the old daemon has stopped for good.
+//! 4. old → new [`Commit`]: the old daemon will stop for good;
+//! 5. new → old [`Serving`]: the commit arrived; only now may the old one go.
 //!
 //! What each side does around them lives in the daemon (`daemon::takeover`);
-//! this module is only the transport, the peer check and the fd list.
-//! It may use `wire` and the layers below.
+//! this module is only the transport, the peer check, the fd list and the
+//! peer's process ([`peer`]). It may use `wire` and the layers below.
 
 pub mod fds;
+pub mod peer;
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -23,11 +25,12 @@ use std::time::Duration;
 
 use prost::Message;
 
-pub use crate::wire::handover::{offer, verdict, Commit, Hello, Offer, State, Verdict};
+pub use crate::wire::handover::{offer, verdict, Commit, Hello, Offer, Serving, State, Verdict};
 pub use fds::{FdList, FdSet, FDS_PER_MESSAGE};
+pub use peer::Process;
 
-/// The protocol version both daemons must speak.
-pub const VERSION: u32 = 1;
+/// The protocol version both daemons must speak (2: the commit is answered).
+pub const VERSION: u32 = 2;
 /// The handover socket's name in the socket folder (owner only).
 pub const SOCKET: &str = ".rxdm-handover";
 /// The largest message accepted (a State with 100 000 rules per NIC on

@@ -148,6 +148,9 @@ pub struct HostTuning {
     routes: Vec<Route>,
     /// `teardown.sh` still to run.
     teardown: Option<PathBuf>,
+    /// Whether dropping it restores (see [`HostTuning::arm`]); never handed on.
+    #[serde(skip)]
+    armed: bool,
 }
 
 impl HostTuning {
@@ -156,9 +159,17 @@ impl HostTuning {
         serde_json::to_vec(self).expect("plain data serialises")
     }
 
-    /// The undo log handed on by the daemon this one took over from.
+    /// The undo log handed on by the daemon this one took over from,
+    /// disarmed: dropping it restores nothing, because until the takeover
+    /// commits the tuning is the other daemon's, which still serves.
+    /// [`HostTuning::restore`] still restores.
     pub fn from_json(bytes: &[u8]) -> Result<HostTuning, String> {
         serde_json::from_slice(bytes).map_err(|e| format!("host tuning undo log: {e}"))
+    }
+
+    /// Dropping it restores from now on (the takeover committed).
+    pub fn arm(&mut self) {
+        self.armed = true;
     }
 }
 
@@ -182,6 +193,7 @@ impl HostTuning {
     /// did change is undone by [`HostTuning::restore`].
     pub fn apply(params: &TuningParams, plan: &TuningPlan) -> (HostTuning, Vec<TuningError>) {
         let mut t = HostTuning::default();
+        t.arm();
         let mut errors = Vec::new();
         match plan {
             TuningPlan::Script { dir, args } => {
@@ -313,8 +325,9 @@ impl HostTuning {
 
 impl Drop for HostTuning {
     /// A safety net: the daemon restores explicitly and logs the outcome.
+    /// A log taken over and not yet armed is left alone.
     fn drop(&mut self) {
-        if !self.is_restored() {
+        if self.armed && !self.is_restored() {
             if let Err(errors) = self.restore() {
                 for e in errors {
                     warn!(error = %e, "host tuning restore failed");

@@ -153,3 +153,27 @@ fn an_undo_log_handed_to_a_successor_restores_the_same() {
     assert_eq!(read(p, "sys/net/ipv4/tcp_max_syn_backlog"), "128");
     assert!(HostTuning::from_json(b"[1]").unwrap_err().starts_with("host tuning undo log"));
 }
+
+#[test]
+fn a_handed_log_restores_nothing_when_dropped_until_armed() {
+    let proc_ = tree(&[("sys/net/ipv4/tcp_mtu_probing", "1\n")]);
+    let sys = tree(&[]);
+    let plan = TuningPlan::Native { procfs_root: proc_.path().into(), sysfs_root: sys.path().into() };
+    let (t, _) = HostTuning::apply(&NO_ROUTES, &plan);
+    let p = proc_.path();
+    let json = t.to_json();
+    std::mem::forget(t);
+    // A successor that gives up before the commit: the serving daemon's tuning stays.
+    drop(HostTuning::from_json(&json).unwrap());
+    assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "0");
+    // Once committed, dropping restores (the safety net of the daemon's own).
+    let mut handed = HostTuning::from_json(&json).unwrap();
+    handed.arm();
+    drop(handed);
+    assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "1");
+    // The daemon's own tuning is armed from the start.
+    let (t, _) = HostTuning::apply(&NO_ROUTES, &plan);
+    assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "0");
+    drop(t);
+    assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "1");
+}

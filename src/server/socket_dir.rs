@@ -97,6 +97,8 @@ pub struct SocketDir {
     handed: HashMap<String, OwnedFd>,
     /// The folders (the socket folder and missing parents) this daemon made, outermost first.
     created: Vec<Created>,
+    /// [`Self::cleanup`] removes nothing (see [`Self::disarm`]).
+    disarmed: bool,
 }
 
 /// Resolves `--socket_group` (a name or a numeric gid).
@@ -264,6 +266,7 @@ impl SocketDir {
             listeners: Vec::new(),
             handed,
             created,
+            disarmed: false,
         }
     }
 
@@ -371,9 +374,12 @@ impl SocketDir {
 
     /// Removes the socket files and the lock file, each only if it is still
     /// the one this daemon made (a client may have put another there), then
-    /// the folders it created, if they are empty; idempotent. A folder that
+    /// the folders it created, if they are empty; idempotent. Disarmed: nothing. A folder that
     /// existed before, or a mount point, stays.
     pub fn cleanup(&mut self) {
+        if self.disarmed {
+            return;
+        }
         for (name, file) in std::mem::take(&mut self.sockets) {
             if let Some(file) = file {
                 let _ = self.dir.unlink_if(&name, |now| *now == file);
@@ -397,6 +403,34 @@ impl SocketDir {
                 }
             }
         }
+    }
+
+    /// Makes [`Self::cleanup`] (and so dropping) remove nothing until
+    /// [`Self::arm`]: a daemon taking over holds the files of one that still
+    /// serves until the commit.
+    pub fn disarm(&mut self) {
+        self.disarmed = true;
+    }
+
+    /// The files are this daemon's to remove from now on.
+    pub fn arm(&mut self) {
+        self.disarmed = false;
+    }
+
+    /// Names this process as the folder's holder: the lock file gets its pid
+    /// (written through the open lock), and each listener is listened on
+    /// again, because a client's `SO_PEERCRED`/`SO_PEERPIDFD` names whoever
+    /// called `listen` last: after a takeover, a daemon that may be gone.
+    pub fn record_holder(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if let Some(lock) = self.lock.as_mut() {
+            lock.set_len(0)?;
+            lock.write_all_at(std::process::id().to_string().as_bytes(), 0)?;
+        }
+        for (_, l) in &self.listeners {
+            nix::sys::socket::listen(l, nix::sys::socket::Backlog::MAXALLOWABLE)?;
+        }
+        Ok(())
     }
 }
 

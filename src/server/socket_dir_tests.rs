@@ -189,3 +189,31 @@ fn the_bound_socket_is_told_from_another_at_its_name() {
     let (fb, _) = dir.open_path("b").unwrap();
     assert!(!is_bound_to(&a, fb.as_fd()).unwrap());
 }
+
+#[tokio::test]
+async fn a_disarmed_folder_removes_nothing_and_the_holder_is_written_anew() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = SocketDir::lock(tmp.path(), 0o660, None).unwrap();
+    let _l = first.bind("a").unwrap();
+    let (lock, listeners) = first.handover();
+    let lock = lock.unwrap().try_clone_to_owned().unwrap();
+    let handed: HashMap<String, OwnedFd> =
+        listeners.map(|(n, fd)| (n.to_string(), fd.try_clone_to_owned().unwrap())).collect();
+    let mut second = SocketDir::adopt(tmp.path(), 0o660, None, lock, handed).unwrap();
+    second.disarm();
+    let _l2 = second.bind("a").unwrap();
+    // A successor that fails before the commit lets go of the folder as it found it.
+    drop(second);
+    assert!(tmp.path().join("a").exists() && tmp.path().join(LOCK_FILE).exists());
+    // The lock named someone else (a successor that is gone): written anew.
+    std::fs::write(tmp.path().join(LOCK_FILE), "4194304").unwrap();
+    first.record_holder().unwrap();
+    let named = std::fs::read_to_string(tmp.path().join(LOCK_FILE)).unwrap();
+    assert_eq!(named, std::process::id().to_string());
+    let c = tokio::net::UnixStream::connect(tmp.path().join("a")).await;
+    assert!(c.is_ok(), "listened on again, still serving");
+    first.disarm();
+    first.arm();
+    drop(first);
+    assert!(!tmp.path().join("a").exists() && !tmp.path().join(LOCK_FILE).exists());
+}

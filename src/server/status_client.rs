@@ -12,8 +12,13 @@ use crate::config::flags::Flags;
 
 /// Sends `request` to the daemon's status socket and reads the reply to the end.
 pub fn ask(uds: &Path, request: &str) -> Result<Value, String> {
+    ask_on(connect(uds)?, request, Duration::from_secs(30))
+}
+
+/// Connects to the daemon's status socket; an error says what to check.
+pub fn connect(uds: &Path) -> Result<std::os::unix::net::UnixStream, String> {
     let path = uds.join(SOCKET);
-    let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| match e.kind() {
+    std::os::unix::net::UnixStream::connect(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => format!(
             "no daemon answers at {} ({e}): is tcpx-rxdm running with --uds_path={}? `tcpx-rxdm doctor` checks the node",
             path.display(),
@@ -25,11 +30,25 @@ pub fn ask(uds: &Path, request: &str) -> Result<Value, String> {
             path.display()
         ),
         _ => format!("{}: {e}", path.display()),
-    })?;
-    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    })
+}
+
+/// Sends `request` on a connection already made to the status socket and
+/// reads the reply, waiting up to `timeout` for it.
+pub fn ask_on(
+    mut s: std::os::unix::net::UnixStream,
+    request: &str,
+    timeout: Duration,
+) -> Result<Value, String> {
+    let _ = s.set_read_timeout(Some(timeout));
     s.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("sending the request: {e}"))?;
     let mut body = String::new();
-    s.read_to_string(&mut body).map_err(|e| format!("reading the reply: {e}"))?;
+    s.read_to_string(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no reply within {:.1} s (is the daemon stopped or stuck?)", timeout.as_secs_f64())
+        }
+        _ => format!("reading the reply: {e}"),
+    })?;
     let v: Value =
         serde_json::from_str(&body).map_err(|e| format!("the daemon's reply is not JSON ({e})"))?;
     if let Some(e) = v.get("error").and_then(Value::as_str) {

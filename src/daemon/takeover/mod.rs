@@ -5,12 +5,19 @@
 //! clients wait in the backlog), lets the requests already read finish,
 //! freezes the NIC threads and sends its whole state with its fds. The new
 //! daemon ([`take`]) adopts it without priming, allocating or binding, and
-//! answers `adopted`; the old one then commits (it never serves again and
-//! exits 0) and the new one opens the gate. Anything wrong before the
-//! commit and the old daemon serves on as if nothing happened. The
-//! transport is `handover`; the protocol is in docs/ARCHITECTURE.md.
+//! answers `adopted`; the old one commits, the new one answers `serving`
+//! and opens the gate, and only then does the old one exit 0. Anything
+//! wrong before that answer and the old daemon makes sure the new one is
+//! gone and serves on as if nothing happened. Until the commit the new
+//! daemon holds the old one's state disarmed: nothing it drops, and no
+//! panic ([`guard`]), undoes any of it. The transport is `handover`; the
+//! protocol is in docs/ARCHITECTURE.md.
 
+mod fault;
 pub(super) mod give;
+mod guard;
+pub(super) mod handout;
+mod paused;
 pub(super) mod take;
 
 use std::collections::HashMap;
@@ -22,6 +29,7 @@ use crate::gpu::{AdoptedBinding, HandedPool};
 use crate::handover::{FdSet, State};
 use crate::host::tuning::HostTuning;
 use crate::nic::prime::PrimedNic;
+use crate::server::socket_dir::SocketDir;
 use crate::types::pci::PciAddr;
 use crate::wire::handover as wire;
 
@@ -74,6 +82,20 @@ pub(super) fn spawn_successor(exe: Option<&std::path::Path>) {
         }
         Err(e) => tracing::error!(exe = %exe.display(), error = %e, "SIGUSR2: cannot start a successor"),
     }
+}
+
+/// The new daemon, once committed: what it holds is its own to undo from
+/// now on (the socket files, the host tuning), the folder's lock and
+/// listeners name it, and panics unwind again.
+pub(super) fn committed(dir: &mut SocketDir, tuning: Option<&mut HostTuning>) {
+    dir.arm();
+    if let Err(e) = dir.record_holder() {
+        tracing::warn!(error = %e, "could not name this daemon in the socket folder's lock file");
+    }
+    if let Some(t) = tuning {
+        t.arm();
+    }
+    guard::disarm();
 }
 
 /// The state a daemon took over, fds in hand, each piece taken by the
@@ -153,13 +175,15 @@ impl Handed {
             });
         }
         let primed = st.primed.iter().map(|j| PrimedNic::from_json(j)).collect::<Result<Vec<_>, _>>()?;
+        let lock = fds.take(st.lock_fd, "folder lock")?;
+        // Last, and disarmed: dropping it restores nothing.
         let tuning = match st.tuning.is_empty() {
             true => None,
             false => Some(HostTuning::from_json(&st.tuning)?),
         };
         Ok(Handed {
             pid: st.pid,
-            lock: Some(fds.take(st.lock_fd, "folder lock")?),
+            lock: Some(lock),
             listeners,
             http,
             claims,
@@ -181,5 +205,35 @@ impl Handed {
     /// Rules across the NICs.
     pub fn rule_count(&self) -> usize {
         self.tables.iter().map(|t| t.rules.len() / crate::wire::handover::RECORD).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tuning undo log whose restore would write `before` back to `path`.
+    fn tuning_log(path: &std::path::Path, before: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"files": [[path, before]], "routes": [], "teardown": null}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_state_that_does_not_decode_undoes_nothing_of_the_serving_daemons() {
+        let tmp = tempfile::tempdir().unwrap();
+        let knob = tmp.path().join("tcp_mtu_probing");
+        std::fs::write(&knob, "0").unwrap();
+        // The lock's fd is missing: decoding fails after the undo log was read.
+        let st = State { tuning: tuning_log(&knob, "1"), lock_fd: 7, ..State::default() };
+        let err = Handed::decode(st, Vec::new()).err().expect("no lock fd");
+        assert!(err.contains("folder lock"), "{err}");
+        assert_eq!(std::fs::read_to_string(&knob).unwrap(), "0", "the serving daemon's tuning was undone");
+        // Decoded whole and dropped (a takeover that fails later): the same.
+        let lock = tempfile::tempfile().unwrap();
+        let st = State { tuning: tuning_log(&knob, "1"), lock_fd: 0, ..State::default() };
+        let handed = Handed::decode(st, vec![lock.into()]).unwrap();
+        assert!(handed.tuning.is_some());
+        drop(handed);
+        assert_eq!(std::fs::read_to_string(&knob).unwrap(), "0");
     }
 }

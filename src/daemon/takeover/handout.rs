@@ -1,0 +1,149 @@
+//! What the serving daemon hands over, gathered in two parts: what stays
+//! the same while it serves (the folder's lock and listeners, the NIC
+//! claims, the pools, the bindings, the undo logs; duplicated when a
+//! takeover is asked, so that the session runs as a task of its own), and
+//! what only the pause settles (connections, leases, rule tables).
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use crate::endpoint::pause::Parked;
+use crate::handover::{FdList, State, VERSION};
+use crate::nic::{NicClaim, NicControl};
+use crate::server::ServerState;
+use crate::wire::handover as wire;
+
+use super::super::teardown::Node;
+use super::super::{Backends, Config};
+use super::fingerprint;
+
+/// What a takeover session hands over from, borrowed from the daemon.
+pub(in crate::daemon) struct Giver<'a> {
+    pub config: &'a Config,
+    pub backends: &'a Backends,
+    pub node: &'a Node,
+    pub claims: &'a [NicClaim],
+    pub http: Option<BorrowedFd<'a>>,
+    pub takeovers: u32,
+}
+
+/// What the session needs beside the handout.
+pub(super) struct Context {
+    pub timeout: Duration,
+    pub fingerprint: HashMap<String, String>,
+    pub nic: std::sync::Arc<dyn NicControl>,
+}
+
+/// The part of the state that does not change while the daemon serves,
+/// its fds duplicated.
+pub(super) struct Handout {
+    fds: FdList,
+    lock_fd: u32,
+    listeners: Vec<wire::Listener>,
+    claims: Vec<wire::Claim>,
+    pools: Vec<wire::Pool>,
+    bindings: Vec<wire::Binding>,
+    primed: Vec<Vec<u8>>,
+    tuning: Vec<u8>,
+    takeovers: u32,
+}
+
+impl Giver<'_> {
+    pub(super) fn context(&self) -> Context {
+        Context {
+            timeout: self.config.flags.takeover_timeout,
+            fingerprint: fingerprint(self.config, self.backends),
+            nic: self.backends.nic.clone(),
+        }
+    }
+
+    /// Duplicates what stays the same.
+    pub(super) fn handout(&self) -> io::Result<Handout> {
+        let mut fds = FdList::default();
+        let node = self.node;
+        let (lock, listeners) = node.dir.handover();
+        let lock_fd = fds.push(lock.ok_or_else(|| io::Error::other("the folder is not locked"))?)?;
+        let mut ls = Vec::new();
+        for (name, fd) in listeners {
+            ls.push(wire::Listener { name: name.to_string(), fd: fds.push(fd)? });
+        }
+        if let Some(h) = self.http {
+            ls.push(wire::Listener { name: String::new(), fd: fds.push(h)? });
+        }
+        let mut claims = Vec::new();
+        for c in self.claims {
+            claims.push(wire::Claim { ifname: c.ifname.clone(), fd: fds.push(c.socket())? });
+        }
+        let mut pools = Vec::new();
+        for (gpu, p) in &node.pools {
+            pools.push(wire::Pool {
+                gpu: gpu.to_string(),
+                size: p.size(),
+                alignment: p.alignment(),
+                share_fd: p.share_fd().map(|f| fds.push(f)).transpose()?,
+                dmabuf_fd: p.dmabuf_fd().map(|f| fds.push(f)).transpose()?,
+            });
+        }
+        let mut bindings = Vec::new();
+        for b in &node.bindings {
+            let held = b.handover_fds().into_iter().map(|f| fds.push(f)).collect::<io::Result<Vec<_>>>()?;
+            bindings.push(wire::Binding { fds: held, description: b.describe(), dmabuf_id: b.dmabuf_id() });
+        }
+        Ok(Handout {
+            fds,
+            lock_fd,
+            listeners: ls,
+            claims,
+            pools,
+            bindings,
+            primed: node.primed.iter().map(|p| p.to_json()).collect(),
+            tuning: node.tuning.as_ref().map(|t| t.to_json()).unwrap_or_default(),
+            takeovers: self.takeovers,
+        })
+    }
+}
+
+impl Handout {
+    /// The whole message and its fds, once the pause has settled the rest.
+    pub(super) fn finish(
+        self,
+        state: &ServerState,
+        parked: Vec<Parked>,
+        tables: Vec<wire::RuleTable>,
+        nic: &dyn NicControl,
+    ) -> io::Result<(State, FdList)> {
+        let mut fds = self.fds;
+        let mut connections = Vec::new();
+        for p in parked {
+            connections.push(wire::Connection {
+                endpoint: p.endpoint.socket_name(),
+                registered: p.registered,
+                input: p.input,
+                peeked: p.peeked as u32,
+                fd: fds.push_owned(p.fd),
+            });
+        }
+        let (leases, next_lease) = state.clients.handover(&mut fds)?;
+        let st = State {
+            version: VERSION,
+            pid: std::process::id(),
+            fd_count: fds.len(),
+            lock_fd: self.lock_fd,
+            listeners: self.listeners,
+            claims: self.claims,
+            pools: self.pools,
+            bindings: self.bindings,
+            connections,
+            leases,
+            next_lease,
+            tables,
+            primed: self.primed,
+            tuning: self.tuning,
+            sim: nic.handover_state(),
+            takeovers: self.takeovers + 1,
+        };
+        Ok((st, fds))
+    }
+}
