@@ -117,9 +117,15 @@ fn catches(pid: u32, sig: nix::sys::signal::Signal) -> Result<bool, String> {
     Ok(mask & (1 << (sig as u32 - 1)) != 0)
 }
 
-/// The pid the lock file names, if it names one.
+/// The pid the lock file names, if it names one. The folder is shared with
+/// workloads: only a plain file of its own is read there (a link or a FIFO
+/// planted at the lock's name is neither followed nor opened).
 fn lock_pid(uds: &Path) -> Result<Option<u32>, std::io::Error> {
-    Ok(std::fs::read_to_string(uds.join(LOCK_FILE))?.trim().parse().ok())
+    use std::io::Read;
+    let folder = crate::host::shared_dir::SharedDir::open(uds)?;
+    let mut text = String::new();
+    folder.open_plain(LOCK_FILE, nix::fcntl::OFlag::O_RDONLY)?.read_to_string(&mut text)?;
+    Ok(text.trim().parse().ok())
 }
 
 /// Children of `pid` started as successors (their last argument is `--takeover`).
