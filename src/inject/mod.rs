@@ -7,6 +7,7 @@
 //! - [`template`]: one pod template: checks, migration of a reference
 //!   daemon, the change itself and its undoing, recorded in an annotation.
 //! - [`daemon`]: the daemon container of each mode and its flags.
+//! - [`limits`]: the GPUs and containers a Pod may ask for.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
 //!   generated for when a manifest is written off the node.
 //! - [`command`]: the command line, documents in and out, the report.
@@ -16,6 +17,7 @@
 pub mod command;
 pub mod daemon;
 pub mod kinds;
+pub mod limits;
 pub mod machine;
 pub mod migrate;
 pub mod serve;
@@ -158,15 +160,7 @@ pub fn object_name(doc: &Value) -> String {
 
 /// Whether a container asks for GPUs.
 pub fn is_gpu(c: &Value) -> bool {
-    ["limits", "requests"].iter().any(|k| {
-        c.get("resources").and_then(|r| r.get(*k)).and_then(|l| l.get(GPU_RESOURCE)).is_some_and(
-            |v| match v {
-                Value::Number(n) => n.as_f64().is_some_and(|x| x > 0.0),
-                Value::String(t) => t.trim().parse::<f64>().is_ok_and(|x| x > 0.0),
-                _ => false,
-            },
-        )
-    })
+    limits::gpus(c) > 0
 }
 
 pub fn name_of(c: &Value) -> String {

@@ -3,15 +3,18 @@
 //! at pod level and which variables the containers already had, so that
 //! undoing removes exactly what was added; injecting again first undoes the
 //! recorded change, so a second run changes nothing and a newer version
-//! replaces an older one in place.
+//! replaces an older one in place. The record is the manifest author's to
+//! write: it may name only the pod-level fields inject sets, and each is
+//! undone only while it holds the value inject gave it. (The webhook never
+//! undoes a record: see [`super::webhook`].)
 
 use serde_norway::{Mapping, Value};
 
 use super::daemon::{self, map, s, DaemonFlags, VOLUMES};
 use super::migrate::{self, Reference};
 use super::{
-    is_gpu, machine, name_of, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON, GPU_RESOURCE, LIBRARIES,
-    VERSION,
+    is_gpu, limits, machine, name_of, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON, GPU_RESOURCE,
+    LIBRARIES, VERSION,
 };
 use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
 
@@ -38,30 +41,94 @@ impl Record {
         t
     }
 
-    pub fn parse(text: &str) -> Option<Record> {
+    /// Reads a record; why not, where it is none this version writes. The
+    /// pod-level fields it may name are those inject sets (a record is the
+    /// manifest author's to write, and undoing one removes what it names).
+    pub fn parse(text: &str) -> Result<Record, String> {
         let mut r =
             Record { version: String::new(), mode: Mode::Node, nccl: Nccl::File, pod: vec![], kept: vec![] };
         let mut seen = (false, false);
         for part in text.split_whitespace() {
-            let (k, v) = part.split_once('=')?;
+            let Some((k, v)) = part.split_once('=') else {
+                return Err(format!("{} is no key=value", show_str(part)));
+            };
             let items = || v.split(',').filter(|x| !x.is_empty()).map(String::from).collect();
+            let bad = |what: &str| format!("{what} {}", show_str(v));
             match k {
                 "version" => r.version = v.to_string(),
-                "mode" => (r.mode, seen.0) = (Mode::from_name(v)?, true),
-                "nccl" => (r.nccl, seen.1) = (Nccl::from_name(v)?, true),
+                "mode" => (r.mode, seen.0) = (Mode::from_name(v).ok_or_else(|| bad("unknown mode"))?, true),
+                "nccl" => (r.nccl, seen.1) = (Nccl::from_name(v).ok_or_else(|| bad("unknown nccl"))?, true),
                 "pod" => r.pod = items(),
                 "kept" => r.kept = items(),
-                _ => return None,
+                _ => return Err(format!("unknown key {}", show_str(k))),
             }
         }
-        (seen.0 && seen.1 && !r.version.is_empty()).then_some(r)
+        if let Some(f) = r.pod.iter().find(|f| !POD_FIELDS.contains(&f.as_str())) {
+            return Err(format!("names pod field {}, which inject never sets", show_str(f)));
+        }
+        if !(seen.0 && seen.1 && !r.version.is_empty()) {
+            return Err("lacks its version, mode or nccl".into());
+        }
+        Ok(r)
     }
 }
 
-/// The recorded injection of a template, if any.
+/// What a record's `pod=` may name: the pod-level fields inject sets,
+/// `dnsPolicy:ClusterFirst` (the value it replaced) and `devices` (GKE's
+/// device annotation).
+const POD_FIELDS: [&str; 6] = [
+    "hostNetwork",
+    "dnsPolicy",
+    "dnsPolicy:ClusterFirst",
+    "shareProcessNamespace",
+    "terminationGracePeriodSeconds",
+    "devices",
+];
+
+/// Seconds the daemon gets to remove its rules and restore the NICs.
+const GRACE_SECONDS: u64 = 60;
+
+/// The value inject gives a pod-level field it sets.
+fn set_value(field: &str) -> Option<Value> {
+    Some(match field {
+        "hostNetwork" | "shareProcessNamespace" => Value::Bool(true),
+        "dnsPolicy" => s("ClusterFirstWithHostNet"),
+        "terminationGracePeriodSeconds" => Value::Number(GRACE_SECONDS.into()),
+        _ => return None,
+    })
+}
+
+/// Longest text from a manifest quoted in a message.
+const SHOWN: usize = 80;
+
+/// A text from the manifest, quoted and cut short, for messages.
+pub fn show_str(t: &str) -> String {
+    match t.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{:?}…", &t[..cut]),
+        None => format!("{t:?}"),
+    }
+}
+
+/// A value from the manifest as JSON, cut short, for messages.
+pub fn show(v: &Value) -> String {
+    if let Value::String(t) = v {
+        return show_str(t);
+    }
+    let t = serde_json::to_string(v).unwrap_or_else(|_| "(a YAML value with no JSON form)".into());
+    match t.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &t[..cut]),
+        None => t,
+    }
+}
+
+/// The recorded injection of a template, if any: the record, or why it is
+/// none this version reads.
 pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
     let text = tpl.get("metadata")?.get("annotations")?.get(ANNOTATION)?;
-    Some(text.as_str().and_then(Record::parse).ok_or_else(|| format!("{text:?}")))
+    Some(match text.as_str() {
+        Some(t) => Record::parse(t).map_err(|why| format!("{}: {why}", show_str(t))),
+        None => Err(format!("{} is not a text", show(text))),
+    })
 }
 
 /// The names of the container lists, init containers first.
@@ -142,19 +209,26 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
         vs.retain(|v| !VOLUMES.contains(&name_of(v).as_str()));
     }
     drop_empty(spec, "volumes");
+    // Each field goes (or gets its old value back) only while it holds the
+    // value inject gave it: one changed since is the author's.
     let spec = spec.as_mapping_mut().expect("a mapping");
     for f in rec.pod.iter().filter(|f| *f != "devices") {
-        match f.split_once(':') {
-            // A field that had another value: that value comes back.
-            Some((k, was)) => spec.insert(s(k), s(was)),
-            None => spec.remove(f.as_str()),
+        let (k, was) = f.split_once(':').map_or((f.as_str(), None), |(k, w)| (k, Some(w)));
+        let Some(given) = set_value(k) else { continue };
+        if spec.get(k) != Some(&given) {
+            continue;
+        }
+        match was {
+            Some(was) => spec.insert(s(k), s(was)),
+            None => spec.remove(k),
         };
     }
     if let Some(meta) = tpl.get_mut("metadata").filter(|m| m.is_mapping()) {
         if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_mapping_mut) {
             ann.remove(ANNOTATION);
-            if rec.pod.iter().any(|f| f == "devices") {
-                ann.remove(daemon::device_annotation().0.as_str());
+            let (k, v) = daemon::device_annotation();
+            if rec.pod.iter().any(|f| f == "devices") && ann.get(k.as_str()) == Some(&s(&v)) {
+                ann.remove(k.as_str());
             }
         }
         drop_empty(meta, "annotations");
@@ -179,21 +253,21 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                     .into(),
             ))
         }
-        Some(v) => return Err(err("spec.hostNetwork".into(), format!("{v:?} is not a boolean"))),
+        Some(v) => return Err(err("spec.hostNetwork".into(), format!("{} is not a boolean", show(v)))),
     }
     for list in LISTS {
         if spec.get(list).is_some_and(|v| !v.is_sequence()) {
             return Err(err(format!("spec.{list}"), "not a list".into()));
         }
     }
+    if limits::check(spec, &opts.machine, object, at)? == 0 {
+        return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
+    }
     let gpu_count: usize = LISTS
         .iter()
         .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
         .map(|cs| cs.iter().filter(|c| is_gpu(c)).count())
         .sum();
-    if gpu_count == 0 {
-        return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
-    }
     let reference: Option<Reference> = migrate::find(spec, object, at)?;
     let carried = reference.as_ref().map(|r| r.carried.clone()).unwrap_or_default();
     let flags = DaemonFlags::new(opts, &carried)?;
@@ -309,8 +383,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         if spec.get("hostPID") != Some(&Value::Bool(true)) {
             set(spec, "shareProcessNamespace", Value::Bool(true));
         }
-        // Time for the daemon to remove its rules and restore the NICs.
-        set(spec, "terminationGracePeriodSeconds", Value::Number(60.into()));
+        set(spec, "terminationGracePeriodSeconds", Value::Number(GRACE_SECONDS.into()));
     }
     seq_mut(spec, "volumes").extend(daemon::volumes(opts.mode));
     if let Some(c) = daemon::container(opts, &flags) {
@@ -389,11 +462,11 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
     let before = tpl.clone();
     let prior = match record(tpl) {
         Some(Ok(r)) => Some(r),
-        Some(Err(text)) => {
+        Some(Err(why)) => {
             return Err(InjectError::field(
                 object,
                 format!("{at}metadata.annotations[{ANNOTATION}]"),
-                format!("{text} is not a record this version reads"),
+                format!("{why}; not a record this version reads"),
             ))
         }
         None => None,
