@@ -12,6 +12,7 @@
 //!   generated for when a manifest is written off the node.
 //! - [`command`]: the command line, documents in and out, the report.
 //! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
+//! - [`patch`]: the JSONPatch from the Pod sent to the Pod injected.
 //! - [`serve`]: `inject serve`, the webhook over HTTPS.
 
 pub mod command;
@@ -20,6 +21,7 @@ pub mod kinds;
 pub mod limits;
 pub mod machine;
 pub mod migrate;
+pub mod patch;
 pub mod serve;
 pub mod template;
 pub mod webhook;
@@ -133,6 +135,9 @@ pub enum InjectError {
     NotYaml(String),
     #[error("{object}: {field}: {why}")]
     Field { object: String, field: String, why: String },
+    /// The object as a whole (its size, its shape).
+    #[error("{object}: {why}")]
+    Object { object: String, why: String },
     /// A bad option (exit 2 rather than 1).
     #[error("{0}")]
     Option(String),
