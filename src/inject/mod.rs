@@ -13,7 +13,8 @@
 //! - [`command`]: the command line, documents in and out, the report.
 //! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
 //! - [`patch`]: the JSONPatch from the Pod sent to the Pod injected.
-//! - [`serve`]: `inject serve`, the webhook over HTTPS.
+//! - [`serve`]: `inject serve`, the webhook over HTTPS; [`transport`]: what
+//!   bounds a client there (buffered bytes, a reply's write time).
 
 pub mod command;
 pub mod daemon;
@@ -24,6 +25,7 @@ pub mod migrate;
 pub mod patch;
 pub mod serve;
 pub mod template;
+pub mod transport;
 pub mod webhook;
 
 use serde_norway::Value;
