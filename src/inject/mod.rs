@@ -5,7 +5,8 @@
 //!
 //! - [`kinds`]: where each kind keeps its pod templates.
 //! - [`template`]: one pod template: checks, migration of a reference
-//!   daemon, the change itself and its undoing, recorded in an annotation.
+//!   daemon, the change itself and its undoing, recorded in an annotation
+//!   ([`record`]).
 //! - [`daemon`]: the daemon container of each mode and its flags.
 //! - [`limits`]: the GPUs and containers a Pod may ask for.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
@@ -14,8 +15,10 @@
 //! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
 //! - [`patch`]: the JSONPatch from the Pod sent to the Pod injected.
 //! - [`serve`]: `inject serve`, the webhook over HTTPS; [`transport`]: what
-//!   bounds a client there (buffered bytes, a reply's write time).
+//!   bounds a client there (buffered bytes, a reply's write time);
+//!   [`certs`]: its certificate, read again when its files change.
 
+pub mod certs;
 pub mod command;
 pub mod daemon;
 pub mod kinds;
@@ -23,6 +26,7 @@ pub mod limits;
 pub mod machine;
 pub mod migrate;
 pub mod patch;
+pub mod record;
 pub mod serve;
 pub mod template;
 pub mod transport;
@@ -172,4 +176,27 @@ pub fn is_gpu(c: &Value) -> bool {
 
 pub fn name_of(c: &Value) -> String {
     c.get("name").and_then(Value::as_str).unwrap_or("?").to_string()
+}
+
+/// Longest text from a manifest quoted in a message.
+const SHOWN: usize = 80;
+
+/// A text from the manifest, quoted and cut short, for messages.
+pub fn show_str(t: &str) -> String {
+    match t.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{:?}…", &t[..cut]),
+        None => format!("{t:?}"),
+    }
+}
+
+/// A value from the manifest as JSON, cut short, for messages.
+pub fn show(v: &Value) -> String {
+    if let Value::String(t) = v {
+        return show_str(t);
+    }
+    let t = serde_json::to_string(v).unwrap_or_else(|_| "(a YAML value with no JSON form)".into());
+    match t.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &t[..cut]),
+        None => t,
+    }
 }

@@ -22,7 +22,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -31,12 +31,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
-use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
+use super::certs;
 use super::transport::{held_bytes, read_body, BodyError, Budget, WriteDeadline};
 use super::webhook::{self, OnError, Verdict};
 use super::Options;
@@ -55,44 +52,6 @@ pub struct ServeConfig {
     pub timeout: Duration,
     /// How often the certificate files are compared with what is loaded.
     pub reload_every: Duration,
-}
-
-/// The certificate now served, replaced when its files change.
-#[derive(Debug)]
-struct Reloading {
-    current: RwLock<Arc<CertifiedKey>>,
-}
-
-impl ResolvesServerCert for Reloading {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.read().unwrap_or_else(|e| e.into_inner()).clone())
-    }
-}
-
-/// Certificate chain and key from PEM bytes.
-fn load(cert: &[u8], key: &[u8]) -> Result<Arc<CertifiedKey>, String> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("certificate: {e}"))?;
-    if chain.is_empty() {
-        return Err("certificate: no PEM certificate".into());
-    }
-    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("key: {e}"))?;
-    let signer = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| format!("key: {e}"))?;
-    let pair = CertifiedKey::new(chain, signer);
-    // Files replaced one after the other can hold a new key and the old
-    // certificate for a moment: such a pair is not served.
-    match pair.keys_match() {
-        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
-            Ok(Arc::new(pair))
-        }
-        Err(e) => Err(format!("certificate and key do not match: {e}")),
-    }
-}
-
-fn read_pair(cfg: &ServeConfig) -> Result<(Vec<u8>, Vec<u8>), String> {
-    let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-    Ok((read(&cfg.cert)?, read(&cfg.key)?))
 }
 
 /// Connections open at once; more wait in the listen backlog.
@@ -140,14 +99,13 @@ fn tune_allocator() {}
 /// Binds and loads the certificate; the returned future serves until dropped.
 pub async fn bind(cfg: ServeConfig) -> Result<(SocketAddr, impl std::future::Future<Output = ()>), String> {
     tune_allocator();
-    let (cert, key) = read_pair(&cfg)?;
-    let resolver = Arc::new(Reloading { current: RwLock::new(load(&cert, &key)?) });
+    let (resolver, reload) = certs::watched(cfg.cert.clone(), cfg.key.clone(), cfg.reload_every)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
-        .with_cert_resolver(resolver.clone());
+        .with_cert_resolver(resolver);
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let listener =
@@ -159,32 +117,6 @@ pub async fn bind(cfg: ServeConfig) -> Result<(SocketAddr, impl std::future::Fut
         reviews: Arc::new(Semaphore::new(REVIEWS_AT_ONCE.min(cores))),
         cfg,
     });
-    let reload = {
-        let shared = shared.clone();
-        async move {
-            let cfg = &shared.cfg;
-            let mut loaded = (cert, key);
-            loop {
-                tokio::time::sleep(cfg.reload_every).await;
-                match read_pair(cfg) {
-                    Ok(now) if now != loaded => match load(&now.0, &now.1) {
-                        Ok(ck) => {
-                            *resolver.current.write().unwrap_or_else(|e| e.into_inner()) = ck;
-                            tracing::info!(cert = %cfg.cert.display(), "certificate reloaded");
-                            loaded = now;
-                        }
-                        // Half-written files (cert and key updated one after the
-                        // other): keep serving the old pair, try again next tick.
-                        Err(e) => tracing::warn!(error = %e, "certificate files changed but do not load yet"),
-                    },
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "certificate files unreadable; serving the loaded one")
-                    }
-                }
-            }
-        }
-    };
     let serve = async move {
         tokio::spawn(reload);
         let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));

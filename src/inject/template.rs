@@ -3,133 +3,19 @@
 //! at pod level and which variables the containers already had, so that
 //! undoing removes exactly what was added; injecting again first undoes the
 //! recorded change, so a second run changes nothing and a newer version
-//! replaces an older one in place. The record is the manifest author's to
-//! write: it may name only the pod-level fields inject sets, and each is
-//! undone only while it holds the value inject gave it. (The webhook never
-//! undoes a record: see [`super::webhook`].)
+//! replaces an older one in place. Each pod-level field is undone only
+//! while it holds the value inject gave it ([`super::record`]).
 
 use serde_norway::{Mapping, Value};
 
 use super::daemon::{self, map, s, DaemonFlags, VOLUMES};
 use super::migrate::{self, Reference};
+use super::record::{record, set_value, Record, GRACE_SECONDS};
 use super::{
-    is_gpu, limits, machine, name_of, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON, GPU_RESOURCE,
-    LIBRARIES, VERSION,
+    is_gpu, limits, machine, name_of, show, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON,
+    GPU_RESOURCE, LIBRARIES, VERSION,
 };
 use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
-
-/// What the annotation records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub version: String,
-    pub mode: Mode,
-    pub nccl: Nccl,
-    /// Pod-level fields set (`hostNetwork`, …; `devices` for the annotation).
-    pub pod: Vec<String>,
-    /// `container:VARIABLE` (or `container:envFrom`) present before.
-    pub kept: Vec<String>,
-}
-
-impl Record {
-    pub fn text(&self) -> String {
-        let mut t = format!("version={} mode={} nccl={}", self.version, self.mode.name(), self.nccl.name());
-        for (k, v) in [("pod", &self.pod), ("kept", &self.kept)] {
-            if !v.is_empty() {
-                t.push_str(&format!(" {k}={}", v.join(",")));
-            }
-        }
-        t
-    }
-
-    /// Reads a record; why not, where it is none this version writes. The
-    /// pod-level fields it may name are those inject sets (a record is the
-    /// manifest author's to write, and undoing one removes what it names).
-    pub fn parse(text: &str) -> Result<Record, String> {
-        let mut r =
-            Record { version: String::new(), mode: Mode::Node, nccl: Nccl::File, pod: vec![], kept: vec![] };
-        let mut seen = (false, false);
-        for part in text.split_whitespace() {
-            let Some((k, v)) = part.split_once('=') else {
-                return Err(format!("{} is no key=value", show_str(part)));
-            };
-            let items = || v.split(',').filter(|x| !x.is_empty()).map(String::from).collect();
-            let bad = |what: &str| format!("{what} {}", show_str(v));
-            match k {
-                "version" => r.version = v.to_string(),
-                "mode" => (r.mode, seen.0) = (Mode::from_name(v).ok_or_else(|| bad("unknown mode"))?, true),
-                "nccl" => (r.nccl, seen.1) = (Nccl::from_name(v).ok_or_else(|| bad("unknown nccl"))?, true),
-                "pod" => r.pod = items(),
-                "kept" => r.kept = items(),
-                _ => return Err(format!("unknown key {}", show_str(k))),
-            }
-        }
-        if let Some(f) = r.pod.iter().find(|f| !POD_FIELDS.contains(&f.as_str())) {
-            return Err(format!("names pod field {}, which inject never sets", show_str(f)));
-        }
-        if !(seen.0 && seen.1 && !r.version.is_empty()) {
-            return Err("lacks its version, mode or nccl".into());
-        }
-        Ok(r)
-    }
-}
-
-/// What a record's `pod=` may name: the pod-level fields inject sets,
-/// `dnsPolicy:ClusterFirst` (the value it replaced) and `devices` (GKE's
-/// device annotation).
-const POD_FIELDS: [&str; 6] = [
-    "hostNetwork",
-    "dnsPolicy",
-    "dnsPolicy:ClusterFirst",
-    "shareProcessNamespace",
-    "terminationGracePeriodSeconds",
-    "devices",
-];
-
-/// Seconds the daemon gets to remove its rules and restore the NICs.
-const GRACE_SECONDS: u64 = 60;
-
-/// The value inject gives a pod-level field it sets.
-fn set_value(field: &str) -> Option<Value> {
-    Some(match field {
-        "hostNetwork" | "shareProcessNamespace" => Value::Bool(true),
-        "dnsPolicy" => s("ClusterFirstWithHostNet"),
-        "terminationGracePeriodSeconds" => Value::Number(GRACE_SECONDS.into()),
-        _ => return None,
-    })
-}
-
-/// Longest text from a manifest quoted in a message.
-const SHOWN: usize = 80;
-
-/// A text from the manifest, quoted and cut short, for messages.
-pub fn show_str(t: &str) -> String {
-    match t.char_indices().nth(SHOWN) {
-        Some((cut, _)) => format!("{:?}…", &t[..cut]),
-        None => format!("{t:?}"),
-    }
-}
-
-/// A value from the manifest as JSON, cut short, for messages.
-pub fn show(v: &Value) -> String {
-    if let Value::String(t) = v {
-        return show_str(t);
-    }
-    let t = serde_json::to_string(v).unwrap_or_else(|_| "(a YAML value with no JSON form)".into());
-    match t.char_indices().nth(SHOWN) {
-        Some((cut, _)) => format!("{}…", &t[..cut]),
-        None => t,
-    }
-}
-
-/// The recorded injection of a template, if any: the record, or why it is
-/// none this version reads.
-pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
-    let text = tpl.get("metadata")?.get("annotations")?.get(ANNOTATION)?;
-    Some(match text.as_str() {
-        Some(t) => Record::parse(t).map_err(|why| format!("{}: {why}", show_str(t))),
-        None => Err(format!("{} is not a text", show(text))),
-    })
-}
 
 /// The names of the container lists, init containers first.
 const LISTS: [&str; 2] = ["initContainers", "containers"];

@@ -27,7 +27,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::json;
 use serde_norway::Value;
 
-use super::template::{self, Record};
+use super::record::{self, Record};
+use super::template;
 use super::{limits, name_of, object_name, patch, InjectError, Mode, Options, ANNOTATION, DAEMON};
 
 /// What a Pod that inject refuses gets.
@@ -368,7 +369,7 @@ fn change_pod(pod: &mut Value, opts: &Options, name: &str) -> Result<Change, Inj
         return Err(InjectError::Object { object: name.into(), why: "not a Pod (a mapping)".into() });
     }
     let annotation = || format!("metadata.annotations[{ANNOTATION}]");
-    match template::record(pod) {
+    match record::record(pod) {
         None => {
             let before = pod.clone();
             let line = template::inject(pod, opts, name, "")?;
