@@ -35,7 +35,7 @@ async fn hostile_pods_get_a_small_refusal_and_a_forged_record_strips_nothing() {
     assert!(body.len() < 1024, "an answer of {} bytes", body.len());
     let a = answer(&body);
     assert_eq!((a["uid"].as_str(), a["allowed"].as_bool()), (Some("u-many"), Some(false)));
-    assert!(a["status"]["message"].as_str().unwrap().contains("1800 containers"), "{a}");
+    assert!(a["status"]["message"].as_str().unwrap().contains("asks for 1800 GPUs"), "{a}");
 
     let (_, body, _) = client.post(&review_of("u-16", &pod(vec![gpu("a", 8), gpu("b", 8)]), "CREATE")).await;
     let a = answer(&body);

@@ -90,16 +90,6 @@ pub fn check(spec: &Value, machine: &str, object: &str, at: &str) -> Result<u64,
     if asked == 0 {
         return Ok(0);
     }
-    let containers = list(spec, "initContainers").len() + list(spec, "containers").len();
-    if containers > MAX_CONTAINERS {
-        return Err(InjectError::field(
-            object,
-            format!("{at}spec"),
-            format!(
-                "{containers} containers and init containers; inject handles at most {MAX_CONTAINERS} in a GPU Pod"
-            ),
-        ));
-    }
     if let Some(has) = machine::gpus(machine).filter(|has| asked > *has) {
         let asking: usize = ["initContainers", "containers"]
             .iter()
@@ -111,6 +101,16 @@ pub fn check(spec: &Value, machine: &str, object: &str, at: &str) -> Result<u64,
             format!(
                 "asks for {asked} GPUs ({GPU_RESOURCE}, over {asking} container{}); machine type {machine} has {has}, so no node can run it",
                 if asking == 1 { "" } else { "s" }
+            ),
+        ));
+    }
+    let containers = list(spec, "initContainers").len() + list(spec, "containers").len();
+    if containers > MAX_CONTAINERS {
+        return Err(InjectError::field(
+            object,
+            format!("{at}spec"),
+            format!(
+                "{containers} containers and init containers; inject handles at most {MAX_CONTAINERS} in a GPU Pod"
             ),
         ));
     }

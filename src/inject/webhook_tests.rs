@@ -132,7 +132,7 @@ fn more_gpus_than_the_machine_has_are_refused_with_the_count_and_a_bounded_answe
     // Thousands of GPU containers, the shape that once grew the answer
     // without bound: refused, and the answer stays small.
     // (Past some 2,700 such containers the Pod is refused for its size.)
-    for (n, why) in [(1_800, "1800 containers"), (10_000, "more than 30000 JSON values")] {
+    for (n, why) in [(1_800, "asks for 1800 GPUs"), (10_000, "more than 30000 JSON values")] {
         let many: Vec<Json> = (0..n).map(|i| gpu(&format!("c{i}"), 1)).collect();
         let o = decide(&review_of(&pod(many), "CREATE"), &Options::default(), OnError::Refuse).unwrap();
         assert_eq!(o.verdict, Verdict::Refused);
