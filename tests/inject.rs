@@ -367,3 +367,67 @@ fn a_reference_daemon_that_cannot_be_converted_is_refused_by_name() {
     let e = transform(&two, &Options::default()).unwrap_err().to_string();
     assert!(e.contains("containers[rxdm-2]") && e.contains("second reference daemon"), "{e}");
 }
+
+#[test]
+fn a_pod_asking_for_more_gpus_than_the_machine_has_is_refused_with_the_count() {
+    let job = |gpus: &str| {
+        "\
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: big
+spec:
+  template:
+    spec:
+      containers:
+      - name: a
+        image: i
+        resources:
+          limits:
+            nvidia.com/gpu: GPUS
+      - name: b
+        image: i
+        resources:
+          limits:
+            nvidia.com/gpu: 8
+"
+        .replace("GPUS", gpus)
+    };
+    for (mode, nccl) in [(Mode::NativeSidecar, Nccl::Inline), (Mode::Node, Nccl::File)] {
+        let e = transform(&job("8"), &opts(mode, nccl)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "Job/big: spec.template.spec: asks for 16 GPUs (nvidia.com/gpu, over 2 containers); \
+             machine type a3-highgpu-8g has 8, so no node can run it"
+        );
+    }
+    // A quantity with a suffix counts as what it means.
+    assert!(transform(&job("'1k'"), &Options::default())
+        .unwrap_err()
+        .to_string()
+        .contains("asks for 1008 GPUs"));
+    assert!(transform(&job("0"), &Options::default()).is_ok());
+}
+
+#[test]
+fn a_record_undoes_only_what_inject_sets_and_only_while_it_holds_inject_s_value() {
+    let text = read("tests/inject/builtin.yaml");
+    let injected = run(&text, &Options::default());
+    let plain = run(&text, &Options { uninject: true, ..Options::default() });
+    // A field the author changed after inject set it is the author's now.
+    let changed =
+        injected.replacen("terminationGracePeriodSeconds: 60", "terminationGracePeriodSeconds: 90", 1);
+    assert_ne!(changed, injected);
+    let back = run(&changed, &Options { uninject: true, ..Options::default() });
+    assert_eq!(back.matches("terminationGracePeriodSeconds: 90").count(), 1, "{back}");
+    assert_eq!(docs(&back).len(), docs(&plain).len());
+    // A record naming fields inject never sets is refused, not followed.
+    for forged in ["pod=securityContext,runtimeClassName", "pod=hostPID:true"] {
+        let text = injected.replacen("pod=", &format!("{forged},"), 1);
+        let e = transform(&text, &Options { uninject: true, ..Options::default() }).unwrap_err().to_string();
+        assert!(
+            e.contains("which inject never sets") && e.contains("not a record this version reads"),
+            "{e}"
+        );
+    }
+}

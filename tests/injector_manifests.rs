@@ -94,7 +94,11 @@ fn the_injector_pieces_fit_together_and_get_no_api_access() {
             ["Fail", "Ignore"].contains(&s(&w["failurePolicy"])),
             "{name}: failurePolicy must be explicit"
         );
-        assert_eq!(w["reinvocationPolicy"], "IfNeeded");
+        // A Pod carrying inject's record is left as it is: a second call changes nothing.
+        assert_eq!(w["reinvocationPolicy"], "Never");
+        for rule in w["rules"].as_sequence().unwrap() {
+            assert_eq!(rule["operations"], serde_norway::Value::from(vec!["CREATE"]), "{name}");
+        }
         // The API server waits longer than the server takes for a request.
         let timeout = w["timeoutSeconds"].as_u64().unwrap();
         assert!(timeout <= 30 && timeout as f64 > cfg.timeout.as_secs_f64(), "{name}: {timeout}");

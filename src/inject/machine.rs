@@ -22,6 +22,11 @@ pub fn preset(machine: &str) -> Option<&'static str> {
     (machine == DEFAULT).then_some("a3vm")
 }
 
+/// The GPUs a node of the machine type has.
+pub fn gpus(machine: &str) -> Option<u64> {
+    (machine == DEFAULT).then_some(8)
+}
+
 /// The node as the generator sees it: a3-highgpu-8g has two NUMA nodes of 52
 /// two-thread cores (208 vCPUs), the host NIC eth0 and the first two GPU
 /// NICs on node 0, the other two on node 1.

@@ -5,21 +5,31 @@
 //!
 //! - [`kinds`]: where each kind keeps its pod templates.
 //! - [`template`]: one pod template: checks, migration of a reference
-//!   daemon, the change itself and its undoing, recorded in an annotation.
+//!   daemon, the change itself and its undoing, recorded in an annotation
+//!   ([`record`]).
 //! - [`daemon`]: the daemon container of each mode and its flags.
+//! - [`limits`]: the GPUs and containers a Pod may ask for.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
 //!   generated for when a manifest is written off the node.
 //! - [`command`]: the command line, documents in and out, the report.
 //! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
-//! - [`serve`]: `inject serve`, the webhook over HTTPS.
+//! - [`patch`]: the JSONPatch from the Pod sent to the Pod injected.
+//! - [`serve`]: `inject serve`, the webhook over HTTPS; [`transport`]: what
+//!   bounds a client there (buffered bytes, a reply's write time);
+//!   [`certs`]: its certificate, read again when its files change.
 
+pub mod certs;
 pub mod command;
 pub mod daemon;
 pub mod kinds;
+pub mod limits;
 pub mod machine;
 pub mod migrate;
+pub mod patch;
+pub mod record;
 pub mod serve;
 pub mod template;
+pub mod transport;
 pub mod webhook;
 
 use serde_norway::Value;
@@ -131,6 +141,9 @@ pub enum InjectError {
     NotYaml(String),
     #[error("{object}: {field}: {why}")]
     Field { object: String, field: String, why: String },
+    /// The object as a whole (its size, its shape).
+    #[error("{object}: {why}")]
+    Object { object: String, why: String },
     /// A bad option (exit 2 rather than 1).
     #[error("{0}")]
     Option(String),
@@ -158,17 +171,32 @@ pub fn object_name(doc: &Value) -> String {
 
 /// Whether a container asks for GPUs.
 pub fn is_gpu(c: &Value) -> bool {
-    ["limits", "requests"].iter().any(|k| {
-        c.get("resources").and_then(|r| r.get(*k)).and_then(|l| l.get(GPU_RESOURCE)).is_some_and(
-            |v| match v {
-                Value::Number(n) => n.as_f64().is_some_and(|x| x > 0.0),
-                Value::String(t) => t.trim().parse::<f64>().is_ok_and(|x| x > 0.0),
-                _ => false,
-            },
-        )
-    })
+    limits::gpus(c) > 0
 }
 
 pub fn name_of(c: &Value) -> String {
     c.get("name").and_then(Value::as_str).unwrap_or("?").to_string()
+}
+
+/// Longest text from a manifest quoted in a message.
+const SHOWN: usize = 80;
+
+/// A text from the manifest, quoted and cut short, for messages.
+pub fn show_str(t: &str) -> String {
+    match t.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{:?}…", &t[..cut]),
+        None => format!("{t:?}"),
+    }
+}
+
+/// A value from the manifest as JSON, cut short, for messages.
+pub fn show(v: &Value) -> String {
+    if let Value::String(t) = v {
+        return show_str(t);
+    }
+    let t = serde_json::to_string(v).unwrap_or_else(|_| "(a YAML value with no JSON form)".into());
+    match t.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &t[..cut]),
+        None => t,
+    }
 }

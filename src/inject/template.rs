@@ -3,66 +3,19 @@
 //! at pod level and which variables the containers already had, so that
 //! undoing removes exactly what was added; injecting again first undoes the
 //! recorded change, so a second run changes nothing and a newer version
-//! replaces an older one in place.
+//! replaces an older one in place. Each pod-level field is undone only
+//! while it holds the value inject gave it ([`super::record`]).
 
 use serde_norway::{Mapping, Value};
 
 use super::daemon::{self, map, s, DaemonFlags, VOLUMES};
 use super::migrate::{self, Reference};
+use super::record::{record, set_value, Record, GRACE_SECONDS};
 use super::{
-    is_gpu, machine, name_of, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON, GPU_RESOURCE, LIBRARIES,
-    VERSION,
+    is_gpu, limits, machine, name_of, show, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON,
+    GPU_RESOURCE, LIBRARIES, VERSION,
 };
 use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
-
-/// What the annotation records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub version: String,
-    pub mode: Mode,
-    pub nccl: Nccl,
-    /// Pod-level fields set (`hostNetwork`, …; `devices` for the annotation).
-    pub pod: Vec<String>,
-    /// `container:VARIABLE` (or `container:envFrom`) present before.
-    pub kept: Vec<String>,
-}
-
-impl Record {
-    pub fn text(&self) -> String {
-        let mut t = format!("version={} mode={} nccl={}", self.version, self.mode.name(), self.nccl.name());
-        for (k, v) in [("pod", &self.pod), ("kept", &self.kept)] {
-            if !v.is_empty() {
-                t.push_str(&format!(" {k}={}", v.join(",")));
-            }
-        }
-        t
-    }
-
-    pub fn parse(text: &str) -> Option<Record> {
-        let mut r =
-            Record { version: String::new(), mode: Mode::Node, nccl: Nccl::File, pod: vec![], kept: vec![] };
-        let mut seen = (false, false);
-        for part in text.split_whitespace() {
-            let (k, v) = part.split_once('=')?;
-            let items = || v.split(',').filter(|x| !x.is_empty()).map(String::from).collect();
-            match k {
-                "version" => r.version = v.to_string(),
-                "mode" => (r.mode, seen.0) = (Mode::from_name(v)?, true),
-                "nccl" => (r.nccl, seen.1) = (Nccl::from_name(v)?, true),
-                "pod" => r.pod = items(),
-                "kept" => r.kept = items(),
-                _ => return None,
-            }
-        }
-        (seen.0 && seen.1 && !r.version.is_empty()).then_some(r)
-    }
-}
-
-/// The recorded injection of a template, if any.
-pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
-    let text = tpl.get("metadata")?.get("annotations")?.get(ANNOTATION)?;
-    Some(text.as_str().and_then(Record::parse).ok_or_else(|| format!("{text:?}")))
-}
 
 /// The names of the container lists, init containers first.
 const LISTS: [&str; 2] = ["initContainers", "containers"];
@@ -142,19 +95,26 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
         vs.retain(|v| !VOLUMES.contains(&name_of(v).as_str()));
     }
     drop_empty(spec, "volumes");
+    // Each field goes (or gets its old value back) only while it holds the
+    // value inject gave it: one changed since is the author's.
     let spec = spec.as_mapping_mut().expect("a mapping");
     for f in rec.pod.iter().filter(|f| *f != "devices") {
-        match f.split_once(':') {
-            // A field that had another value: that value comes back.
-            Some((k, was)) => spec.insert(s(k), s(was)),
-            None => spec.remove(f.as_str()),
+        let (k, was) = f.split_once(':').map_or((f.as_str(), None), |(k, w)| (k, Some(w)));
+        let Some(given) = set_value(k) else { continue };
+        if spec.get(k) != Some(&given) {
+            continue;
+        }
+        match was {
+            Some(was) => spec.insert(s(k), s(was)),
+            None => spec.remove(k),
         };
     }
     if let Some(meta) = tpl.get_mut("metadata").filter(|m| m.is_mapping()) {
         if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_mapping_mut) {
             ann.remove(ANNOTATION);
-            if rec.pod.iter().any(|f| f == "devices") {
-                ann.remove(daemon::device_annotation().0.as_str());
+            let (k, v) = daemon::device_annotation();
+            if rec.pod.iter().any(|f| f == "devices") && ann.get(k.as_str()) == Some(&s(&v)) {
+                ann.remove(k.as_str());
             }
         }
         drop_empty(meta, "annotations");
@@ -179,21 +139,21 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                     .into(),
             ))
         }
-        Some(v) => return Err(err("spec.hostNetwork".into(), format!("{v:?} is not a boolean"))),
+        Some(v) => return Err(err("spec.hostNetwork".into(), format!("{} is not a boolean", show(v)))),
     }
     for list in LISTS {
         if spec.get(list).is_some_and(|v| !v.is_sequence()) {
             return Err(err(format!("spec.{list}"), "not a list".into()));
         }
     }
+    if limits::check(spec, &opts.machine, object, at)? == 0 {
+        return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
+    }
     let gpu_count: usize = LISTS
         .iter()
         .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
         .map(|cs| cs.iter().filter(|c| is_gpu(c)).count())
         .sum();
-    if gpu_count == 0 {
-        return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
-    }
     let reference: Option<Reference> = migrate::find(spec, object, at)?;
     let carried = reference.as_ref().map(|r| r.carried.clone()).unwrap_or_default();
     let flags = DaemonFlags::new(opts, &carried)?;
@@ -309,8 +269,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         if spec.get("hostPID") != Some(&Value::Bool(true)) {
             set(spec, "shareProcessNamespace", Value::Bool(true));
         }
-        // Time for the daemon to remove its rules and restore the NICs.
-        set(spec, "terminationGracePeriodSeconds", Value::Number(60.into()));
+        set(spec, "terminationGracePeriodSeconds", Value::Number(GRACE_SECONDS.into()));
     }
     seq_mut(spec, "volumes").extend(daemon::volumes(opts.mode));
     if let Some(c) = daemon::container(opts, &flags) {
@@ -389,11 +348,11 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
     let before = tpl.clone();
     let prior = match record(tpl) {
         Some(Ok(r)) => Some(r),
-        Some(Err(text)) => {
+        Some(Err(why)) => {
             return Err(InjectError::field(
                 object,
                 format!("{at}metadata.annotations[{ANNOTATION}]"),
-                format!("{text} is not a record this version reads"),
+                format!("{why}; not a record this version reads"),
             ))
         }
         None => None,

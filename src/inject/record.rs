@@ -1,0 +1,101 @@
+//! The record inject leaves on each template it changes (the annotation
+//! [`ANNOTATION`]): version, mode, NCCL source, the pod-level fields it set
+//! and the variables the containers already had. The record is the
+//! manifest author's to write, so it may name only the pod-level fields
+//! inject sets; the command undoes each only while it holds the value
+//! inject gave it, and the webhook never undoes a record at all.
+
+use serde_norway::Value;
+
+use super::daemon::s;
+use super::{show, show_str, Mode, Nccl, ANNOTATION};
+
+/// What the annotation records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub version: String,
+    pub mode: Mode,
+    pub nccl: Nccl,
+    /// Pod-level fields set (`hostNetwork`, …; `devices` for the annotation).
+    pub pod: Vec<String>,
+    /// `container:VARIABLE` (or `container:envFrom`) present before.
+    pub kept: Vec<String>,
+}
+
+impl Record {
+    pub fn text(&self) -> String {
+        let mut t = format!("version={} mode={} nccl={}", self.version, self.mode.name(), self.nccl.name());
+        for (k, v) in [("pod", &self.pod), ("kept", &self.kept)] {
+            if !v.is_empty() {
+                t.push_str(&format!(" {k}={}", v.join(",")));
+            }
+        }
+        t
+    }
+
+    /// Reads a record; why not, where it is none this version writes. The
+    /// pod-level fields it may name are those inject sets (a record is the
+    /// manifest author's to write, and undoing one removes what it names).
+    pub fn parse(text: &str) -> Result<Record, String> {
+        let mut r =
+            Record { version: String::new(), mode: Mode::Node, nccl: Nccl::File, pod: vec![], kept: vec![] };
+        let mut seen = (false, false);
+        for part in text.split_whitespace() {
+            let Some((k, v)) = part.split_once('=') else {
+                return Err(format!("{} is no key=value", show_str(part)));
+            };
+            let items = || v.split(',').filter(|x| !x.is_empty()).map(String::from).collect();
+            let bad = |what: &str| format!("{what} {}", show_str(v));
+            match k {
+                "version" => r.version = v.to_string(),
+                "mode" => (r.mode, seen.0) = (Mode::from_name(v).ok_or_else(|| bad("unknown mode"))?, true),
+                "nccl" => (r.nccl, seen.1) = (Nccl::from_name(v).ok_or_else(|| bad("unknown nccl"))?, true),
+                "pod" => r.pod = items(),
+                "kept" => r.kept = items(),
+                _ => return Err(format!("unknown key {}", show_str(k))),
+            }
+        }
+        if let Some(f) = r.pod.iter().find(|f| !POD_FIELDS.contains(&f.as_str())) {
+            return Err(format!("names pod field {}, which inject never sets", show_str(f)));
+        }
+        if !(seen.0 && seen.1 && !r.version.is_empty()) {
+            return Err("lacks its version, mode or nccl".into());
+        }
+        Ok(r)
+    }
+}
+
+/// What a record's `pod=` may name: the pod-level fields inject sets,
+/// `dnsPolicy:ClusterFirst` (the value it replaced) and `devices` (GKE's
+/// device annotation).
+const POD_FIELDS: [&str; 6] = [
+    "hostNetwork",
+    "dnsPolicy",
+    "dnsPolicy:ClusterFirst",
+    "shareProcessNamespace",
+    "terminationGracePeriodSeconds",
+    "devices",
+];
+
+/// Seconds the daemon gets to remove its rules and restore the NICs.
+pub const GRACE_SECONDS: u64 = 60;
+
+/// The value inject gives a pod-level field it sets.
+pub fn set_value(field: &str) -> Option<Value> {
+    Some(match field {
+        "hostNetwork" | "shareProcessNamespace" => Value::Bool(true),
+        "dnsPolicy" => s("ClusterFirstWithHostNet"),
+        "terminationGracePeriodSeconds" => Value::Number(GRACE_SECONDS.into()),
+        _ => return None,
+    })
+}
+
+/// The recorded injection of a template, if any: the record, or why it is
+/// none this version reads.
+pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
+    let text = tpl.get("metadata")?.get("annotations")?.get(ANNOTATION)?;
+    Some(match text.as_str() {
+        Some(t) => Record::parse(t).map_err(|why| format!("{}: {why}", show_str(t))),
+        None => Err(format!("{} is not a text", show(text))),
+    })
+}
