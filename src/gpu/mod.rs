@@ -7,6 +7,8 @@ mod devmem;
 pub mod driver_lib;
 mod error;
 mod host;
+pub mod mig;
+pub mod nvml;
 mod placement;
 mod recording;
 mod tcpx;
