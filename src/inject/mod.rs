@@ -9,6 +9,9 @@
 //! - [`daemon`]: the daemon container of each mode and its flags.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
 //!   generated for when a manifest is written off the node.
+//! - [`platform`]: GKE or the NVIDIA GPU Operator: where the driver and the
+//!   NCCL plugin come from.
+//! - [`mig`]: the refusal of MIG instances and GKE's GPU partitions.
 //! - [`command`]: the command line, documents in and out, the report.
 //! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
 //! - [`serve`]: `inject serve`, the webhook over HTTPS.
@@ -17,7 +20,9 @@ pub mod command;
 pub mod daemon;
 pub mod kinds;
 pub mod machine;
+pub mod mig;
 pub mod migrate;
+pub mod platform;
 pub mod serve;
 pub mod template;
 pub mod webhook;
@@ -106,6 +111,8 @@ pub struct Options {
     pub cpu: Option<String>,
     pub memory: Option<String>,
     pub uninject: bool,
+    /// The cluster's GPU stack (`--platform`, `--nccl-plugin`).
+    pub platform: platform::Platform,
 }
 
 impl Default for Options {
@@ -120,6 +127,7 @@ impl Default for Options {
             cpu: None,
             memory: None,
             uninject: false,
+            platform: platform::Platform::Gke,
         }
     }
 }
