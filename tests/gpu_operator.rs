@@ -141,6 +141,23 @@ fn the_variant_builds_with_kustomize() {
     }
 }
 
+#[test]
+fn the_documented_library_search_order_is_the_codes() {
+    let text = std::fs::read_to_string(repo("deploy/README.md")).unwrap();
+    let section = text.split("### Where the daemon finds the driver\n").nth(1).expect("the section");
+    let section = section.split("\n#").next().unwrap();
+    // The numbered list: the loader first, then one folder per item.
+    let items: Vec<&str> = section.lines().filter(|l| l.starts_with(|c: char| c.is_ascii_digit())).collect();
+    assert!(items[0].contains("dynamic loader"), "{items:?}");
+    let folders: Vec<String> =
+        items[1..].iter().map(|l| l.split('`').nth(1).expect("a folder in backticks").to_string()).collect();
+    let code: Vec<String> =
+        tcpx_rxdm::gpu::driver_lib::search_dirs().iter().map(|d| d.display().to_string()).collect();
+    // The docs name the x86_64 folder (and say so for Arm).
+    let code: Vec<String> = code.iter().map(|d| d.replace("aarch64-linux-gnu", "x86_64-linux-gnu")).collect();
+    assert_eq!(folders, code);
+}
+
 /// Every `expr` of a panel.
 fn exprs(panel: &Value) -> Vec<String> {
     panel["targets"]

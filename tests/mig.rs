@@ -163,7 +163,8 @@ fn the_daemon_refuses_a_partitioned_gpu_before_cuda_and_the_nics() {
         &arg("uds_path", uds.path()),
         "--metrics_address=",
     ]);
-    assert!(!err.contains("MIG"), "{err}");
+    assert!(!err.contains("partitioned into MIG"), "{err}");
+    assert!(err.contains("no GPU is partitioned (MIG) gpus=8"), "{err}");
     if !tcpx_rxdm::gpu::CudaAllocator::driver_present() {
         assert_eq!(code, 1, "{err}");
         assert!(err.contains("libcuda.so not found"), "{err}");

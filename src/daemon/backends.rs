@@ -157,5 +157,10 @@ pub fn mig_refusal(
     for (gpu, e) in &found.nvml_errors {
         tracing::warn!(gpu = %gpu, error = %e, "NVML could not tell this GPU's MIG mode; procfs alone judges it");
     }
-    found.refusal()
+    let refusal = found.refusal();
+    if refusal.is_none() {
+        let nvml = found.nvml.as_deref().unwrap_or("no NVML");
+        tracing::info!(gpus = gpus.len(), procfs = %found.procfs.display(), nvml, "no GPU is partitioned (MIG)");
+    }
+    refusal
 }

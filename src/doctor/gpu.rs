@@ -70,6 +70,9 @@ pub(super) fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
         }
     };
     let sim_placed = ctx.source == Some(Source::Preset("sim"));
+    if sim_placed {
+        ctx.placed_gpus = Some(visible.clone());
+    }
     let wanted: Vec<_> = match &ctx.topo {
         Some(t) if !sim_placed => t.gpus().map(|(_, g)| g.pci).collect(),
         _ => visible.clone(),

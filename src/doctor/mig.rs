@@ -11,14 +11,19 @@ use crate::types::pci::PciAddr;
 
 pub(super) fn check_mig(r: &mut Report, ctx: &Ctx) {
     let s = "GPUs";
-    let Some(topo) = &ctx.topo else {
-        r.add(s, "MIG", Status::Skip, "no topology, so no GPUs to check", None);
-        return;
+    // The sim preset placed on CUDA's GPUs checks those; otherwise the topology's.
+    let pcis: Vec<PciAddr> = match (&ctx.placed_gpus, &ctx.topo) {
+        (Some(placed), _) => placed.clone(),
+        (None, Some(topo)) => topo.gpus().map(|(_, g)| g.pci).collect(),
+        (None, None) => {
+            r.add(s, "MIG", Status::Skip, "no topology, so no GPUs to check", None);
+            return;
+        }
     };
     let root = ctx.flags.procfs_root();
-    let pcis: Vec<String> = topo.gpus().map(|(_, g)| g.pci.to_string()).collect();
-    let minors = GpuDevices::from_driver(&mig::driver_procfs(&root), &pcis, false).minors;
-    let gpus: Vec<(PciAddr, u32)> = topo.gpus().map(|(_, g)| g.pci).zip(minors).collect();
+    let names: Vec<String> = pcis.iter().map(PciAddr::to_string).collect();
+    let minors = GpuDevices::from_driver(&mig::driver_procfs(&root), &names, false).minors;
+    let gpus: Vec<(PciAddr, u32)> = pcis.into_iter().zip(minors).collect();
     let nvml = Nvml::open();
     let c = mig::check(
         &mig::nvidia_proc_dir(&root),

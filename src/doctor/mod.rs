@@ -46,6 +46,8 @@ struct Ctx<'a> {
     daemon: Option<String>,
     /// Whether pools must be bound to NIC queues (real NICs, a binder chosen).
     binding_needed: bool,
+    /// The CUDA-visible GPUs that the sim preset is placed on (`--gpu_backend=cuda`).
+    placed_gpus: Option<Vec<crate::types::pci::PciAddr>>,
 }
 
 impl Ctx<'_> {
@@ -77,7 +79,7 @@ fn run(flags: &Flags) -> Report {
     };
     let daemon = lock_holder(&flags.uds_path);
     let binding_needed = !sim_nic && flags.bind_backend != BinderKind::None;
-    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, binding_needed };
+    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, binding_needed, placed_gpus: None };
 
     match resolved {
         Ok((topo, source)) => {
