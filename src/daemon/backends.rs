@@ -144,7 +144,8 @@ fn refuse_mig(procfs_root: &Path, topo: &Topology, nvml: Result<Nvml, NvmlError>
     mig_refusal(procfs_root, topo, nvml).map_or(Ok(()), |e| Err(DaemonError::Mig(e)))
 }
 
-/// The decision of [`refuse_mig`], with any source of MIG modes.
+/// Whether the GPUs of `topo` are partitioned (MIG), per procfs under
+/// `procfs_root` and `nvml`: the refusal the CUDA backend starts with.
 pub fn mig_refusal(
     procfs_root: &Path,
     topo: &Topology,

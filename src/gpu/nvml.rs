@@ -1,7 +1,7 @@
 //! The few NVML calls that tell whether a GPU is in MIG mode, through
 //! `libnvidia-ml` loaded at run time (found as libcuda is, see
-//! [`driver_lib`](super::driver_lib)). Read-only: nothing here changes a
-//! device's settings.
+//! [`super::driver_lib`]). Read-only: nothing here changes a device's
+//! settings.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::path::PathBuf;
