@@ -57,7 +57,7 @@ fn docs(text: &str) -> Vec<Value> {
 }
 
 fn operator(plugin: PluginDir) -> Platform {
-    Platform::GpuOperator(plugin)
+    Platform::GpuOperator(Some(plugin))
 }
 
 fn containers(spec: &Value) -> Vec<&Value> {
@@ -91,7 +91,7 @@ fn specs(v: &Value, out: &mut Vec<Value>) {
 }
 
 /// What an operator Pod must hold, checked without inject's code.
-fn check_operator_spec(spec: &Value, mode: Mode, libraries: &str) {
+fn check_operator_spec(spec: &Value, mode: Mode, libraries: Option<&str>) {
     assert_eq!(spec["runtimeClassName"], "nvidia", "{spec:?}");
     let text = serde_norway::to_string(spec).unwrap();
     assert!(!text.contains("/home/kubernetes"), "a GKE host path:\n{text}");
@@ -106,7 +106,7 @@ fn check_operator_spec(spec: &Value, mode: Mode, libraries: &str) {
         assert!(mount(d, "/hostsysfs").is_some());
     }
     let gpu = containers(spec).into_iter().find(|c| c["name"].as_str() != Some(DAEMON)).unwrap();
-    assert_eq!(env(gpu, "LD_LIBRARY_PATH"), Some(libraries));
+    assert_eq!(env(gpu, "LD_LIBRARY_PATH"), libraries);
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn gpu_operator_output_in_every_mode_has_the_runtime_class_and_no_gke_path() {
         let injected: Vec<&Value> = injected.iter().filter(|s| s.get("runtimeClassName").is_some()).collect();
         assert_eq!(injected.len(), 8, "{mode:?}: {report:#?}");
         for spec in injected {
-            check_operator_spec(spec, mode, "/opt/tcpx/lib");
+            check_operator_spec(spec, mode, Some("/opt/tcpx/lib"));
             // The plugin is in the image: no library volume at all.
             assert!(volume(spec, "tcpx-libraries").is_none());
         }
@@ -148,7 +148,7 @@ fn the_plugin_from_a_node_folder_is_mounted_read_only_for_the_gpu_containers() {
     assert!(err.contains("injected: native-sidecar (file nccl, 1 GPU container, gpu-operator)"), "{err}");
     let pod = &docs(&out)[0];
     let spec = &pod["spec"];
-    check_operator_spec(spec, Mode::NativeSidecar, "/usr/local/nvidia/lib64");
+    check_operator_spec(spec, Mode::NativeSidecar, Some("/usr/local/nvidia/lib64"));
     let v = volume(spec, "tcpx-libraries").expect("the plugin's folder");
     assert_eq!(v["hostPath"]["path"], "/opt/tcpx/lib64");
     assert_eq!(v["hostPath"]["type"], "Directory");
@@ -290,4 +290,25 @@ fn the_webhook_takes_the_platform_and_refuses_mig() {
     let warned = review(&admission(&mig), &cfg.inject, OnError::Allow).unwrap();
     assert_eq!(warned["response"]["allowed"], true);
     assert!(warned["response"]["warnings"][0].as_str().unwrap().contains("MIG"));
+}
+
+#[test]
+fn without_a_plugin_folder_the_images_library_path_is_left_alone() {
+    // No LD_LIBRARY_PATH: none is added, and no library volume.
+    let (code, out, err) = inject(&["--platform=gpu-operator", "--nccl=file"], POD);
+    assert_eq!(code, 0, "{err}");
+    let spec = &docs(&out)[0]["spec"];
+    check_operator_spec(spec, Mode::NativeSidecar, None);
+    assert!(volume(spec, "tcpx-libraries").is_none());
+    // One of the Pod's own, whatever it holds, is kept, and stays on --uninject.
+    let own = POD.replace(
+        "    resources:\n",
+        "    env:\n    - name: LD_LIBRARY_PATH\n      value: /opt/conda/lib\n    resources:\n",
+    );
+    let o = Options { platform: Platform::GpuOperator(None), nccl: Nccl::File, ..Options::default() };
+    let (out, _) = transform(&own, &o).unwrap();
+    check_operator_spec(&docs(&out)[0]["spec"], Mode::NativeSidecar, Some("/opt/conda/lib"));
+    assert_eq!(transform(&out, &o).unwrap().0, out, "idempotent");
+    let back = transform(&out, &Options { uninject: true, ..o }).unwrap().0;
+    assert_eq!(docs(&back), docs(&own));
 }

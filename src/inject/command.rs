@@ -51,9 +51,10 @@ Options:
                         NVIDIA_VISIBLE_DEVICES=all, no GKE host path
   --nccl-plugin image:DIR|host:DIR
                         with gpu-operator, where the TCPX NCCL plugin is: in the
-                        workload's image at DIR (on LD_LIBRARY_PATH), or in DIR on
-                        the node (mounted at /usr/local/nvidia/lib64); default
-                        image:/usr/local/nvidia/lib64
+                        workload's image at DIR (put on LD_LIBRARY_PATH), or in DIR
+                        on the node (mounted at /usr/local/nvidia/lib64, put on
+                        LD_LIBRARY_PATH); without it, the image's own library
+                        path must find the plugin (LD_LIBRARY_PATH is left alone)
   --daemon-cpu Q, --daemon-memory Q
                         the daemon container's resource requests
   --uninject            remove what inject added, nothing else

@@ -9,7 +9,8 @@
 //!   `nvidia`. The Pod gets that runtime class, the daemon container
 //!   `NVIDIA_VISIBLE_DEVICES=all` and `NVIDIA_DRIVER_CAPABILITIES` (CUDA and
 //!   NVML), no GKE host path is mounted, and the NCCL plugin's folder is the
-//!   user's choice: in the workload's image, or a folder on the node.
+//!   user's choice: in the workload's image, or a folder on the node; by
+//!   default neither, the image's own library path finding the plugin.
 
 use serde_norway::Value;
 
@@ -22,10 +23,6 @@ pub const GKE_HOST_LIBRARIES: &str = "/home/kubernetes/bin/nvidia/lib64";
 pub const RUNTIME_CLASS: &str = "nvidia";
 /// What the daemon needs of the driver: CUDA (`compute`) and NVML (`utility`).
 pub const DRIVER_CAPABILITIES: &str = "compute,utility";
-/// Where the NCCL plugin is by default with `gpu-operator`: in the image, at
-/// the folder the plugin's installer uses.
-pub const DEFAULT_PLUGIN: &str = "image:/usr/local/nvidia/lib64";
-
 /// Where the TCPX NCCL plugin (`libnccl-net.so`) is, with `gpu-operator`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PluginDir {
@@ -41,7 +38,8 @@ pub enum PluginDir {
 pub enum Platform {
     #[default]
     Gke,
-    GpuOperator(PluginDir),
+    /// With the plugin's folder, if one was named.
+    GpuOperator(Option<PluginDir>),
 }
 
 impl Platform {
@@ -62,7 +60,7 @@ impl Platform {
                 "--nccl-plugin: goes with --platform=gpu-operator; on GKE the plugin installer \
                  puts the plugin in {GKE_HOST_LIBRARIES}, which inject mounts"
             )),
-            ("gpu-operator", p) => Ok(Platform::GpuOperator(parse_plugin(p.unwrap_or(DEFAULT_PLUGIN))?)),
+            ("gpu-operator", p) => Ok(Platform::GpuOperator(p.map(parse_plugin).transpose()?)),
             (other, _) => Err(format!(
                 "--platform: invalid value {other:?} (expected one of {})",
                 Self::NAMES.join(", ")
@@ -70,11 +68,13 @@ impl Platform {
         }
     }
 
-    /// The folder on the GPU containers' `LD_LIBRARY_PATH`.
-    pub fn library_dir(&self) -> &str {
+    /// The folder the GPU containers' `LD_LIBRARY_PATH` is set to hold
+    /// (`None`: it is left alone).
+    pub fn library_dir(&self) -> Option<&str> {
         match self {
-            Platform::GpuOperator(PluginDir::Image(dir)) => dir,
-            _ => LIBRARIES,
+            Platform::Gke | Platform::GpuOperator(Some(PluginDir::Host(_))) => Some(LIBRARIES),
+            Platform::GpuOperator(Some(PluginDir::Image(dir))) => Some(dir),
+            Platform::GpuOperator(None) => None,
         }
     }
 
@@ -88,8 +88,8 @@ impl Platform {
         match self {
             Platform::Gke => Some(host(GKE_HOST_LIBRARIES, None)),
             // The user named it: a missing folder is an error, not a new empty one.
-            Platform::GpuOperator(PluginDir::Host(dir)) => Some(host(dir, Some("Directory"))),
-            Platform::GpuOperator(PluginDir::Image(_)) => None,
+            Platform::GpuOperator(Some(PluginDir::Host(dir))) => Some(host(dir, Some("Directory"))),
+            Platform::GpuOperator(_) => None,
         }
     }
 
@@ -152,10 +152,9 @@ mod tests {
     #[test]
     fn options_parse_and_bad_ones_name_the_option() {
         assert_eq!(Platform::from_options(None, None), Ok(Platform::Gke));
-        let op = Platform::from_options(Some("gpu-operator"), None).unwrap();
-        assert_eq!(op, Platform::GpuOperator(PluginDir::Image("/usr/local/nvidia/lib64".into())));
+        assert_eq!(Platform::from_options(Some("gpu-operator"), None), Ok(Platform::GpuOperator(None)));
         let host = Platform::from_options(Some("gpu-operator"), Some("host:/opt/tcpx/lib64/")).unwrap();
-        assert_eq!(host, Platform::GpuOperator(PluginDir::Host("/opt/tcpx/lib64".into())));
+        assert_eq!(host, Platform::GpuOperator(Some(PluginDir::Host("/opt/tcpx/lib64".into()))));
         for (p, plugin, says) in [
             (Some("eks"), None, "--platform: invalid value \"eks\""),
             (Some("gke"), Some("image:/x"), "--nccl-plugin: goes with --platform=gpu-operator"),
@@ -172,17 +171,19 @@ mod tests {
     #[test]
     fn each_platform_says_where_the_libraries_are() {
         let gke = Platform::Gke;
-        assert_eq!(gke.library_dir(), LIBRARIES);
+        assert_eq!(gke.library_dir(), Some(LIBRARIES));
         assert_eq!(gke.library_volume().unwrap()["hostPath"]["path"], s(GKE_HOST_LIBRARIES));
         assert!(
             gke.runtime_class().is_none() && gke.daemon_env().is_empty() && gke.daemon_mounts_libraries()
         );
-        let image = Platform::GpuOperator(PluginDir::Image("/opt/nccl/lib".into()));
-        assert_eq!(image.library_dir(), "/opt/nccl/lib");
+        let bare = Platform::GpuOperator(None);
+        assert!(bare.library_dir().is_none() && bare.library_volume().is_none());
+        assert_eq!(bare.runtime_class(), Some("nvidia"));
+        let image = Platform::GpuOperator(Some(PluginDir::Image("/opt/nccl/lib".into())));
+        assert_eq!(image.library_dir(), Some("/opt/nccl/lib"));
         assert!(image.library_volume().is_none() && !image.daemon_mounts_libraries());
-        assert_eq!(image.runtime_class(), Some("nvidia"));
-        let host = Platform::GpuOperator(PluginDir::Host("/opt/nccl/lib".into()));
-        assert_eq!(host.library_dir(), LIBRARIES);
+        let host = Platform::GpuOperator(Some(PluginDir::Host("/opt/nccl/lib".into())));
+        assert_eq!(host.library_dir(), Some(LIBRARIES));
         let v = host.library_volume().unwrap();
         assert_eq!((&v["hostPath"]["path"], &v["hostPath"]["type"]), (&s("/opt/nccl/lib"), &s("Directory")));
     }

@@ -231,9 +231,11 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
     }
 
     // The GPU containers: refuse conflicts before changing anything.
-    // The platform decides the library folder (GKE's mount, or the plugin's).
+    // The platform decides the library folder (GKE's mount, the plugin's, or
+    // none: the image's own library path is left as it is).
     let libraries = opts.platform.library_dir();
-    let mut ours: Vec<(String, String)> = vec![("LD_LIBRARY_PATH".into(), libraries.into())];
+    let mut ours: Vec<(String, String)> =
+        libraries.iter().map(|l| ("LD_LIBRARY_PATH".to_string(), l.to_string())).collect();
     if let Some(env) = &nccl {
         ours.extend(env.vars.iter().map(|v| (v.name.clone(), v.value.clone())));
     }
@@ -247,6 +249,10 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                 let n = e.get("name").and_then(Value::as_str).unwrap_or_default();
                 let v = e.get("value").and_then(Value::as_str);
                 if n == "LD_LIBRARY_PATH" {
+                    let Some(libraries) = libraries else {
+                        kept.push(format!("{cn}:{n}"));
+                        continue;
+                    };
                     if v.is_some_and(|v| v.split(':').any(|p| p == libraries)) {
                         kept.push(format!("{cn}:{n}"));
                         continue;
