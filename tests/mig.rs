@@ -195,10 +195,11 @@ fn the_daemons_decision_also_takes_nvmls_word() {
     .unwrap();
     let (topo, _) = presets::resolve_topology(&flags).unwrap();
     let nvml = MigOn("0000:85:00.0".parse().unwrap());
-    let e = tcpx_rxdm::daemon::mig_refusal(proc_.path(), &topo, Ok(&nvml)).expect("refused");
+    let e = tcpx_rxdm::daemon::mig_check(proc_.path(), &topo, Ok(&nvml)).refusal().expect("refused");
     assert!(e.to_string().contains("GPU 0000:85:00.0 (/dev/nvidia5): NVML: MIG mode on"), "{e}");
     // Without NVML and without instances: nothing to refuse.
     let none =
-        tcpx_rxdm::daemon::mig_refusal(proc_.path(), &topo, Err(NvmlError::MissingSymbol("nvmlInit_v2")));
+        tcpx_rxdm::daemon::mig_check(proc_.path(), &topo, Err(NvmlError::MissingSymbol("nvmlInit_v2")))
+            .refusal();
     assert!(none.is_none());
 }

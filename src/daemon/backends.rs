@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
-use crate::gpu::mig::{self, MigError};
+use crate::gpu::mig;
 use crate::gpu::nvml::{MigModes, Nvml, NvmlError};
 use crate::gpu::{
     select_binder, spread_gpus, CudaAllocator, HostAllocator, PoolAllocator, QueueBinder, ShmemType,
@@ -111,7 +111,7 @@ fn cuda_allocator(
     let cuda = |source| DaemonError::Cuda { flag, source };
     // The topology's GPUs are known before CUDA loads; placed sim GPUs only after.
     if !place_on_sim {
-        refuse_mig(procfs_root, topo, open_nvml())?;
+        refuse_mig(procfs_root, topo)?;
     }
     let alloc = CudaAllocator::new().map_err(cuda)?;
     tracing::info!(library = %alloc.driver(), "CUDA driver loaded");
@@ -119,7 +119,7 @@ fn cuda_allocator(
     if place_on_sim {
         *topo = spread_gpus(topo, &visible).map_err(DaemonError::PlaceGpus)?;
         topo.validate().map_err(DaemonError::PlacedTopology)?;
-        refuse_mig(procfs_root, topo, open_nvml())?;
+        refuse_mig(procfs_root, topo)?;
         tracing::info!(gpus = ?visible, "sim topology uses the CUDA-visible GPUs");
         return Ok(alloc);
     }
@@ -130,38 +130,42 @@ fn cuda_allocator(
     Ok(alloc)
 }
 
-/// NVML where libnvidia-ml loads; its absence only leaves procfs to judge MIG.
-fn open_nvml() -> Result<Nvml, NvmlError> {
-    Nvml::open()
-        .inspect_err(|e| tracing::debug!(error = %e, "NVML unavailable; MIG judged from procfs alone"))
-}
-
 /// Refuses GPUs of the topology that are partitioned into MIG instances
-/// (procfs under `procfs_root`, and NVML where it loaded): the CUDA backend
-/// needs whole GPUs. Runs before CUDA loads and before any NIC is touched.
-fn refuse_mig(procfs_root: &Path, topo: &Topology, nvml: Result<Nvml, NvmlError>) -> Result<(), DaemonError> {
-    let nvml = nvml.as_ref().map(|n| n as &dyn MigModes).map_err(Clone::clone);
-    mig_refusal(procfs_root, topo, nvml).map_or(Ok(()), |e| Err(DaemonError::Mig(e)))
-}
-
-/// Whether the GPUs of `topo` are partitioned (MIG), per procfs under
-/// `procfs_root` and `nvml`: the refusal the CUDA backend starts with.
-pub fn mig_refusal(
-    procfs_root: &Path,
-    topo: &Topology,
-    nvml: Result<&dyn MigModes, NvmlError>,
-) -> Option<MigError> {
-    let pcis: Vec<String> = topo.gpus().map(|(_, g)| g.pci.to_string()).collect();
-    let minors = GpuDevices::from_driver(&mig::driver_procfs(procfs_root), &pcis, false).minors;
-    let gpus: Vec<(PciAddr, u32)> = topo.gpus().map(|(_, g)| g.pci).zip(minors).collect();
-    let found = mig::check(&mig::nvidia_proc_dir(procfs_root), &gpus, nvml);
+/// (procfs under `procfs_root`, and NVML where libnvidia-ml loads): the CUDA
+/// backend needs whole GPUs. Runs before CUDA loads and before any NIC is
+/// touched.
+fn refuse_mig(procfs_root: &Path, topo: &Topology) -> Result<(), DaemonError> {
+    let t = std::time::Instant::now();
+    let nvml = Nvml::open()
+        .inspect_err(|e| tracing::debug!(error = %e, "NVML unavailable; MIG judged from procfs alone"));
+    let found = mig_check(procfs_root, topo, nvml.as_ref().map(|n| n as &dyn MigModes).map_err(Clone::clone));
+    drop(nvml);
     for (gpu, e) in &found.nvml_errors {
         tracing::warn!(gpu = %gpu, error = %e, "NVML could not tell this GPU's MIG mode; procfs alone judges it");
     }
-    let refusal = found.refusal();
-    if refusal.is_none() {
-        let nvml = found.nvml.as_deref().unwrap_or("no NVML");
-        tracing::info!(gpus = gpus.len(), procfs = %found.procfs.display(), nvml, "no GPU is partitioned (MIG)");
+    if let Some(e) = found.refusal() {
+        return Err(DaemonError::Mig(e));
     }
-    refusal
+    tracing::info!(
+        gpus = found.findings.len(),
+        procfs = %found.procfs.display(),
+        nvml = found.nvml.as_deref().unwrap_or("not loaded"),
+        elapsed_ms = super::ms(t),
+        "no GPU is partitioned (MIG)"
+    );
+    Ok(())
+}
+
+/// The MIG state of the GPUs of `topo`, per the driver's procfs under
+/// `procfs_root` and `nvml`; its [`refusal`](mig::MigCheck::refusal) is the
+/// CUDA backend's.
+pub fn mig_check(
+    procfs_root: &Path,
+    topo: &Topology,
+    nvml: Result<&dyn MigModes, NvmlError>,
+) -> mig::MigCheck {
+    let pcis: Vec<String> = topo.gpus().map(|(_, g)| g.pci.to_string()).collect();
+    let minors = GpuDevices::from_driver(&mig::driver_procfs(procfs_root), &pcis, false).minors;
+    let gpus: Vec<(PciAddr, u32)> = topo.gpus().map(|(_, g)| g.pci).zip(minors).collect();
+    mig::check(&mig::nvidia_proc_dir(procfs_root), &gpus, nvml)
 }

@@ -89,6 +89,6 @@ pub(super) fn check_mig(r: &mut Report, ctx: &Ctx) {
         );
     }
     for (gpu, e) in &c.nvml_errors {
-        r.add(s, "MIG", Status::Warn, format!("GPU {gpu}: NVML could not tell its MIG mode: {e}"), None);
+        r.add(s, "MIG NVML", Status::Warn, format!("GPU {gpu}: NVML could not tell its MIG mode: {e}"), None);
     }
 }
