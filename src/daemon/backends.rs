@@ -1,12 +1,16 @@
 //! Choosing the NIC, pool and binder backends from the flags.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
+use crate::gpu::mig;
+use crate::gpu::nvml::{MigModes, Nvml, NvmlError};
 use crate::gpu::{
     select_binder, spread_gpus, CudaAllocator, HostAllocator, PoolAllocator, QueueBinder, ShmemType,
 };
+use crate::identity::tenant::GpuDevices;
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
 use crate::nic::NicControl;
@@ -39,8 +43,8 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
     let alloc: Arc<dyn PoolAllocator> = match flags.gpu_backend {
         GpuBackendKind::Host => Arc::new(HostAllocator),
         GpuBackendKind::Auto if use_sim => Arc::new(HostAllocator),
-        GpuBackendKind::Cuda => Arc::new(cuda_allocator(topo, use_sim, "cuda")?),
-        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto")?),
+        GpuBackendKind::Cuda => Arc::new(cuda_allocator(topo, use_sim, "cuda", &flags.procfs_root())?),
+        GpuBackendKind::Auto => Arc::new(cuda_allocator(topo, false, "auto", &flags.procfs_root())?),
     };
     if flags.gpu_shmem_type == ShmemType::File && !alloc.supports(ShmemType::File) {
         return Err(FlagError::ShmemFileNeedsCuda { backend: alloc.backend() }.into());
@@ -102,13 +106,20 @@ fn cuda_allocator(
     topo: &mut Topology,
     place_on_sim: bool,
     flag: &'static str,
+    procfs_root: &Path,
 ) -> Result<CudaAllocator, DaemonError> {
     let cuda = |source| DaemonError::Cuda { flag, source };
+    // The topology's GPUs are known before CUDA loads; placed sim GPUs only after.
+    if !place_on_sim {
+        refuse_mig(procfs_root, topo)?;
+    }
     let alloc = CudaAllocator::new().map_err(cuda)?;
+    tracing::info!(library = %alloc.driver(), "CUDA driver loaded");
     let visible = alloc.visible_gpus().map_err(cuda)?.unwrap_or_default();
     if place_on_sim {
         *topo = spread_gpus(topo, &visible).map_err(DaemonError::PlaceGpus)?;
         topo.validate().map_err(DaemonError::PlacedTopology)?;
+        refuse_mig(procfs_root, topo)?;
         tracing::info!(gpus = ?visible, "sim topology uses the CUDA-visible GPUs");
         return Ok(alloc);
     }
@@ -117,4 +128,44 @@ fn cuda_allocator(
         return Err(DaemonError::GpusNotVisible { flag, missing, visible });
     }
     Ok(alloc)
+}
+
+/// Refuses GPUs of the topology that are partitioned into MIG instances
+/// (procfs under `procfs_root`, and NVML where libnvidia-ml loads): the CUDA
+/// backend needs whole GPUs. Runs before CUDA loads and before any NIC is
+/// touched.
+fn refuse_mig(procfs_root: &Path, topo: &Topology) -> Result<(), DaemonError> {
+    let t = std::time::Instant::now();
+    let nvml = Nvml::open()
+        .inspect_err(|e| tracing::debug!(error = %e, "NVML unavailable; MIG judged from procfs alone"));
+    let found = mig_check(procfs_root, topo, nvml.as_ref().map(|n| n as &dyn MigModes).map_err(Clone::clone));
+    drop(nvml);
+    for (gpu, e) in &found.nvml_errors {
+        tracing::warn!(gpu = %gpu, error = %e, "NVML could not tell this GPU's MIG mode; procfs alone judges it");
+    }
+    if let Some(e) = found.refusal() {
+        return Err(DaemonError::Mig(e));
+    }
+    tracing::info!(
+        gpus = found.findings.len(),
+        procfs = %found.procfs.display(),
+        nvml = found.nvml.as_deref().unwrap_or("not loaded"),
+        elapsed_ms = super::ms(t),
+        "no GPU is partitioned (MIG)"
+    );
+    Ok(())
+}
+
+/// The MIG state of the GPUs of `topo`, per the driver's procfs under
+/// `procfs_root` and `nvml`; its [`refusal`](mig::MigCheck::refusal) is the
+/// CUDA backend's.
+pub fn mig_check(
+    procfs_root: &Path,
+    topo: &Topology,
+    nvml: Result<&dyn MigModes, NvmlError>,
+) -> mig::MigCheck {
+    let pcis: Vec<String> = topo.gpus().map(|(_, g)| g.pci.to_string()).collect();
+    let minors = GpuDevices::from_driver(&mig::driver_procfs(procfs_root), &pcis, false).minors;
+    let gpus: Vec<(PciAddr, u32)> = topo.gpus().map(|(_, g)| g.pci).zip(minors).collect();
+    mig::check(&mig::nvidia_proc_dir(procfs_root), &gpus, nvml)
 }

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use crate::config::presets::ConfigError;
+use crate::gpu::mig::MigError;
 use crate::gpu::PlacementError;
 use crate::gpu::{BindError, GpuError};
 use crate::host::tuning::TuningError;
@@ -45,6 +46,9 @@ pub enum DaemonError {
     },
     #[error("--gpu_backend={flag}: GPUs {missing:?} of the topology are not visible to CUDA (visible: {visible:?})")]
     GpusNotVisible { flag: &'static str, missing: Vec<PciAddr>, visible: Vec<PciAddr> },
+    /// A GPU of the topology is partitioned (MIG): the CUDA backend needs whole GPUs.
+    #[error("{0}")]
+    Mig(#[from] MigError),
     #[error("placing CUDA GPUs on the sim NICs: {0}")]
     PlaceGpus(#[source] PlacementError),
     #[error("placing CUDA GPUs on the sim NICs: {0}")]
@@ -133,6 +137,7 @@ impl DaemonError {
             | DaemonError::Flags(_)
             | DaemonError::SocketGroup(_)
             | DaemonError::Channels(_)
+            | DaemonError::Mig(_)
             | DaemonError::ShutdownFile(JobEndError::NoFolder { .. }) => EXIT_CONFIG,
             DaemonError::NicsNotUp { source, .. } => source.exit_code(),
             _ => EXIT_FAILURE,
@@ -172,6 +177,9 @@ mod tests {
     fn configuration_errors_exit_2_and_the_rest_1() {
         assert_eq!(DaemonError::Flags(FlagError::SimFlagsNeedSim).exit_code(), 2);
         assert_eq!(DaemonError::Topology(ConfigError::ManualWithoutTopology).exit_code(), 2);
+        let gpu = "0000:04:00.0".parse().unwrap();
+        let mig = crate::gpu::mig::Finding { gpu, minor: 0, instances: vec!["gi1".into()], nvml: None };
+        assert_eq!(DaemonError::Mig(MigError::Partitioned(vec![mig])).exit_code(), 2);
         let nic = NicError::new("eth1", NicOp::SetFeature, Errno::EPERM);
         let prime = PrimeError { ifname: "eth1".into(), step: "ntuple on", source: nic.clone() };
         assert_eq!(DaemonError::Prime(prime).exit_code(), 1);

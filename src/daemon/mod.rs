@@ -39,7 +39,7 @@ use crate::server::http;
 use crate::server::socket_dir::{resolve_group, SocketDir};
 use crate::types::topology::Topology;
 
-pub use backends::{select as select_backends, Backends};
+pub use backends::{mig_check, select as select_backends, Backends};
 pub use error::{DaemonError, TeardownError, EXIT_CONFIG, EXIT_FAILURE};
 pub use events::StopReason;
 pub use signals::{shutdown_on_signals, HUP_IGNORED};

@@ -10,7 +10,7 @@ const TEST_ALLOC: u64 = 2 << 20;
 
 pub(super) fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
     use crate::gpu::CudaAllocator;
-    use crate::gpu::{PoolAllocator, ShmemType};
+    use crate::gpu::{LoadError, PoolAllocator, ShmemType};
     let s = "GPUs";
     let flags = ctx.flags;
     let needs_cuda = match flags.gpu_backend {
@@ -29,13 +29,19 @@ pub(super) fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
         );
         return;
     }
-    if !CudaAllocator::driver_present() {
+    if let Some(missing) = CudaAllocator::driver_missing() {
+        let found = match &missing {
+            LoadError::NoLibrary(e) => e.to_string(),
+            other => other.to_string(),
+        };
         r.add(
             s,
             "driver",
             Status::Fail,
-            "libcuda.so not found: no NVIDIA driver visible to this process",
-            Some("install the NVIDIA driver (GKE: the driver installer DaemonSet) and mount its libraries into the container (e.g. /usr/local/nvidia/lib64 on LD_LIBRARY_PATH)".into()),
+            found,
+            Some("install the NVIDIA driver and give this process its libraries: GKE: the driver installer DaemonSet, \
+                  /home/kubernetes/bin/nvidia/lib64 mounted at /usr/local/nvidia/lib64; GPU Operator: runtimeClassName nvidia \
+                  with NVIDIA_VISIBLE_DEVICES=all, or /run/nvidia/driver mounted at the same path".into()),
         );
         return;
     }
@@ -53,8 +59,8 @@ pub(super) fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
         }
     };
     match alloc.driver_version() {
-        Ok(v) => r.add(s, "driver", Status::Pass, format!("CUDA driver API {v}"), None),
-        Err(e) => r.add(s, "driver", Status::Warn, e.to_string(), None),
+        Ok(v) => r.add(s, "driver", Status::Pass, format!("CUDA driver API {v}, {}", alloc.driver()), None),
+        Err(e) => r.add(s, "driver", Status::Warn, format!("{e}; library {}", alloc.driver()), None),
     }
     let visible = match alloc.visible_gpus() {
         Ok(v) => v.unwrap_or_default(),
@@ -64,6 +70,9 @@ pub(super) fn check_gpus(r: &mut Report, ctx: &mut Ctx) {
         }
     };
     let sim_placed = ctx.source == Some(Source::Preset("sim"));
+    if sim_placed {
+        ctx.placed_gpus = Some(visible.clone());
+    }
     let wanted: Vec<_> = match &ctx.topo {
         Some(t) if !sim_placed => t.gpus().map(|(_, g)| g.pci).collect(),
         _ => visible.clone(),

@@ -6,7 +6,8 @@
 //! [`NicControl`](crate::nic::NicControl) backends the daemon uses, but only
 //! through their read calls (features, private flags, rings, channels, rule
 //! count and list, RSS, stats; the driver family probe reads only). GPU
-//! checks allocate one small test buffer per GPU and free it at once. The
+//! checks allocate one small test buffer per GPU and free it at once; MIG
+//! modes are only read (procfs, NVML). The
 //! socket-folder lock is tested with a non-blocking shared lock on a
 //! separately opened descriptor, released at once.
 
@@ -15,6 +16,7 @@ mod gpu;
 mod header_split;
 mod host;
 mod kernel;
+mod mig;
 mod nccl;
 mod nic;
 mod node;
@@ -44,6 +46,8 @@ struct Ctx<'a> {
     daemon: Option<String>,
     /// Whether pools must be bound to NIC queues (real NICs, a binder chosen).
     binding_needed: bool,
+    /// The CUDA-visible GPUs that the sim preset is placed on (`--gpu_backend=cuda`).
+    placed_gpus: Option<Vec<crate::types::pci::PciAddr>>,
 }
 
 impl Ctx<'_> {
@@ -75,7 +79,7 @@ fn run(flags: &Flags) -> Report {
     };
     let daemon = lock_holder(&flags.uds_path);
     let binding_needed = !sim_nic && flags.bind_backend != BinderKind::None;
-    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, binding_needed };
+    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, binding_needed, placed_gpus: None };
 
     match resolved {
         Ok((topo, source)) => {
@@ -103,6 +107,7 @@ fn run(flags: &Flags) -> Report {
     check_nics(&mut r, &ctx);
     check_kernel(&mut r, &ctx);
     check_gpus(&mut r, &mut ctx);
+    mig::check_mig(&mut r, &ctx);
     check_host(&mut r, &ctx);
     nccl::check_nccl(&mut r, &ctx);
     datapath::check_datapath(&mut r, &ctx);

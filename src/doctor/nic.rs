@@ -295,6 +295,7 @@ mod tests {
             sim_nic: false,
             daemon: daemon.map(str::to_string),
             binding_needed: false,
+            placed_gpus: None,
         };
         let mut r = Report::default();
         check_nic(&mut r, &ctx, &topo, nic, "eth1");

@@ -4,8 +4,11 @@
 mod binder;
 mod cuda;
 mod devmem;
+pub mod driver_lib;
 mod error;
 mod host;
+pub mod mig;
+pub mod nvml;
 mod placement;
 mod recording;
 mod tcpx;
@@ -14,7 +17,7 @@ use std::fmt::Debug;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 pub use self::binder::{select_binder, BinderKind};
-pub use self::cuda::{CudaAllocator, CudaError, LoadError};
+pub use self::cuda::{CudaAllocator, CudaDriver, CudaError, LoadError};
 pub use self::devmem::{
     bind_rx_request, netdev_family, DevmemBinder, DevmemError, NETDEV_A_DMABUF_QUEUES, NETDEV_CMD_BIND_RX,
     NETDEV_FAMILY_NAME,

@@ -20,7 +20,8 @@ runtime). A `List`'s items too. Other documents pass through unchanged.
 Reads FILE (or stdin for `-` or no -f), writes stdout, reports on stderr.
 
 Only containers that request nvidia.com/gpu get the mounts, LD_LIBRARY_PATH
-and the NCCL settings. A Pod that runs the reference tcpgpudmarxd is converted
+and the NCCL settings. A container asking for MIG instances (nvidia.com/mig-*)
+or a Pod pinned to GKE's GPU partitions is refused: TCPX needs whole GPUs. A Pod that runs the reference tcpgpudmarxd is converted
 (its flags carried over) or refused, naming the container. Running it again
 changes nothing; a newer version replaces an older injection in place.
 Comments and formatting of the input are lost (the YAML is re-written).
@@ -42,8 +43,18 @@ Options:
   --machine TYPE        machine type of the nodes, for --nccl=inline
                         (default a3-highgpu-8g)
   --image IMAGE         the daemon's image (default tcpx-rxdm:VERSION of this build)
-  --unprivileged        NET_ADMIN and GKE's device-injection annotation instead
-                        of privileged: true
+  --unprivileged        NET_ADMIN (and on GKE its device-injection annotation)
+                        instead of privileged: true
+  --platform PLATFORM   gke (default): the driver and the NCCL plugin from GKE's
+                        /home/kubernetes/bin/nvidia/lib64; gpu-operator: the NVIDIA
+                        GPU Operator's runtime class nvidia, the daemon with
+                        NVIDIA_VISIBLE_DEVICES=all, no GKE host path
+  --nccl-plugin image:DIR|host:DIR
+                        with gpu-operator, where the TCPX NCCL plugin is: in the
+                        workload's image at DIR (put on LD_LIBRARY_PATH), or in DIR
+                        on the node (mounted at /usr/local/nvidia/lib64, put on
+                        LD_LIBRARY_PATH); without it, the image's own library
+                        path must find the plugin (LD_LIBRARY_PATH is left alone)
   --daemon-cpu Q, --daemon-memory Q
                         the daemon container's resource requests
   --uninject            remove what inject added, nothing else
@@ -61,6 +72,7 @@ Exit status: 0 written; 1 input refused (nothing written); 2 bad options.
 pub fn parse(args: &[String]) -> Result<Option<(Options, Option<String>)>, String> {
     let mut o = Options::default();
     let mut file = None;
+    let (mut platform, mut plugin) = (None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let (name, inline) = match a.split_once('=') {
@@ -97,6 +109,8 @@ pub fn parse(args: &[String]) -> Result<Option<(Options, Option<String>)>, Strin
                 o.machine = v;
             }
             "--image" => o.image = value(name)?,
+            "--platform" => platform = Some(value(name)?),
+            "--nccl-plugin" => plugin = Some(value(name)?),
             "--daemon-cpu" => o.cpu = Some(value(name)?),
             "--daemon-memory" => o.memory = Some(value(name)?),
             "--unprivileged" if inline.is_none() => o.unprivileged = true,
@@ -115,6 +129,7 @@ pub fn parse(args: &[String]) -> Result<Option<(Options, Option<String>)>, Strin
             _ => return Err(format!("unexpected argument {a:?}")),
         }
     }
+    o.platform = super::platform::Platform::from_options(platform.as_deref(), plugin.as_deref())?;
     Ok(Some((o, file)))
 }
 

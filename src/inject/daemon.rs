@@ -16,8 +16,6 @@ pub const HEALTH_DIR: &str = "/run/tcpx-health";
 /// Names of the volumes inject may add (reserved: a Pod that has one of
 /// its own is refused).
 pub const VOLUMES: [&str; 5] = ["tcpx-libraries", "tcpx-sys", "tcpx-proc-sys", "tcpx-socket", "tcpx-health"];
-/// Host folder of the driver libraries on GKE nodes.
-const HOST_LIBRARIES: &str = "/home/kubernetes/bin/nvidia/lib64";
 /// The node-wide daemon's socket folder on the host.
 const NODE_SOCKET_DIR: &str = "/run/tcpx";
 
@@ -163,13 +161,13 @@ impl DaemonFlags {
     }
 }
 
-/// The pod's volumes for the mode, each `(name, volume)`.
-pub fn volumes(mode: Mode) -> Vec<Value> {
+/// The pod's volumes for the mode and platform, each `(name, volume)`.
+pub fn volumes(opts: &Options) -> Vec<Value> {
     let host =
         |name: &str, path: &str| map(vec![("name", s(name)), ("hostPath", map(vec![("path", s(path))]))]);
     let empty = |name: &str| map(vec![("name", s(name)), ("emptyDir", Value::Mapping(Mapping::new()))]);
-    let mut v = vec![host("tcpx-libraries", HOST_LIBRARIES)];
-    match mode {
+    let mut v: Vec<Value> = opts.platform.library_volume().into_iter().collect();
+    match opts.mode {
         Mode::NativeSidecar => {
             v.extend(HOST_MOUNTS.iter().map(|(n, p, _)| host(n, p)));
             v.push(empty("tcpx-socket"));
@@ -196,8 +194,13 @@ fn mount(name: &str, path: &str, read_only: bool) -> Value {
 }
 
 /// The mounts every GPU container gets.
-pub fn workload_mounts(mode: Mode, uds: &str) -> Vec<Value> {
-    let mut v = vec![mount("tcpx-libraries", LIBRARIES, true), mount("tcpx-socket", uds, mode == Mode::Node)];
+pub fn workload_mounts(opts: &Options, uds: &str) -> Vec<Value> {
+    let mode = opts.mode;
+    let mut v = Vec::new();
+    if opts.platform.library_volume().is_some() {
+        v.push(mount("tcpx-libraries", LIBRARIES, true));
+    }
+    v.push(mount("tcpx-socket", uds, mode == Mode::Node));
     if mode == Mode::Sidecar {
         v.push(mount("tcpx-health", HEALTH_DIR, true));
     }
@@ -244,7 +247,9 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
             c.push(("args", list(rest.iter().map(|f| s(&f.word())).collect())));
         }
     }
-    let mut envs = vec![env("LD_LIBRARY_PATH", LIBRARIES)];
+    let libraries = opts.platform.daemon_mounts_libraries();
+    let mut envs: Vec<Value> = libraries.then(|| env("LD_LIBRARY_PATH", LIBRARIES)).into_iter().collect();
+    envs.extend(opts.platform.daemon_env().into_iter().map(|(n, v)| env(n, v)));
     if opts.mode == Mode::Sidecar {
         envs.push(env("HEALTH_CHECK_LOG_FILE", &format!("{HEALTH_DIR}/health.log")));
     }
@@ -276,7 +281,8 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
         }
         c.push(("livenessProbe", http_probe("/healthz", port, 10, None)));
     }
-    let mut mounts = vec![mount("tcpx-libraries", LIBRARIES, true)];
+    let mut mounts: Vec<Value> =
+        libraries.then(|| mount("tcpx-libraries", LIBRARIES, true)).into_iter().collect();
     mounts.extend(HOST_MOUNTS.iter().map(|(n, _, at)| mount(n, at, false)));
     mounts.push(mount("tcpx-socket", &uds, false));
     if opts.mode == Mode::Sidecar {

@@ -11,6 +11,9 @@
 //! - [`limits`]: the GPUs and containers a Pod may ask for.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
 //!   generated for when a manifest is written off the node.
+//! - [`platform`]: GKE or the NVIDIA GPU Operator: where the driver and the
+//!   NCCL plugin come from.
+//! - [`mig`]: the refusal of MIG instances and GKE's GPU partitions.
 //! - [`command`]: the command line, documents in and out, the report.
 //! - [`webhook`]: an `AdmissionReview` in, its response (a JSONPatch) out.
 //! - [`patch`]: the JSONPatch from the Pod sent to the Pod injected.
@@ -24,9 +27,11 @@ pub mod daemon;
 pub mod kinds;
 pub mod limits;
 pub mod machine;
+pub mod mig;
 pub mod migrate;
 pub mod patch;
 pub mod record;
+pub mod platform;
 pub mod serve;
 pub mod template;
 pub mod transport;
@@ -116,6 +121,8 @@ pub struct Options {
     pub cpu: Option<String>,
     pub memory: Option<String>,
     pub uninject: bool,
+    /// The cluster's GPU stack (`--platform`, `--nccl-plugin`).
+    pub platform: platform::Platform,
 }
 
 impl Default for Options {
@@ -130,6 +137,7 @@ impl Default for Options {
             cpu: None,
             memory: None,
             uninject: false,
+            platform: platform::Platform::Gke,
         }
     }
 }

@@ -68,12 +68,13 @@ impl Record {
 /// What a record's `pod=` may name: the pod-level fields inject sets,
 /// `dnsPolicy:ClusterFirst` (the value it replaced) and `devices` (GKE's
 /// device annotation).
-const POD_FIELDS: [&str; 6] = [
+const POD_FIELDS: [&str; 7] = [
     "hostNetwork",
     "dnsPolicy",
     "dnsPolicy:ClusterFirst",
     "shareProcessNamespace",
     "terminationGracePeriodSeconds",
+    "runtimeClassName",
     "devices",
 ];
 
@@ -86,6 +87,7 @@ pub fn set_value(field: &str) -> Option<Value> {
         "hostNetwork" | "shareProcessNamespace" => Value::Bool(true),
         "dnsPolicy" => s("ClusterFirstWithHostNet"),
         "terminationGracePeriodSeconds" => Value::Number(GRACE_SECONDS.into()),
+        "runtimeClassName" => s(super::platform::RUNTIME_CLASS),
         _ => return None,
     })
 }

@@ -13,7 +13,7 @@ use super::migrate::{self, Reference};
 use super::record::{record, set_value, Record, GRACE_SECONDS};
 use super::{
     is_gpu, limits, machine, name_of, show, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON,
-    GPU_RESOURCE, LIBRARIES, VERSION,
+    GPU_RESOURCE, VERSION,
 };
 use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
 
@@ -130,6 +130,8 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         Some(v) if v.is_mapping() => v,
         _ => return Err(err("spec".into(), "not a pod spec (a mapping)".into())),
     };
+    // MIG: whole GPUs only.
+    super::mig::refuse(spec, object, at)?;
     match spec.get("hostNetwork") {
         None | Some(Value::Bool(true)) => {}
         Some(Value::Bool(false)) => {
@@ -190,11 +192,15 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
     }
 
     // The GPU containers: refuse conflicts before changing anything.
-    let mut ours: Vec<(String, String)> = vec![("LD_LIBRARY_PATH".into(), LIBRARIES.into())];
+    // The platform decides the library folder (GKE's mount, the plugin's, or
+    // none: the image's own library path is left as it is).
+    let libraries = opts.platform.library_dir();
+    let mut ours: Vec<(String, String)> =
+        libraries.iter().map(|l| ("LD_LIBRARY_PATH".to_string(), l.to_string())).collect();
     if let Some(env) = &nccl {
         ours.extend(env.vars.iter().map(|v| (v.name.clone(), v.value.clone())));
     }
-    let mounts = daemon::workload_mounts(opts.mode, &uds);
+    let mounts = daemon::workload_mounts(opts, &uds);
     let mut kept = Vec::new();
     for list in LISTS {
         for c in spec.get(list).and_then(Value::as_sequence).into_iter().flatten().filter(|c| is_gpu(c)) {
@@ -204,15 +210,17 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                 let n = e.get("name").and_then(Value::as_str).unwrap_or_default();
                 let v = e.get("value").and_then(Value::as_str);
                 if n == "LD_LIBRARY_PATH" {
-                    if v.is_some_and(|v| v.split(':').any(|p| p == LIBRARIES)) {
+                    let Some(libraries) = libraries else {
+                        kept.push(format!("{cn}:{n}"));
+                        continue;
+                    };
+                    if v.is_some_and(|v| v.split(':').any(|p| p == libraries)) {
                         kept.push(format!("{cn}:{n}"));
                         continue;
                     }
                     return Err(err(
                         field("env[LD_LIBRARY_PATH]"),
-                        format!(
-                            "does not hold {LIBRARIES}; add it (the NCCL plugin loads the driver from there)"
-                        ),
+                        format!("does not hold {libraries}; add it (the NCCL plugin is loaded from there)"),
                     ));
                 }
                 if let Some((_, want)) = ours.iter().find(|(o, _)| o == n) {
@@ -263,6 +271,10 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
     };
     set(spec, "hostNetwork", Value::Bool(true));
     set(spec, "dnsPolicy", s("ClusterFirstWithHostNet"));
+    // The platform's runtime class (GPU Operator); one the Pod names is kept.
+    if let Some(class) = opts.platform.runtime_class() {
+        set(spec, "runtimeClassName", s(class));
+    }
     if opts.mode != Mode::Node {
         // Leases follow client processes by pidfd: one pid namespace per Pod
         // makes that work on kernels before 6.5 (hostPID excludes it).
@@ -271,7 +283,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         }
         set(spec, "terminationGracePeriodSeconds", Value::Number(GRACE_SECONDS.into()));
     }
-    seq_mut(spec, "volumes").extend(daemon::volumes(opts.mode));
+    seq_mut(spec, "volumes").extend(daemon::volumes(opts));
     if let Some(c) = daemon::container(opts, &flags) {
         let list = if opts.mode == Mode::NativeSidecar { "initContainers" } else { "containers" };
         seq_mut(spec, list).insert(0, c);
@@ -294,7 +306,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         }
     }
     let mut annotations = vec![];
-    if opts.unprivileged && opts.mode != Mode::Node {
+    if opts.unprivileged && opts.mode != Mode::Node && opts.platform.gke_devices() {
         let (k, v) = daemon::device_annotation();
         if tpl.get("metadata").and_then(|m| m.get("annotations")).and_then(|a| a.get(k.as_str())).is_some() {
             return Err(err(
@@ -311,11 +323,12 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
     notes.insert(
         0,
         format!(
-            "{} ({} nccl, {} GPU container{})",
+            "{} ({} nccl, {} GPU container{}{})",
             opts.mode.name(),
             opts.nccl.name(),
             gpu_count,
-            if gpu_count == 1 { "" } else { "s" }
+            if gpu_count == 1 { "" } else { "s" },
+            if opts.platform.runtime_class().is_some() { ", gpu-operator" } else { "" }
         ),
     );
     Ok(notes.join("; "))

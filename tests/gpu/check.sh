@@ -7,7 +7,11 @@
 #      second process imports and reads it back equal;
 #   3. the daemon holds one nv_dmabuf fd per pool (/proc/<pid>/fdinfo);
 #   4. --gpu_shmem_type file serves a 64-byte IPC handle two processes share;
-#   5. SIGTERM: clean exit 0, no socket files left.
+#   5. SIGTERM: clean exit 0, no socket files left;
+#   6. doctor (sim NICs, CUDA GPUs): MIG off on every GPU (procfs and NVML,
+#      compared with nvidia-smi), the driver library named, the CUDA checks
+#      passing; the daemon logs that no GPU is partitioned. Nothing here
+#      changes a GPU's MIG setting.
 # Prints PASS/FAIL per check; exits 1 on any FAIL.
 # Env: RXDM_BIN (daemon binary), OUT (logs), RXDM_WHEELS (fallback wheels).
 set -u
@@ -39,6 +43,11 @@ start_daemon() { # name, extra flags...
         sleep 0.2
     done
     say "PASS daemon-ready-$name: pid $DPID ready in $((SECONDS - t0))s ($(grep -m1 'pools allocated' "$OUT/daemon-$name.log" | grep -o 'elapsed_ms=[0-9.]*'))"
+    if grep -q 'no GPU is partitioned (MIG)' "$OUT/daemon-$name.log" && grep -q 'CUDA driver loaded' "$OUT/daemon-$name.log"; then
+        say "PASS daemon-no-mig-$name: $(grep -m1 'no GPU is partitioned' "$OUT/daemon-$name.log" | sed 's/.*INFO //'); $(grep -m1 'CUDA driver loaded' "$OUT/daemon-$name.log" | sed 's/.*INFO //')"
+    else
+        say "FAIL daemon-no-mig-$name: no MIG verdict or no library line in the log"
+    fi
 }
 
 stop_daemon() { # name
@@ -59,6 +68,34 @@ trap '[ -n "$DPID" ] && kill -KILL "$DPID" 2>/dev/null' EXIT
 
 ensure_cuda_bindings 2>&1 | tee -a "$LOG"
 say "== $(nvidia-smi -L 2>&1 | head -8 | tr '\n' ' ')"
+
+# --- doctor: no MIG, the library named, the CUDA checks pass ----------------
+DUDS=$(mktemp -d /tmp/rxdm-doctor.XXXXXX)
+"$RXDM_BIN" doctor --gpu_nic_preset sim --gpu_backend cuda --uds_path "$DUDS/tcpx" --json \
+    >"$OUT/doctor.json" 2>"$OUT/doctor.err"
+say "   doctor exit $?"
+run "$PY" - "$OUT/doctor.json" <<'PY'
+import json, subprocess, sys
+r = json.load(open(sys.argv[1]))
+gpu = [c for c in r["checks"] if c["section"] == "GPUs"]
+for c in gpu:
+    print(f"   doctor {c['status']:4} {c['name']}: {c['found']}")
+by = {c["name"]: c for c in gpu}
+smi = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,mig.mode.current", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip().splitlines()
+print("   nvidia-smi mig.mode.current:", "; ".join(smi))
+smi_off = bool(smi) and all(l.split(",")[1].strip() in ("Disabled", "[N/A]") for l in smi)
+mig = by.get("MIG", {})
+ok = smi_off and mig.get("status") == "pass" and "NVML (" in mig.get("found", "") and "procfs" in mig.get("found", "")
+print("PASS" if ok else "FAIL", "doctor-no-mig:", mig.get("status"), mig.get("found"), "| nvidia-smi all off:", smi_off)
+drv = by.get("driver", {})
+ok = drv.get("status") == "pass" and "libcuda" in drv.get("found", "")
+print("PASS" if ok else "FAIL", "doctor-driver-named:", drv.get("found"))
+per_gpu = [c for c in gpu if c["name"].count(":") == 2]
+ok = len(per_gpu) == len(smi) and all(c["status"] in ("pass", "warn") for c in per_gpu)
+print("PASS" if ok else "FAIL", "doctor-cuda-checks:", ", ".join(f"{c['name']} {c['status']}" for c in per_gpu))
+PY
+rm -rf "$DUDS"
 
 # --- fd mode (VMM pools shared by POSIX fd) ---------------------------------
 if start_daemon fd; then

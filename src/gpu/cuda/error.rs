@@ -26,11 +26,14 @@ pub enum CudaError {
 /// Why the driver cannot be used at all (`--gpu_backend cuda` on this host).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LoadError {
+    #[error("CUDA driver library: {0} (no NVIDIA driver for this process; use --gpu_backend=host to run without GPUs)")]
+    NoLibrary(#[source] crate::gpu::driver_lib::DriverLibError),
+    /// Loaded by path, but cudarc's lookup by name does not find it.
     #[error(
-        "CUDA driver library (libcuda.so) not found: no NVIDIA driver on this host \
-         (use --gpu_backend=host to run without GPUs)"
+        "{0} loaded, but not under the name libcuda.so.1 (a different soname): \
+         put its folder on LD_LIBRARY_PATH instead"
     )]
-    NoLibrary,
+    NotByName(String),
     #[error("libcuda lacks {0}: NVIDIA driver too old for CUDA VMM pools")]
     MissingSymbol(&'static str),
     #[error(transparent)]

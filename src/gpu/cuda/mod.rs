@@ -4,7 +4,10 @@
 //! The driver library is loaded at run time (cudarc `dynamic-loading`), so the
 //! binary builds and runs on machines without CUDA: [`CudaAllocator::new`]
 //! checks for `libcuda` and for every entry point we call before touching the
-//! driver, and reports [`GpuError::Unavailable`] instead of panicking.
+//! driver, and reports [`GpuError::Unavailable`] instead of panicking. The
+//! library is looked for where GKE and the GPU Operator put it
+//! ([`driver_lib`](super::driver_lib) has the order), and the file loaded is
+//! reported ([`CudaAllocator::driver`]).
 //!
 //! Contexts: each device's primary context is retained once (per allocator) and
 //! made current on whichever thread allocates or frees, so pools can be created
@@ -17,6 +20,7 @@ mod ipc;
 mod vmm;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
@@ -24,6 +28,7 @@ use cudarc::driver::sys;
 use self::context::Device;
 use self::error::check;
 pub use self::error::{CudaError, LoadError};
+use super::driver_lib::{self, DriverLibError, DriverLibrary, Found};
 use super::{GpuError, HandedPool, PoolAllocator, RxPool, ShmemType};
 use crate::types::pci::PciAddr;
 
@@ -60,13 +65,43 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuIpcGetMemHandle",
 ];
 
+/// The names libcuda is asked for, in cudarc's order of preference.
+const LIBCUDA: [&str; 2] = ["libcuda.so", "libcuda.so.1"];
+
+/// The CUDA driver library as loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaDriver {
+    /// The file mapped, as the loader reports it.
+    pub path: Option<PathBuf>,
+    /// How the search found it.
+    pub found: Found,
+}
+
+impl std::fmt::Display for CudaDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.path {
+            Some(p) => write!(f, "{} ({})", p.display(), self.found),
+            None => write!(f, "libcuda ({})", self.found),
+        }
+    }
+}
+
+/// libcuda, found and loaded once per process; it stays loaded, so that
+/// cudarc's own lookup by name gets this file (see `driver_lib`).
+fn locate() -> &'static Result<DriverLibrary, DriverLibError> {
+    static LIB: OnceLock<Result<DriverLibrary, DriverLibError>> = OnceLock::new();
+    LIB.get_or_init(|| driver_lib::open(&LIBCUDA, &driver_lib::search_dirs()))
+}
+
 /// Loads libcuda and initialises the driver once per process.
-fn init_driver() -> Result<(), GpuError> {
-    static INIT: OnceLock<Result<(), LoadError>> = OnceLock::new();
+fn init_driver() -> Result<CudaDriver, GpuError> {
+    static INIT: OnceLock<Result<CudaDriver, LoadError>> = OnceLock::new();
     INIT.get_or_init(|| {
+        let found = locate().as_ref().map_err(|e| LoadError::NoLibrary(e.clone()))?;
         // SAFETY: only tries to dlopen the library by its candidate names.
         if !unsafe { sys::is_culib_present() } {
-            return Err(LoadError::NoLibrary);
+            let path = found.path_of_symbol("cuInit").unwrap_or_else(|| PathBuf::from(LIBCUDA[1]));
+            return Err(LoadError::NotByName(path.display().to_string()));
         }
         // SAFETY: presence was checked just above, so `culib` finds the library
         // instead of panicking; `get` only looks symbols up, it calls nothing.
@@ -77,8 +112,16 @@ fn init_driver() -> Result<(), GpuError> {
                 return Err(LoadError::MissingSymbol(name));
             }
         }
+        // The file cudarc uses, from one of its symbols.
+        // SAFETY: symbol lookup only; the address is only passed to dladdr.
+        let path = unsafe { lib.get::<*const std::ffi::c_void>(b"cuInit") }
+            .ok()
+            // SAFETY: the symbol's address, valid while libcuda stays loaded (for good).
+            .and_then(|s| unsafe { s.try_as_raw_ptr() })
+            .and_then(|p| driver_lib::loaded_from(p as usize));
         // SAFETY: cuInit takes flags by value and may be called from any thread.
-        check("cuInit", unsafe { sys::cuInit(0) }).map_err(LoadError::Init)
+        check("cuInit", unsafe { sys::cuInit(0) }).map_err(LoadError::Init)?;
+        Ok(CudaDriver { path, found: found.found.clone() })
     })
     .clone()
     .map_err(GpuError::Unavailable)
@@ -100,21 +143,31 @@ type DeviceSlot = Arc<Mutex<Option<Arc<Device>>>>;
 #[derive(Debug)]
 pub struct CudaAllocator {
     devices: Mutex<HashMap<PciAddr, DeviceSlot>>,
+    driver: CudaDriver,
 }
 
 impl CudaAllocator {
     /// Loads the driver. Fails with [`GpuError::Unavailable`] (never panics)
     /// when libcuda is missing, too old, or finds no usable device.
     pub fn new() -> Result<CudaAllocator, GpuError> {
-        init_driver()?;
-        Ok(CudaAllocator { devices: Mutex::new(HashMap::new()) })
+        let driver = init_driver()?;
+        Ok(CudaAllocator { devices: Mutex::new(HashMap::new()), driver })
     }
 
     /// Whether the CUDA driver library can be loaded, without initialising it
     /// (`--gpu_backend auto`).
     pub fn driver_present() -> bool {
-        // SAFETY: only tries to dlopen the library by its candidate names.
-        unsafe { sys::is_culib_present() }
+        locate().is_ok()
+    }
+
+    /// Why libcuda could not be found or loaded, without initialising it.
+    pub fn driver_missing() -> Option<LoadError> {
+        locate().as_ref().err().map(|e| LoadError::NoLibrary(e.clone()))
+    }
+
+    /// The driver library in use: its file and how it was found.
+    pub fn driver(&self) -> &CudaDriver {
+        &self.driver
     }
 
     /// The driver's CUDA version as `major.minor` (`cuDriverGetVersion`).
@@ -228,8 +281,13 @@ mod tests {
             return; // a machine with a driver: covered by the device check instead
         }
         match CudaAllocator::new() {
-            Err(GpuError::Unavailable(e @ LoadError::NoLibrary)) => {
-                assert!(e.to_string().contains("libcuda"), "{e}")
+            Err(GpuError::Unavailable(e @ LoadError::NoLibrary(_))) => {
+                let text = e.to_string();
+                assert!(text.contains("libcuda.so not found"), "{text}");
+                // Every place searched is named.
+                for dir in driver_lib::search_dirs() {
+                    assert!(text.contains(&dir.display().to_string()), "{text}");
+                }
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }
