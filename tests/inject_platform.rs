@@ -273,10 +273,13 @@ fn the_webhook_takes_the_platform_and_refuses_mig() {
         }
         serde_json::from_slice(&raw).unwrap()
     };
-    let spec = &patch.as_array().unwrap().iter().find(|op| op["path"] == "/spec").unwrap()["value"];
-    assert_eq!(spec["runtimeClassName"], "nvidia");
-    assert_eq!(spec["containers"][0]["env"][0]["value"], "/opt/nccl");
-    assert!(!spec.to_string().contains("/home/kubernetes"), "{spec}");
+    // The patch adds what inject adds, path by path.
+    let added = |path: &str| {
+        patch.as_array().unwrap().iter().find(|op| op["op"] == "add" && op["path"] == path).map(|op| &op["value"])
+    };
+    assert_eq!(added("/spec/runtimeClassName"), Some(&serde_json::json!("nvidia")), "{patch}");
+    assert_eq!(added("/spec/containers/0/env").unwrap()[0]["value"], "/opt/nccl", "{patch}");
+    assert!(!patch.to_string().contains("/home/kubernetes"), "{patch}");
 
     let mig = POD.replace("nvidia.com/gpu: 8", "nvidia.com/mig-3g.40gb: 1");
     let denied = review(&admission(&mig), &cfg.inject, OnError::Refuse).unwrap();
