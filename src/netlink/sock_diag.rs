@@ -147,7 +147,8 @@ pub fn parse_answer(
     // (`::ffff:a.b.c.d`): both sides are compared in their IPv4 form.
     let found_local = addr_of(&id[4..20], fam, sport).map(canonical);
     let found_remote = addr_of(&id[20..36], fam, dport).map(canonical);
-    if state == TCP_LISTEN || found_local != Some(canonical(local)) || found_remote != Some(canonical(remote)) {
+    let same = found_local == Some(canonical(local)) && found_remote == Some(canonical(remote));
+    if state == TCP_LISTEN || !same {
         return Ok(None);
     }
     let inode = u32::from_ne_bytes(body[DIAG_MSG - 4..DIAG_MSG].try_into().expect("4 bytes"));
