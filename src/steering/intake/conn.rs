@@ -31,6 +31,7 @@ use super::Cx;
 use crate::config::flags::TenantIsolation;
 use crate::endpoint::pause::Parked;
 use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
+use crate::metrics::RuleOp;
 use crate::steering::request::{self, RuleStart};
 use crate::steering::{Handoff, Requester};
 use crate::types::status::StatusCode;
@@ -379,6 +380,9 @@ impl Conn {
                     // the request is not served; audit serves it, unidentified.
                     // The next request asks again.
                     Err(e) if cx.state.tenants.mode == TenantIsolation::Enforce => {
+                        let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
+                        let took = cx.now.elapsed().as_secs_f64();
+                        cx.state.metrics.rule_done(op, StatusCode::Unavailable, took);
                         self.reply(&frame::error(StatusCode::Unavailable, e.to_string()));
                         return;
                     }
