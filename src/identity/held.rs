@@ -24,17 +24,16 @@
 
 use std::ffi::CStr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::Mode;
 
-use std::path::Path;
-
 /// The NVIDIA character devices' major number.
 pub const NVIDIA_MAJOR: u32 = 195;
 /// Descriptors looked at through a pidfd, at most: CUDA opens its device
-/// nodes early, among the first few dozen.
+/// nodes at `cuInit`, early in a process's life, so they have low numbers.
 pub const PIDFD_SCAN: i32 = 4096;
 
 /// How the daemon's GPUs appear as device nodes, in topology order.
