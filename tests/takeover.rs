@@ -424,3 +424,44 @@ fn only_the_daemons_own_user_reaches_the_handover_socket() {
     assert!(!d.log().iter().any(|l| l.contains("takeover")), "{}", d.log().join("\n"));
     assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(400)), frame::OK_FRAME);
 }
+
+/// The count of `endpoint`'s connections being served.
+fn served(d: &Daemon, endpoint: &str) -> f64 {
+    let (_, body) = d.http_get("/metrics");
+    common::metric(&body, &format!("tcpx_rxdm_connections{{endpoint=\"{endpoint}\"}}")).unwrap_or(0.0)
+}
+
+#[test]
+fn a_connection_accepted_at_the_connection_limit_moves_with_a_takeover() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = tmp.path().join("uds");
+    let old = daemon(&folder, &["--max_connections=4"], &[]).ready();
+    // Four permits, one kept for registry and pool endpoints: three registry
+    // connections take it and two shared ones, a queue connection the last.
+    let _registry: Vec<UnixStream> =
+        (0..3).map(|_| UnixStream::connect(folder.join("rxdm_application_registry")).unwrap()).collect();
+    let _queue = UnixStream::connect(folder.join("queue_ids_by_gpu")).unwrap();
+    wait_until(Duration::from_secs(10), || {
+        served(&old, "registry") == 3.0 && served(&old, "queue_ids") == 1.0
+    });
+    // The metadata endpoint's accept loop passed its budget check before the
+    // budget filled: it accepts this one and waits for a permit.
+    let pool = tcpx_rxdm::wire::proto::UnixSocketProto {
+        payload: Some(tcpx_rxdm::wire::proto::unix_socket_proto::Payload::RawBytes(GPU.as_bytes().to_vec())),
+        status: None,
+    };
+    let mut late = UnixStream::connect(folder.join(format!("get_gpu_metadata_{GPU}"))).unwrap();
+    late.write_all(&encoded(&pool)).unwrap();
+    late.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    assert!(common::read_frame(&mut late).is_err(), "no permit: not served yet");
+    assert_eq!(served(&old, "gpu_metadata"), 0.0);
+    // A takeover meanwhile hands it on: the successor answers it.
+    let new = daemon(&folder, &["--max_connections=4", "--takeover"], &[]).ready();
+    let mut old = old;
+    assert!(old.wait_exit(Duration::from_secs(20)).success());
+    late.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let reply = common::read_frame(&mut late).expect("answered by the successor, not dropped");
+    let msg = frame::parse(&reply).unwrap().unwrap().0;
+    assert_eq!(tcpx_rxdm::wire::client::status_code(&msg), 0, "{msg:?}");
+    assert_eq!(served(&new, "gpu_metadata"), 1.0);
+}

@@ -1,7 +1,9 @@
 //! Tenants on one node (`--tenant_isolation`): two client processes, each in
-//! a cgroup v2 group of its own and a mount namespace of its own that holds
-//! only its own `/dev/nvidia<N>` (regular files stand for the sim GPUs),
-//! each with real TCP connections on loopback. No kernel check is faked.
+//! a cgroup v2 group of its own and a mount namespace of its own whose `/dev`
+//! holds only its own `/dev/nvidia<N>`, which it holds open as CUDA does
+//! (regular files stand for the sim GPUs), each with real TCP connections on
+//! loopback; and clients that plant device nodes they do not hold (links,
+//! files, `mknod`). No kernel check is faked.
 //!
 //! The tenant tests need root (cgroups, mount namespaces); the unidentified
 //! client does not.
@@ -68,14 +70,32 @@ impl Drop for Cgroup {
 /// connection to itself and prints the accepted socket's ends; `req PATH HEX`
 /// sends one request on a new connection and prints the reply (`fd` when a
 /// file descriptor came).
+///
+/// At start it opens (read-only) and keeps open each path in `$HOLD`, as a
+/// CUDA process holds its GPUs' device nodes from `cuInit` on; one it cannot
+/// open is left out. `open PATH` and `close PATH` do the same later and print
+/// `opened`, `error N` or `closed`.
 const AGENT_PY: &str = r#"
 import os, socket, sys
 held = []
+files = {}
 def out(s):
     sys.stdout.write(s + "\n"); sys.stdout.flush()
+def hold(path):
+    try:
+        files[path] = os.open(path, os.O_RDONLY)
+        return "opened"
+    except OSError as e:
+        return "error %d" % e.errno
+for path in os.environ.get("HOLD", "").split():
+    hold(path)
 for line in sys.stdin:
     cmd = line.split()
-    if cmd[0] == "conn":
+    if cmd[0] == "open":
+        out(hold(cmd[1]))
+    elif cmd[0] == "close":
+        os.close(files.pop(cmd[1])); out("closed")
+    elif cmd[0] == "conn":
         six = cmd[1] == "6"
         fam, host = (socket.AF_INET6, "::1") if six else (socket.AF_INET, "127.0.0.1")
         l = socket.socket(fam); l.bind((host, 0)); l.listen(4)
@@ -97,6 +117,19 @@ for line in sys.stdin:
             out("reply " + msg.hex())
         u.close()
 "#;
+
+/// The Python interpreter itself (not a wrapper script that would look
+/// around the client's filesystem before starting it).
+fn python() -> &'static str {
+    static PY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let out = common::python3().args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+}
+
+/// Setup that gives a client an empty `/dev` of its own.
+const FRESH_DEV: &str = "mount -t tmpfs tmpfs /dev";
 
 struct Agent {
     child: Child,
@@ -137,15 +170,26 @@ impl Reply {
 }
 
 impl Agent {
-    /// A client in cgroup `cg`, seeing only `/dev/nvidia<minor>`.
+    /// A client in cgroup `cg` whose `/dev` holds only `/dev/nvidia<minor>`,
+    /// which it holds open.
     fn start(cg: &Cgroup, minor: u32) -> Agent {
+        let node = format!("/dev/nvidia{minor}");
+        Agent::planted(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node])
+    }
+
+    /// A client in cgroup `cg` and a mount namespace of its own, where
+    /// `setup` (shell, run as root there; [`FRESH_DEV`] gives it a `/dev` of
+    /// its own) planted what it wants, holding `hold` open.
+    fn planted(cg: &Cgroup, setup: &str, hold: &[&str]) -> Agent {
         common::require_python3();
-        let script = r#"echo $$ > "$CG/cgroup.procs" && exec unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /dev && : > "/dev/nvidia$MINOR" && exec python3 -u -c "$AGENT_PY"'"#;
+        let script = r#"echo $$ > "$CG/cgroup.procs" && exec unshare -m --propagation private sh -c 'eval "$SETUP" && exec "$PY" -u -c "$AGENT_PY"'"#;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(script)
             .env("CG", &cg.path)
-            .env("MINOR", minor.to_string())
+            .env("SETUP", setup)
+            .env("PY", python())
+            .env("HOLD", hold.join(" "))
             .env("AGENT_PY", AGENT_PY)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -347,6 +391,124 @@ fn off_checks_nothing() {
     assert_eq!(b.req(&d.sock("rx_rule_uninstall"), &rule(lb, rb, GPU_A)).code(), 0);
     let (_, m) = d.http_get("/metrics");
     assert!(!m.contains("tcpx_rxdm_requests_refused_total{"), "no series when off");
+}
+
+/// What a client gets for GPU B's pool fd.
+fn fetch_b(d: &Daemon, agent: &mut Agent) -> Reply {
+    agent.req(&d.sock(&format!("get_gpu_fd_{GPU_B}")), &pool(GPU_B))
+}
+
+fn assert_refused(r: Reply, case: &str) {
+    assert_eq!(r.code(), PERMISSION_DENIED, "{case}: {}", r.text());
+    assert!(r.text().contains(GPU_B) && r.text().contains("/dev/nvidia2"), "{case}: {}", r.text());
+}
+
+#[test]
+#[ignore = "needs root: cgroups, mount namespaces, mknod"]
+fn a_gpu_is_a_clients_only_while_it_holds_the_device_node_open() {
+    require_root("cgroups, mount namespaces, mknod");
+    let d = Daemon::start(&["--tenant_isolation=enforce"]);
+    let cg = Cgroup::new("planted");
+    // A file the daemon can reach by an absolute path, hidden from the client.
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("nvidia2"), b"").unwrap();
+    let hidden = host.path().display().to_string();
+
+    // An absolute link: inside the client it leads nowhere; followed from the
+    // daemon's root it would reach the daemon's own file.
+    let mut a = Agent::planted(
+        &cg,
+        &format!(
+            "{FRESH_DEV} && : > /dev/nvidia0 && mount -t tmpfs tmpfs {hidden} && ln -s {hidden}/nvidia2 /dev/nvidia2"
+        ),
+        &["/dev/nvidia0", "/dev/nvidia2"],
+    );
+    assert!(matches!(a.req(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A)), Reply::Fd));
+    assert_refused(fetch_b(&d, &mut a), "absolute link");
+
+    // A relative link to the node it does hold, opened through the link too.
+    let mut a = Agent::planted(
+        &cg,
+        &format!("{FRESH_DEV} && : > /dev/nvidia0 && ln -s nvidia0 /dev/nvidia2"),
+        &["/dev/nvidia0", "/dev/nvidia2"],
+    );
+    assert!(matches!(a.req(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A)), Reply::Fd));
+    assert_refused(fetch_b(&d, &mut a), "relative link");
+
+    // A file merely created.
+    let mut a = Agent::planted(&cg, &format!("{FRESH_DEV} && : > /dev/nvidia2"), &[]);
+    assert_refused(fetch_b(&d, &mut a), "created, not held");
+
+    // A node made with mknod: without the device's driver it cannot be opened.
+    let mut a = Agent::planted(&cg, &format!("{FRESH_DEV} && mknod /dev/nvidia2 c 195 2"), &["/dev/nvidia2"]);
+    assert!(a.ask("open /dev/nvidia2").starts_with("error"), "no driver for 195:2 here");
+    assert_refused(fetch_b(&d, &mut a), "mknod, not openable");
+
+    // Held, then closed before the first request.
+    let mut a = Agent::planted(&cg, &format!("{FRESH_DEV} && : > /dev/nvidia2"), &["/dev/nvidia2"]);
+    assert_eq!(a.ask("close /dev/nvidia2"), "closed");
+    assert_refused(fetch_b(&d, &mut a), "held and closed");
+
+    // Held open: the pool is its.
+    let mut a = Agent::planted(&cg, &format!("{FRESH_DEV} && : > /dev/nvidia2"), &["/dev/nvidia2"]);
+    assert!(matches!(fetch_b(&d, &mut a), Reply::Fd), "held open");
+
+    let (_, m) = d.http_get("/metrics");
+    assert_eq!(refused(&m, "gpu_fd", "gpu", "enforce"), 5.0);
+}
+
+/// Descriptors the process `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+#[test]
+#[ignore = "needs root: cgroups, mount namespaces, FUSE"]
+fn a_client_whose_dev_hangs_gets_an_answer_and_holds_up_nobody() {
+    require_root("cgroups, mount namespaces, FUSE");
+    let d = Daemon::start(&["--tenant_isolation=enforce"]);
+    let cg = Cgroup::new("hung");
+    let mut good = Agent::start(&cg, 0);
+    assert!(matches!(good.req(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A)), Reply::Fd));
+    let baseline = open_fds(d.child.id());
+    // Clients whose /dev is a FUSE mount that nobody serves: every lookup
+    // there waits until the mount's last descriptor closes. Three of them:
+    // more than the daemon's async workers.
+    let hung_dev = "exec 3<>/dev/fuse && mount -t fuse -o fd=3,rootmode=40000,user_id=0,group_id=0 hung /dev";
+    let mut hung: Vec<Agent> = (0..3).map(|_| Agent::planted(&cg, hung_dev, &[])).collect();
+    let path = d.sock(&format!("get_gpu_fd_{GPU_A}"));
+    std::thread::scope(|s| {
+        let asks: Vec<_> = hung
+            .iter_mut()
+            .map(|h| {
+                let path = path.clone();
+                s.spawn(move || {
+                    let t = std::time::Instant::now();
+                    (h.req(&path, &pool(GPU_A)), t.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        // Meanwhile everybody else is served at once.
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            let (code, _) = d.http_get("/healthz");
+            let r = good.req(&d.sock(&format!("get_gpu_metadata_{GPU_A}")), &pool(GPU_A));
+            let took = t.elapsed();
+            assert_eq!((code, r.code()), (200, 0), "{}", r.text());
+            assert!(took < Duration::from_millis(500), "served in {took:?} while reads hang");
+        }
+        for a in asks {
+            let (r, took) = a.join().unwrap();
+            assert_eq!(r.code(), 14, "UNAVAILABLE: {}", r.text());
+            assert!(r.text().contains("within 2 s") && r.text().contains("try again"), "{}", r.text());
+            assert!(took < Duration::from_secs(4), "answered after {took:?}");
+        }
+    });
+    // Once the mounts go (their holders exit), the stuck reads end: nothing is left open.
+    drop(hung);
+    common::wait_until(Duration::from_secs(10), || open_fds(d.child.id()) <= baseline);
+    assert!(good.req(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A)).code() == 0);
 }
 
 /// A client whose tenant cannot be told: the process that connected has

@@ -5,11 +5,13 @@ scripts that run the daemon for real (the systemd unit in a container).
 Usage: tenant_client.py SOCKET_FOLDER OWN_GPU OTHER_GPU
        tenant_client.py --hold SOCKET_FOLDER OWN_GPU RELEASE_FILE
 
-It opens a TCP connection on loopback, then asks rx_rule_manager, as the
-NCCL plugin does after accept(), to steer it to OWN_GPU (must succeed); to
-steer it to OTHER_GPU, whose device node this process does not see (must be
-refused with PERMISSION_DENIED); and to steer a flow nobody holds (refused
-too). Prints one line per request; exits 0 when every answer is the
+First it opens every /dev/nvidia<N> it can and keeps them open, as a CUDA
+process does from cuInit on: the daemon counts a GPU as a tenant's only
+while the tenant's process holds its device node open. Then it opens a TCP
+connection on loopback and asks rx_rule_manager, as the NCCL plugin does
+after accept(), to steer it to OWN_GPU (must succeed); to steer it to
+OTHER_GPU, whose device node this process does not hold (must be refused
+with PERMISSION_DENIED); and to steer a flow nobody holds (refused too). Prints one line per request; exits 0 when every answer is the
 expected one. The wire format is encoded here by hand (no protobuf library).
 
 With --hold it is a job that lives through a daemon upgrade: it steers its
@@ -24,6 +26,18 @@ import sys
 import time
 
 PERMISSION_DENIED = 7
+
+
+def hold_gpu_nodes():
+    """Opens each /dev/nvidia<N> this process may open; returns the fds (kept open)."""
+    held = []
+    for name in sorted(os.listdir("/dev")):
+        if name.startswith("nvidia") and name[6:].isdigit():
+            try:
+                held.append(os.open("/dev/" + name, os.O_RDONLY))
+            except OSError:
+                pass
+    return held
 
 
 def varint(n):
@@ -137,6 +151,8 @@ def hold(folder, own, release):
 
 
 def main():
+    held = hold_gpu_nodes()
+    print(f"GPU device nodes held open: {len(held)}", flush=True)
     if sys.argv[1] == "--hold":
         return hold(*sys.argv[2:5])
     folder, own, other = sys.argv[1:4]

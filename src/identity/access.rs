@@ -4,11 +4,11 @@
 //! real or audited, is counted (`tcpx_rxdm_requests_refused_total`) and
 //! logged, at most one line per reason a second.
 //!
-//! No lock shared between tenants is held across a kernel call: the flow
-//! lookups use one `sock_diag` socket per thread and network namespace, and
-//! the quota's lock only guards a counter.
+//! No lock shared between tenants is held across a kernel call: a flow
+//! lookup takes a `sock_diag` socket of the client process's own (kept with
+//! its network namespace, closed when its lease ends), and the quota's lock
+//! only guards a counter.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::net::SocketAddr;
@@ -27,7 +27,7 @@ use crate::types::status::StatusCode;
 /// Why a request is (or would be) refused; the metric's `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// A GPU whose device node the client does not see.
+    /// A GPU whose device node the client does not hold open.
     Gpu,
     /// A flow whose TCP socket is not the client's tenant's.
     Flow,
@@ -108,14 +108,6 @@ impl std::fmt::Debug for TenantPolicy {
         f.debug_struct("TenantPolicy").field("mode", &self.mode).field("max_rules", &self.max_rules).finish()
     }
 }
-
-thread_local! {
-    /// This thread's `sock_diag` sockets, by network namespace inode.
-    static DIAG: RefCell<HashMap<u64, SockDiag>> = RefCell::new(HashMap::new());
-}
-
-/// Sockets kept per thread at most (one per network namespace seen).
-const DIAG_CACHE: usize = 64;
 
 impl TenantPolicy {
     pub fn new(
@@ -229,12 +221,13 @@ impl TenantPolicy {
             return Ok(());
         }
         let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
-        if t.sees_gpu(gpu) {
+        if t.holds_gpu(gpu) {
             return Ok(());
         }
         let minor = self.devices.minors.get(gpu).copied().unwrap_or(gpu as u32);
         let msg = format!(
-            "GPU {name} is not this client's: /dev/nvidia{minor} is not in its mount namespace (tenant {})",
+            "GPU {name} is not this client's (tenant {}): its process does not hold /dev/nvidia{minor} \
+             open, as a process that initialised CUDA does for each GPU it may use",
             t.name()
         );
         self.refuse(endpoint, Refusal::Gpu, who, msg)
@@ -356,35 +349,33 @@ impl TenantPolicy {
 }
 
 /// The cgroup id of the TCP socket `local`/`remote` in namespace `ns`,
-/// through this thread's `sock_diag` socket for it.
+/// through one of the namespace's `sock_diag` sockets (no lock held while
+/// the kernel answers).
 fn socket_cgroup(
     ns: &super::tenant::NetNs,
     local: SocketAddr,
     remote: SocketAddr,
 ) -> Result<Option<u64>, String> {
-    DIAG.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if !cache.contains_key(&ns.inode) {
-            if cache.len() >= DIAG_CACHE {
-                cache.clear();
-            }
+    let mut diag = match ns.take_diag() {
+        Some(d) => d,
+        None => {
             let own = nix::sys::stat::stat("/proc/thread-self/ns/net").map(|s| s.st_ino).ok();
             let diag = if own == Some(ns.inode) {
                 SockDiag::open()
             } else {
                 SockDiag::open_in(std::os::fd::AsFd::as_fd(&ns.fd))
             };
-            cache.insert(ns.inode, diag.map_err(|e| format!("cannot look into its network namespace: {e}"))?);
+            diag.map_err(|e| format!("cannot look into its network namespace: {e}"))?
         }
-        let diag = cache.get_mut(&ns.inode).expect("inserted above");
-        match diag.find_tcp(local, remote) {
-            Ok(found) => Ok(found.map(|s| s.cgroup_id.unwrap_or(0))),
-            Err(e) => {
-                cache.remove(&ns.inode);
-                Err(format!("the connection could not be looked up: {e}"))
-            }
+    };
+    match diag.find_tcp(local, remote) {
+        Ok(found) => {
+            ns.put_diag(diag);
+            Ok(found.map(|s| s.cgroup_id.unwrap_or(0)))
         }
-    })
+        // A socket that failed is not given back.
+        Err(e) => Err(format!("the connection could not be looked up: {e}")),
+    }
 }
 
 #[cfg(test)]

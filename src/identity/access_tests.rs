@@ -17,7 +17,7 @@ fn refused(m: &Metrics, endpoint: &str, reason: Refusal, mode: &str) -> u64 {
 }
 
 #[test]
-fn a_gpu_is_usable_only_where_its_device_node_is_seen() {
+fn a_gpu_is_usable_only_where_its_device_node_is_held() {
     let (p, m) = policy(TenantIsolation::Enforce, 0);
     let a = client(10, 0b001);
     assert_eq!(p.check_gpu("gpu_fd", &a, 0, &"0000:04:00.0"), Ok(()));

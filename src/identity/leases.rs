@@ -24,12 +24,13 @@ use std::num::NonZeroU32;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use foldhash::HashMap;
 use nix::errno::Errno;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::access::TenantPolicy;
 #[cfg(test)]
@@ -102,6 +103,8 @@ struct Table {
     next_unique: u64,
     /// Users already told that their connections get no lease.
     warned_uids: HashSet<u32>,
+    /// Processes whose tenant is being read, and where the lease will come.
+    reading: HashMap<ProcKey, watch::Receiver<Option<Option<Arc<Lease>>>>>,
 }
 
 /// The registry of watched client processes.
@@ -121,6 +124,16 @@ pub struct ClientTracker {
     runtime: Option<tokio::runtime::Handle>,
     /// Tenant isolation: whether to find each process's tenant, and how.
     tenants: Arc<TenantPolicy>,
+    /// Tenant reads under way, at most [`READ_SLOTS`].
+    slots: Arc<Semaphore>,
+    /// How long a connection waits for its client's tenant.
+    timeout: Duration,
+    /// Added to every tenant read on the pool: a slow read, for tests.
+    #[cfg(test)]
+    read_delay: Duration,
+    /// Tenants read so far.
+    #[cfg(test)]
+    reads: AtomicU64,
 }
 
 impl ClientTracker {
@@ -143,6 +156,12 @@ impl ClientTracker {
             pidfds: AtomicU64::new(0),
             runtime: tokio::runtime::Handle::try_current().ok(),
             tenants,
+            slots: Arc::new(Semaphore::new(READ_SLOTS)),
+            timeout: IDENTIFY_TIMEOUT,
+            #[cfg(test)]
+            read_delay: Duration::ZERO,
+            #[cfg(test)]
+            reads: AtomicU64::new(0),
         };
         (Arc::new(t), rx)
     }
@@ -166,72 +185,24 @@ impl ClientTracker {
         self.pidfds.load(Ordering::Relaxed)
     }
 
-    /// Who is at the other end of `sock`: the process's visible pid and,
-    /// where its rules go away with it (`--leases`), its lease.
-    pub fn who(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Client {
-        match self.identify(sock) {
-            Some(lease) => Client {
-                pid: lease.pid,
-                tenant: lease.tenant.clone(),
-                lease: self.policy.reclaim.then_some(lease),
-            },
-            None => Client::default(),
-        }
-    }
-
-    /// Finds or starts the watch of the process at the other end of `sock`.
-    pub fn identify(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Option<Arc<Lease>> {
-        if !self.policy.track {
-            return None;
-        }
-        let cred = credentials(sock);
-        let pid = cred.and_then(|c| c.pid);
-        // Fast path: a visible pid already watched (its watch has not fired,
-        // so the pid still names the same process).
-        if let Some(p) = pid {
-            let t = self.table.lock().expect("lease table lock");
-            if let Some(l) = t.by_pid.get(&p.get()).filter(|l| l.alive()) {
-                return Some(l.clone());
-            }
-        }
-        let pidfd = match self.peer_pidfd(sock) {
-            Some(fd) => fd,
-            None => match pid.map(|p| pidfd_open(p.get())) {
-                Some(Ok(fd)) => fd,
-                _ => {
-                    self.no_lease(cred.map(|c| c.uid).unwrap_or(u32::MAX));
-                    return None;
-                }
-            },
-        };
-        self.pidfds.fetch_add(1, Ordering::Relaxed);
-        let key = match (pidfs_inode(&pidfd), pid) {
-            (Some(ino), _) => ProcKey::Inode(ino),
-            (None, Some(p)) => ProcKey::Pid(p.get()),
-            (None, None) => ProcKey::Unique(0),
-        };
-        if let Some(l) = self.lookup(key) {
-            return Some(l); // the new pidfd closes here
-        }
-        // Read outside the table's lock: it costs a few system calls.
-        let tenant = self.tenants.checks().then(|| self.find_tenant(&pidfd, pid)).flatten();
+    /// Records the lease of a process found for the first time and starts its watch.
+    fn record(
+        self: &Arc<Self>,
+        key: ProcKey,
+        pidfd: OwnedFd,
+        pid: Option<NonZeroU32>,
+        tenant: Option<Arc<Tenant>>,
+    ) -> Arc<Lease> {
         let lease = {
             let mut t = self.table.lock().expect("lease table lock");
-            let key = match key {
-                ProcKey::Unique(_) => {
-                    t.next_unique += 1;
-                    ProcKey::Unique(t.next_unique)
-                }
-                k => k,
-            };
             // Another connection of the same process may have won the race.
             if let Some(l) = t.by_key.get(&key).filter(|l| l.alive()) {
-                return Some(l.clone());
+                return l.clone();
             }
             t.next_id = t.next_id.checked_add(1).unwrap_or(1);
             let id = NonZeroU32::new(t.next_id).expect("ids start at 1");
-            let pidfd = pidfd.try_clone().ok();
-            let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true), tenant, pidfd });
+            let keep = pidfd.try_clone().ok();
+            let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true), tenant, pidfd: keep });
             t.by_key.insert(key, lease.clone());
             if let Some(p) = pid {
                 t.by_pid.insert(p.get(), lease.clone());
@@ -242,12 +213,14 @@ impl ClientTracker {
         self.watches.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(lease = lease.id, pid = ?pid, key = ?lease.key, "watching client process");
         self.spawn_watch(pidfd, lease.clone());
-        Some(lease)
+        lease
     }
 
     fn find_tenant(&self, pidfd: &OwnedFd, pid: Option<NonZeroU32>) -> Option<Arc<Tenant>> {
         use std::os::fd::AsFd;
         let p = &self.tenants;
+        #[cfg(test)]
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let found = tenant::identify(pidfd.as_fd(), pid.map(|p| p.get()), &p.devices, p.cgroup2.as_deref());
         match &found {
             Some(t) => {
@@ -323,6 +296,10 @@ impl ClientTracker {
 
     fn exited(&self, lease: &Lease) {
         lease.alive.store(false, Ordering::Release);
+        // Its flow checks' sockets pin its network namespace: they go now.
+        if let Some(net) = lease.tenant.as_ref().and_then(|t| t.net.as_ref()) {
+            net.release();
+        }
         let alive = {
             let mut t = self.table.lock().expect("lease table lock");
             if t.by_key.get(&lease.key).is_some_and(|l| l.id == lease.id) {
@@ -345,98 +322,11 @@ impl ClientTracker {
 
 #[path = "leases_handover.rs"]
 mod handover;
+#[path = "leases_identify.rs"]
+mod identify;
+use identify::READ_SLOTS;
+pub use identify::{IdentifyError, IDENTIFY_TIMEOUT};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::{AsFd, AsRawFd};
-    use std::os::unix::net::UnixStream;
-    use std::process::Command;
-    use std::time::Duration;
-
-    fn tracker(track: bool, reclaim: bool) -> (Arc<ClientTracker>, mpsc::UnboundedReceiver<NonZeroU32>) {
-        ClientTracker::new(
-            LeasePolicy { track, reclaim },
-            Arc::new(Metrics::new()),
-            Arc::new(TenantPolicy::off()),
-        )
-    }
-
-    #[tokio::test]
-    async fn one_watch_per_process_across_connections() {
-        let (t, _rx) = tracker(true, true);
-        let pairs: Vec<_> = (0..5).map(|_| UnixStream::pair().unwrap()).collect();
-        let leases: Vec<_> = pairs.iter().map(|(a, _)| t.identify(a.as_fd()).expect("lease")).collect();
-        assert!(leases.iter().all(|l| l.id == leases[0].id), "same process, same lease");
-        assert_eq!(leases[0].pid.map(|p| p.get()), Some(std::process::id()));
-        assert_eq!(t.watches_started(), 1);
-        assert_eq!(t.pidfds_opened(), 1, "later connections of a visible pid take the fast path");
-        assert_eq!(*t.subscribe().borrow(), ClientCount { seen_any: true, alive: 1 });
-        assert_eq!(t.metrics.leases.clients.get(), 1);
-        let c = t.who(pairs[0].0.as_fd());
-        assert_eq!(c.lease.as_ref().map(|l| l.id()), Some(leases[0].id));
-        assert!(c.lease.is_some_and(|l| l.alive()));
-    }
-
-    #[tokio::test]
-    async fn exit_of_the_peer_process_releases_its_lease() {
-        let (t, mut exits) = tracker(true, true);
-        // The peer must be another process: a child that connects, then exits.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s");
-        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let mut client = Command::new("python3")
-            .arg("-c")
-            .arg(format!(
-                "import socket,time; s=socket.socket(socket.AF_UNIX); s.connect({:?}); time.sleep(0.3)",
-                path.display().to_string()
-            ))
-            .spawn()
-            .unwrap();
-        let (conn, _) = listener.accept().unwrap();
-        let lease = t.identify(conn.as_fd()).expect("lease for the child");
-        assert_eq!(lease.pid.map(|p| p.get()), Some(client.id()));
-        assert!(lease.alive());
-        client.wait().unwrap();
-        let id = tokio::time::timeout(Duration::from_secs(5), exits.recv()).await.unwrap().unwrap();
-        assert_eq!(id, lease.id);
-        assert!(!lease.alive());
-        assert_eq!(*t.subscribe().borrow(), ClientCount { seen_any: true, alive: 0 });
-    }
-
-    #[tokio::test]
-    async fn tracking_off_identifies_nobody() {
-        let (t, _rx) = tracker(false, false);
-        let (a, _b) = UnixStream::pair().unwrap();
-        assert!(t.identify(a.as_fd()).is_none());
-        assert_eq!(*t.subscribe().borrow(), ClientCount::default());
-    }
-
-    #[tokio::test]
-    async fn tracking_without_reclaim_gives_no_lease_to_rules() {
-        let (t, _rx) = tracker(true, false);
-        let (a, _b) = UnixStream::pair().unwrap();
-        let c = t.who(a.as_fd());
-        assert!(c.pid.is_some());
-        assert!(c.lease.is_none());
-        assert_eq!(t.subscribe().borrow().alive, 1);
-    }
-
-    /// `(major, minor)` of the running kernel.
-    fn kernel_version() -> (u32, u32) {
-        let release = nix::sys::utsname::uname().unwrap().release().to_string_lossy().into_owned();
-        let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse().ok());
-        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-    }
-
-    #[test]
-    fn peer_pidfd_is_there_exactly_from_linux_6_5() {
-        assert_eq!(kernel_has_peer_pidfd(), kernel_version() >= (6, 5), "kernel {:?}", kernel_version());
-        if kernel_has_peer_pidfd() {
-            let (a, _b) = UnixStream::pair().unwrap();
-            let fd = peer_pidfd(a.as_fd()).unwrap();
-            let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).unwrap();
-            assert!(fdinfo.contains(&format!("Pid:\t{}", std::process::id())), "{fdinfo}");
-        }
-    }
-}
+#[path = "leases_tests.rs"]
+mod tests;

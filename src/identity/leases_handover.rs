@@ -67,7 +67,7 @@ impl ClientTracker {
             let tenant = match &w.tenant {
                 Some(tn) => {
                     let net = fds.take_opt(tn.netns_fd, "tenant network namespace")?;
-                    let net = net.map(|fd| NetNs { inode: tn.netns_inode, fd });
+                    let net = net.map(|fd| NetNs::new(tn.netns_inode, fd));
                     let t = Tenant::from_parts(tn.cgroup_id, tn.cgroup.clone(), tn.gpus, net);
                     self.tenants.saw(&t);
                     Some(Arc::new(t))
@@ -144,7 +144,7 @@ mod tests {
             .spawn()
             .unwrap();
         let (conn, _) = listener.accept().unwrap();
-        let lease = old.identify(conn.as_fd()).unwrap();
+        let lease = old.identify(conn.as_fd()).unwrap().unwrap();
         let mut list = FdList::default();
         let (leases, next) = old.handover(&mut list).unwrap();
         assert_eq!((leases.len(), next), (1, lease.id().get()));
@@ -152,10 +152,10 @@ mod tests {
         let mut set = FdSet::new(list.fds().iter().map(|f| f.try_clone().unwrap()).collect());
         assert_eq!(successor.adopt(&leases, next, &mut set).unwrap(), 1);
         // The same process is the same lease there, and a new one gets a new number.
-        let again = successor.identify(conn.as_fd()).unwrap();
+        let again = successor.identify(conn.as_fd()).unwrap().unwrap();
         assert_eq!(again.id(), lease.id());
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert!(successor.identify(a.as_fd()).unwrap().id() > lease.id());
+        assert!(successor.identify(a.as_fd()).unwrap().unwrap().id() > lease.id());
         drop(child.stdin.take());
         child.wait().unwrap();
         let id = tokio::time::timeout(Duration::from_secs(5), exits.recv()).await.unwrap().unwrap();

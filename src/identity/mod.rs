@@ -10,8 +10,8 @@
 //! - the [`leases`]: one watched pidfd per client process, and what happens
 //!   when that process exits;
 //! - what a client is *to the daemon* ([`Client`]), including its [`tenant`]:
-//!   its cgroup, the GPUs whose device nodes its mount namespace holds, and
-//!   its network namespace;
+//!   its cgroup, the GPUs whose device nodes it holds open, and its network
+//!   namespace;
 //! - the [`access`] checks that keep tenants apart (`--tenant_isolation`):
 //!   which GPU and which flow a client may use, whose rule it may remove, how
 //!   many rules it may hold.
@@ -20,6 +20,7 @@
 //! endpoints, the rule path or the daemon.
 
 pub mod access;
+mod held;
 pub mod leases;
 mod peer;
 pub mod tenant;
@@ -31,7 +32,7 @@ use std::sync::Arc;
 use nix::sys::socket::{getsockopt, sockopt};
 
 pub use access::{Denied, Refusal, TenantPolicy};
-pub use leases::{ClientCount, ClientTracker, Lease, LeasePolicy};
+pub use leases::{ClientCount, ClientTracker, IdentifyError, Lease, LeasePolicy};
 pub use peer::{pidfd_open, probe_peer_pidfd};
 pub use tenant::Tenant;
 

@@ -1,25 +1,30 @@
 //! Finding a client process's tenant: its cgroup (v2), the GPUs whose
-//! device nodes it can see, and its network namespace.
+//! device nodes it holds open, and its network namespace.
 //!
 //! - The cgroup id comes from `PIDFD_GET_INFO` (Linux 6.13), which works
 //!   even when the process lives in a pid namespace the daemon cannot see;
 //!   else from `/proc/<pid>/cgroup` (the `0::` line) and the inode of that
 //!   folder under the cgroup2 mount, which is the same id.
-//! - The GPUs: `/dev/nvidia<minor>` as the process sees it, through
-//!   `/proc/<pid>/root`; where the pid is not visible, inside its mount
-//!   namespace (from `PIDFD_GET_MNT_NAMESPACE`, Linux 6.11) on a short-lived
-//!   thread. A character device must carry the GPU's minor; a regular file
-//!   counts only for simulated GPUs (host pools), which tests use.
+//! - The GPUs: the device nodes among its open files (see `identity::held`).
+//!   A simulated GPU's stand-in file is looked up under `/proc/<pid>/root`;
+//!   where the pid is not visible, inside its mount namespace (from
+//!   `PIDFD_GET_MNT_NAMESPACE`, Linux 6.11) on a short-lived thread.
 //! - The network namespace: `/proc/<pid>/ns/net`, or
 //!   `PIDFD_GET_NET_NAMESPACE`. Kept open: flow checks look sockets up in it.
 //!
 //! All of this is read once per client process, when it is first seen.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use nix::errno::Errno;
+
+use super::held::{self, FileId, OpenFile};
+pub use super::held::{device_minor, GpuDevices};
+use crate::netlink::sock_diag::SockDiag;
 
 /// `PIDFD_GET_MNT_NAMESPACE`: `_IO(0xFF, 3)`.
 const PIDFD_GET_MNT_NAMESPACE: libc::c_ulong = 0xFF03;
@@ -31,8 +36,6 @@ const PIDFD_GET_INFO: libc::c_ulong =
 const PIDFD_INFO_SIZE: usize = 64;
 /// `PIDFD_INFO_CGROUPID`.
 const PIDFD_INFO_CGROUPID: u64 = 1 << 2;
-/// The NVIDIA character devices' major number.
-const NVIDIA_MAJOR: u64 = 195;
 
 /// `struct pidfd_info` (`<linux/pidfd.h>`, version 0).
 #[repr(C)]
@@ -54,43 +57,56 @@ struct PidfdInfo {
     spare0: u32,
 }
 
-/// How the daemon's GPUs appear as device nodes, in topology order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GpuDevices {
-    /// The minor of each GPU's `/dev/nvidia<minor>`.
-    pub minors: Vec<u32>,
-    /// Simulated GPUs: a regular file of that name counts too.
-    pub simulated: bool,
-}
-
-impl GpuDevices {
-    /// The minors of `pcis` from the NVIDIA driver's
-    /// `<procfs>/driver/nvidia/gpus/<pci>/information` (`Device Minor:`); a
-    /// GPU the driver does not list gets its place in the topology.
-    pub fn from_driver(procfs: &Path, pcis: &[String], simulated: bool) -> GpuDevices {
-        let minors = pcis
-            .iter()
-            .enumerate()
-            .map(|(i, pci)| {
-                let info = procfs.join("driver/nvidia/gpus").join(pci).join("information");
-                std::fs::read_to_string(info).ok().and_then(|t| device_minor(&t)).unwrap_or(i as u32)
-            })
-            .collect();
-        GpuDevices { minors, simulated }
-    }
-}
-
-/// The `Device Minor:` of the NVIDIA driver's information file.
-pub fn device_minor(information: &str) -> Option<u32> {
-    information.lines().find_map(|l| l.trim().strip_prefix("Device Minor:")?.trim().parse().ok())
-}
-
 /// A network namespace, kept open.
 #[derive(Debug)]
 pub struct NetNs {
     /// Its nsfs inode: names the namespace.
     pub inode: u64,
     pub fd: OwnedFd,
+    /// `sock_diag` sockets opened in it for flow checks, idle: a check takes
+    /// one (or opens one) and puts it back. Each pins the namespace, so they
+    /// close when the client process's lease ends ([`NetNs::release`]).
+    diag: Mutex<Vec<SockDiag>>,
+    released: AtomicBool,
+}
+
+/// Idle `sock_diag` sockets kept per client process, at most.
+const DIAG_IDLE: usize = 4;
+
+impl NetNs {
+    pub fn new(inode: u64, fd: OwnedFd) -> NetNs {
+        NetNs { inode, fd, diag: Mutex::default(), released: AtomicBool::new(false) }
+    }
+
+    /// An idle `sock_diag` socket of this namespace, if there is one.
+    pub fn take_diag(&self) -> Option<SockDiag> {
+        self.diag.lock().expect("sock_diag cache lock").pop()
+    }
+
+    /// Gives back a socket from [`Self::take_diag`] (or a new one) for the
+    /// next check; after [`Self::release`] it is closed instead.
+    pub fn put_diag(&self, diag: SockDiag) {
+        if self.released.load(Ordering::Acquire) {
+            return;
+        }
+        let mut idle = self.diag.lock().expect("sock_diag cache lock");
+        if idle.len() < DIAG_IDLE {
+            idle.push(diag);
+        }
+    }
+
+    /// The process whose namespace this is has exited: its sockets close now
+    /// (those in use close when given back), so that they pin nothing.
+    pub fn release(&self) {
+        self.released.store(true, Ordering::Release);
+        let idle = std::mem::take(&mut *self.diag.lock().expect("sock_diag cache lock"));
+        drop(idle);
+    }
+
+    /// Idle sockets kept now.
+    pub fn idle_diag(&self) -> usize {
+        self.diag.lock().expect("sock_diag cache lock").len()
+    }
 }
 
 /// What a client process is, as far as isolation goes.
@@ -100,19 +116,19 @@ pub struct Tenant {
     pub cgroup_id: u64,
     /// The cgroup's path, where it could be read (for logs and `status`).
     pub cgroup: Option<String>,
-    /// The GPUs (topology order) whose device node it sees, as a bit set.
+    /// The GPUs (topology order) whose device node it holds open, as a bit set.
     gpus: u64,
     /// Its network namespace, where it could be opened.
     pub net: Option<NetNs>,
 }
 
 impl Tenant {
-    /// Whether it sees the device node of the GPU at topology place `gpu`.
-    pub fn sees_gpu(&self, gpu: usize) -> bool {
+    /// Whether it holds the device node of the GPU at topology place `gpu` open.
+    pub fn holds_gpu(&self, gpu: usize) -> bool {
         gpu < 64 && self.gpus & (1 << gpu) != 0
     }
 
-    /// The GPUs it sees, as a bit set (topology order).
+    /// The GPUs it holds, as a bit set (topology order).
     pub fn gpu_bits(&self) -> u64 {
         self.gpus
     }
@@ -152,15 +168,13 @@ pub fn identify(
         }
     };
     let gpus = match pid {
-        Some(p) => visible_gpus(&format!("/proc/{p}/root"), devices),
-        None => pidfd_ns(pidfd, PIDFD_GET_MNT_NAMESPACE)
-            .map(|ns| gpus_in_mount_ns(ns.as_fd(), devices))
-            .unwrap_or(0),
+        Some(p) => gpus_of_visible(pidfd, p, devices),
+        None => gpus_of_hidden(pidfd, devices),
     };
     let net_fd = pid
         .and_then(|p| std::fs::File::open(format!("/proc/{p}/ns/net")).ok().map(OwnedFd::from))
         .or_else(|| pidfd_ns(pidfd, PIDFD_GET_NET_NAMESPACE).ok());
-    let net = net_fd.and_then(|fd| Some(NetNs { inode: nix::sys::stat::fstat(fd.as_fd()).ok()?.st_ino, fd }));
+    let net = net_fd.and_then(|fd| Some(NetNs::new(nix::sys::stat::fstat(fd.as_fd()).ok()?.st_ino, fd)));
     Some(Tenant { cgroup_id, cgroup, gpus, net })
 }
 
@@ -189,33 +203,51 @@ fn pidfd_ns(pidfd: BorrowedFd<'_>, cmd: libc::c_ulong) -> Result<OwnedFd, Errno>
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Whether `path` is the device node of minor `minor` (or, for simulated
-/// GPUs, any regular file).
-fn is_gpu_node(path: &str, minor: u32, simulated: bool) -> bool {
-    match std::fs::metadata(path) {
-        Ok(m) if m.file_type().is_char_device() => {
-            let rdev = m.rdev();
-            nix::sys::stat::major(rdev) == NVIDIA_MAJOR && nix::sys::stat::minor(rdev) == u64::from(minor)
+/// The GPUs that process `pid` (behind `pidfd`) holds open, read through `/proc/<pid>`.
+fn gpus_of_visible(pidfd: BorrowedFd<'_>, pid: u32, devices: &GpuDevices) -> u64 {
+    let open = match held::open_files_of_pid(pid) {
+        Ok(open) => open,
+        Err(e) => {
+            tracing::debug!(pid, error = %e, "cannot read a client's open files");
+            return 0;
         }
-        Ok(m) => simulated && m.is_file(),
-        Err(_) => false,
+    };
+    let stand_ins = match devices.simulated {
+        true => std::fs::File::open(format!("/proc/{pid}/root"))
+            .map(|root| held::stand_ins_under(root.as_fd(), devices))
+            .unwrap_or_default(),
+        false => Vec::new(),
+    };
+    // Read by pid: only if the process is still there did the pid name it throughout.
+    match held::still_there(pidfd) {
+        true => held::held_gpus(&open, devices, &stand_ins),
+        false => 0,
     }
 }
 
-/// The GPUs whose device node exists under `root`/dev.
-fn visible_gpus(root: &str, devices: &GpuDevices) -> u64 {
-    let mut set = 0u64;
-    for (i, minor) in devices.minors.iter().enumerate().take(64) {
-        if is_gpu_node(&format!("{root}/dev/nvidia{minor}"), *minor, devices.simulated) {
-            set |= 1 << i;
+/// The GPUs that the process behind `pidfd`, whose pid is not visible here,
+/// holds open: its descriptors through the pidfd, a simulated GPU's stand-in
+/// inside its mount namespace.
+fn gpus_of_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
+    let open = match held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN) {
+        Ok(open) => open,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the open files of a client in another pid namespace");
+            return 0;
         }
-    }
-    set
+    };
+    let stand_ins = match (devices.simulated, open.iter().any(|f| matches!(f, OpenFile::Regular(_)))) {
+        (true, true) => pidfd_ns(pidfd, PIDFD_GET_MNT_NAMESPACE)
+            .map(|ns| stand_ins_in_mount_ns(ns.as_fd(), devices))
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    held::held_gpus(&open, devices, &stand_ins)
 }
 
-/// The GPUs visible in mount namespace `ns`, looked at from a thread that
-/// enters it (its own filesystem context first, so nothing else moves).
-fn gpus_in_mount_ns(ns: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
+/// The simulated GPUs' stand-ins in mount namespace `ns`, looked up from a
+/// thread that enters it (its own filesystem context first, so nothing else moves).
+fn stand_ins_in_mount_ns(ns: BorrowedFd<'_>, devices: &GpuDevices) -> Vec<Option<FileId>> {
     let raw = ns.as_raw_fd();
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -223,16 +255,16 @@ fn gpus_in_mount_ns(ns: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
             let ns = unsafe { BorrowedFd::borrow_raw(raw) };
             let entered = nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)
                 .and_then(|_| nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNS));
-            match entered {
-                Ok(()) => visible_gpus("", devices),
+            match entered.map_err(std::io::Error::from).and_then(|()| std::fs::File::open("/")) {
+                Ok(root) => held::stand_ins_under(root.as_fd(), devices),
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot enter a client's mount namespace");
-                    0
+                    Vec::new()
                 }
             }
         })
         .join()
-        .unwrap_or(0)
+        .unwrap_or_default()
     })
 }
 
@@ -282,9 +314,6 @@ mod tests {
         let own = crate::identity::pidfd_open(std::process::id()).unwrap();
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
         let root = cgroup2_mount(&mounts);
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("dev")).unwrap();
-        std::fs::write(dir.path().join("dev/nvidia1"), b"").unwrap();
         let devices = GpuDevices { minors: vec![0, 1], simulated: true };
         let t =
             identify(own.as_fd(), Some(std::process::id()), &devices, root.as_deref()).expect("identified");
@@ -293,13 +322,5 @@ mod tests {
             assert_eq!(t.cgroup_id, ino, "PIDFD_GET_INFO and the cgroup folder agree");
         }
         assert!(t.net.is_some());
-        // The device check itself, on a root of our own.
-        let root = dir.path().display().to_string();
-        assert_eq!(visible_gpus(&root, &devices), 0b10);
-        assert_eq!(
-            visible_gpus(&root, &GpuDevices { simulated: false, ..devices }),
-            0,
-            "a file is no device"
-        );
     }
 }

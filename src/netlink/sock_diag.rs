@@ -105,6 +105,11 @@ fn addr_of(bytes: &[u8], fam: u8, port: u16) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
+/// `addr` with a v4-mapped IPv6 address as the IPv4 address it carries.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 /// Parses the kernel's answer to [`lookup_request`]: the socket, `None` for
 /// "no such socket" (an error `ENOENT`, or only a listener on the port), or
 /// an error.
@@ -138,9 +143,12 @@ pub fn parse_answer(
     let id = &body[4..4 + SOCKID];
     let sport = u16::from_be_bytes([id[0], id[1]]);
     let dport = u16::from_be_bytes([id[2], id[3]]);
-    let found_local = addr_of(&id[4..20], fam, sport);
-    let found_remote = addr_of(&id[20..36], fam, dport);
-    if state == TCP_LISTEN || found_local != Some(local) || found_remote != Some(remote) {
+    // An IPv4 flow on a dual-stack (IPv6) socket comes back v4-mapped
+    // (`::ffff:a.b.c.d`): both sides are compared in their IPv4 form.
+    let found_local = addr_of(&id[4..20], fam, sport).map(canonical);
+    let found_remote = addr_of(&id[20..36], fam, dport).map(canonical);
+    let same = found_local == Some(canonical(local)) && found_remote == Some(canonical(remote));
+    if state == TCP_LISTEN || !same {
         return Ok(None);
     }
     let inode = u32::from_ne_bytes(body[DIAG_MSG - 4..DIAG_MSG].try_into().expect("4 bytes"));
@@ -351,6 +359,31 @@ mod tests {
         let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(diag.find_tcp(local, nobody).unwrap(), None);
         drop((client, server));
+    }
+
+    #[test]
+    fn finds_an_ipv4_connection_on_a_dual_stack_socket() {
+        // A listener on [::] without IPV6_V6ONLY takes IPv4 connections as
+        // v4-mapped IPv6 sockets; the flow is still named in IPv4, as packets carry it.
+        let Ok(listener) = TcpListener::bind("[::]:0") else { return };
+        let port = listener.local_addr().unwrap().port();
+        let client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (server, peer) = listener.accept().unwrap();
+        assert!(peer.ip().to_string().starts_with("::ffff:"), "a dual-stack socket: {peer}");
+        let local = SocketAddr::from(([127, 0, 0, 1], port));
+        let remote = client.local_addr().unwrap();
+        let mut diag = SockDiag::open().unwrap();
+        let found = diag.find_tcp(local, remote).unwrap().expect("the accepted dual-stack socket");
+        assert_eq!(found.state, 1, "established");
+        // Asked in its mapped form, it is the same socket.
+        let mapped = |a: SocketAddr| match a.ip() {
+            IpAddr::V4(v4) => SocketAddr::new(IpAddr::V6(v4.to_ipv6_mapped()), a.port()),
+            IpAddr::V6(_) => a,
+        };
+        assert_eq!(diag.find_tcp(mapped(local), mapped(remote)).unwrap(), Some(found));
+        // And another port still finds nothing.
+        assert_eq!(diag.find_tcp(local, SocketAddr::from(([127, 0, 0, 1], 1))).unwrap(), None);
+        drop(server);
     }
 
     #[test]

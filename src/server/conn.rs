@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::handlers::{self, ConnContext};
 use super::ServerState;
+use crate::config::flags::TenantIsolation;
 use crate::endpoint::pause::{self, Parked};
 use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
 use crate::gpu::RxPool;
@@ -72,6 +73,37 @@ fn tracks_client(endpoint: Endpoint) -> bool {
     matches!(endpoint, Endpoint::Registry | Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_))
 }
 
+/// Finds the connection's client, once, where a request needs it. Its
+/// tenant is read off the runtime's workers and waited for a bounded time
+/// ([`IDENTIFY_TIMEOUT`](identity::leases::IDENTIFY_TIMEOUT)); past that a pool request under
+/// `enforce` is not served (`Err`: the client is told so), anything else is
+/// served as from an unidentified client; the next request asks again.
+async fn identify(
+    stream: &UnixStream,
+    endpoint: Endpoint,
+    state: &ServerState,
+    ctx: &mut ConnContext,
+) -> Result<(), identity::IdentifyError> {
+    if ctx.client.is_some() || !(tracks_client(endpoint) || state.tenants.checks()) {
+        return Ok(());
+    }
+    match state.clients.who_async(stream.as_fd()).await {
+        Ok(c) => {
+            ctx.client = Some(c);
+            Ok(())
+        }
+        Err(e) => {
+            tracing::debug!(endpoint = endpoint.kind(), pid = ctx.pid.unwrap_or(0), error = %e, "client not identified in time");
+            let decides =
+                matches!(endpoint, Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_) | Endpoint::GpuIpcHandle);
+            match decides && state.tenants.mode == TenantIsolation::Enforce {
+                true => Err(e),
+                false => Ok(()),
+            }
+        }
+    }
+}
+
 /// Serves requests in order. Every request read gets exactly one reply before
 /// the connection closes: after shutdown begins, requests already received
 /// (even partly) are answered UNAVAILABLE, except on the registry, which keeps
@@ -103,10 +135,10 @@ async fn run(
                 let reply = if stopping && !serves_through_shutdown {
                     Reply::Message(shutting_down())
                 } else {
-                    if ctx.client.is_none() && (tracks_client(endpoint) || state.tenants.checks()) {
-                        ctx.client = Some(state.clients.who(stream.as_fd()));
+                    match identify(stream, endpoint, state, ctx).await {
+                        Ok(()) => handlers::handle(endpoint, msg, state, ctx),
+                        Err(e) => Reply::Message(frame::error(StatusCode::Unavailable, e.to_string())),
                     }
-                    handlers::handle(endpoint, msg, state, ctx).await
                 };
                 let close = matches!(reply, Reply::Close(_));
                 write_reply(stream, reply).await?;

@@ -10,7 +10,6 @@ use crate::endpoint::Endpoint;
 pub use crate::endpoint::Reply;
 use crate::gpu::RxPool;
 use crate::identity::Client;
-use crate::steering::{self, Requester};
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 use crate::wire::frame;
@@ -28,20 +27,13 @@ fn invalid(msg: impl Into<String>) -> Reply {
     Reply::Close(frame::error(StatusCode::InvalidArgument, msg))
 }
 
-pub async fn handle(
-    endpoint: Endpoint,
-    msg: UnixSocketProto,
-    state: &ServerState,
-    ctx: &mut ConnContext,
-) -> Reply {
+pub fn handle(endpoint: Endpoint, msg: UnixSocketProto, state: &ServerState, ctx: &mut ConnContext) -> Reply {
     match endpoint {
-        Endpoint::RuleManager => {
-            let who = Requester::from(ctx.client.clone().unwrap_or_default());
-            steering::request::rule(&state.rules, msg, true, who).await
-        }
-        Endpoint::RuleUninstall => {
-            steering::request::rule(&state.rules, msg, false, Requester::default()).await
-        }
+        // Served by the rule path's own threads (`steering::intake`); never accepted here.
+        Endpoint::RuleManager | Endpoint::RuleUninstall => Reply::Close(frame::error(
+            StatusCode::Internal,
+            "rule requests are served on the rule endpoints only",
+        )),
         Endpoint::QueueIdsByGpu => queue_ids(state, msg),
         Endpoint::Registry => registry(state, msg, ctx),
         Endpoint::GpuFd(gpu) => pool_fd(state, msg, gpu, ctx),

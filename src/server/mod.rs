@@ -119,6 +119,12 @@ pub fn spawn_adopted(
 
 /// Accepts connections on `listener` until shutdown; each connection runs in
 /// its own task holding a connection permit and a clone of `done`.
+///
+/// The loop counts at the pause gate from before each accept until the
+/// connection's task takes over, so a takeover waits for it: idle, it parks
+/// nothing; with a connection accepted while the budget is full (another
+/// endpoint took the last permit meanwhile), it parks that connection, which
+/// the successor then serves.
 pub fn spawn_endpoint(
     listener: UnixListener,
     endpoint: Endpoint,
@@ -141,15 +147,21 @@ pub fn spawn_endpoint(
                 _ = stopped(&mut shutdown) => return,
                 p = state.conn_limit.acquire(endpoint) => drop(p),
             }
+            let live = state.gate.enter();
             let stream = tokio::select! {
                 _ = stopped(&mut shutdown) => return,
-                _ = pause::closing(&mut gate) => continue,
+                _ = pause::closing(&mut gate) => {
+                    state.gate.park_task(None);
+                    pause::settled(&mut gate).await;
+                    continue;
+                }
                 r = listener.accept() => match r {
                     Ok((s, _)) => {
                         backoff.succeeded();
                         s
                     }
                     Err(e) => {
+                        drop(live);
                         // EMFILE and friends: back off (growing pause, one log line
                         // per few seconds); clients wait in the backlog meanwhile.
                         let pause = backoff.failed(&e);
@@ -161,12 +173,15 @@ pub fn spawn_endpoint(
                     }
                 },
             };
-            let permit = tokio::select! {
-                _ = stopped(&mut shutdown) => return,
-                p = state.conn_limit.acquire(endpoint) => p,
+            let permit = match state.conn_limit.try_acquire(endpoint) {
+                Some(p) => Some(p),
+                None => match wait_for_permit(&stream, endpoint, &state, &mut gate, &mut shutdown).await {
+                    Waited::Permit(p) => Some(p),
+                    // Shutdown: served without one, to answer what it sent.
+                    Waited::Stopping => None,
+                    Waited::HandedOver => continue,
+                },
             };
-            // Counted from here, so that a pause waits for it too.
-            let live = state.gate.enter();
             let state = state.clone();
             let shutdown = shutdown.clone();
             let done = done.clone();
@@ -176,4 +191,44 @@ pub fn spawn_endpoint(
             });
         }
     });
+}
+
+/// How waiting for a connection permit ended.
+enum Waited {
+    Permit(tokio::sync::OwnedSemaphorePermit),
+    Stopping,
+    /// A takeover took the connection: the successor serves it.
+    HandedOver,
+}
+
+/// Waits for a permit for a connection accepted at the limit. A takeover
+/// meanwhile parks the connection, with nothing read, for the successor;
+/// if the takeover fails it waits on.
+async fn wait_for_permit(
+    stream: &tokio::net::UnixStream,
+    endpoint: Endpoint,
+    state: &ServerState,
+    gate: &mut watch::Receiver<pause::GateState>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Waited {
+    use std::os::fd::AsFd;
+    loop {
+        tokio::select! {
+            _ = stopped(shutdown) => return Waited::Stopping,
+            p = state.conn_limit.acquire(endpoint) => return Waited::Permit(p),
+            _ = pause::closing(gate) => {
+                let parked = match stream.as_fd().try_clone_to_owned() {
+                    Ok(fd) => Some(Parked { fd, endpoint, registered: false, input: Vec::new(), peeked: 0 }),
+                    Err(e) => {
+                        tracing::warn!(endpoint = endpoint.kind(), error = %e, "cannot duplicate a connection for the takeover: it stays here");
+                        None
+                    }
+                };
+                state.gate.park_task(parked);
+                if !pause::settled(gate).await {
+                    return Waited::HandedOver;
+                }
+            }
+        }
+    }
 }

@@ -40,7 +40,7 @@ use tokio::sync::oneshot;
 
 use crate::endpoint::budget::ConnBudget;
 use crate::endpoint::pause::Gate;
-use crate::identity::{Client, ClientTracker, TenantPolicy};
+use crate::identity::{Client, ClientTracker, IdentifyError, TenantPolicy};
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicError};
 use crate::rules::engine::Installed;
@@ -132,8 +132,10 @@ impl RulePath {
 /// Who asks for an install: the rule's recorded owner and, with
 /// `--leases`, the lease whose end removes the rule. The NIC thread refuses
 /// installs for a process already known to be gone, so that no rule
-/// outlives its reclaim.
-#[derive(Debug, Clone, Default)]
+/// outlives its reclaim. There is no default: each is the client of a
+/// connection ([`Requester::of`]), or explicitly nobody
+/// ([`Requester::unchecked`]).
+#[derive(Debug, Clone)]
 pub struct Requester {
     /// What a rule it installs records of it.
     pub owner: Owner,
@@ -153,12 +155,18 @@ impl Requester {
     pub fn gone(&self) -> bool {
         self.client.lease.as_ref().is_some_and(|l| !l.alive())
     }
-}
 
-impl Requester {
-    /// The client at the other end of `sock`, asked of the client registry.
-    pub fn of(clients: &Arc<ClientTracker>, sock: BorrowedFd<'_>) -> Requester {
-        clients.who(sock).into()
+    /// The client at the other end of `sock`, asked of the client registry
+    /// (which waits a bounded time for a tenant still being read).
+    pub fn of(clients: &Arc<ClientTracker>, sock: BorrowedFd<'_>) -> Result<Requester, IdentifyError> {
+        clients.who(sock).map(Requester::from)
+    }
+
+    /// Nobody in particular: for an uninstall while tenant isolation is
+    /// off, when the NIC thread checks no owner. With isolation on, a check
+    /// finds no tenant in it and refuses it as unidentified.
+    pub fn unchecked() -> Requester {
+        Requester::from(Client::default())
     }
 }
 

@@ -31,7 +31,7 @@ pub enum RuleStart {
     Answered(Reply),
     /// For NIC `nic`'s thread, which writes the reply to the client itself.
     Handed { nic: usize, job: Job },
-    /// Needs the general path (an uninstall that asks every NIC): [`rule`].
+    /// Needs the general path (an uninstall that asks every NIC): [`uninstall_everywhere`].
     General(UnixSocketProto),
 }
 
@@ -80,31 +80,24 @@ pub fn start_rule(
     RuleStart::Handed { nic, job }
 }
 
-/// A rule request answered on the runtime (the NIC threads still do the NIC work).
-pub async fn rule(rules: &RulePath, msg: UnixSocketProto, install: bool, who: Requester) -> Reply {
+/// An uninstall whose NIC the request does not tell ([`RuleStart::General`]),
+/// answered on the runtime: every NIC is asked (the NIC threads do the NIC work).
+pub async fn uninstall_everywhere(rules: &RulePath, msg: UnixSocketProto, who: Requester) -> Reply {
     let started = Instant::now();
-    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let (code, reply) = match msg.payload {
         Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(&req) {
-            Ok(req) => {
-                let r = if install {
-                    install_rule(rules, &req, who).await
-                } else {
-                    uninstall_rule(rules, &req, who).await
-                };
-                match r {
-                    Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
-                    Err(f) => {
-                        tracing::debug!(op = op.name(), code = f.code.name(), error = %f.message, "rule request failed");
-                        (f.code, Reply::Message(frame::error(f.code, f.message)))
-                    }
+            Ok(req) => match uninstall_rule(rules, &req, who).await {
+                Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
+                Err(f) => {
+                    tracing::debug!(code = f.code.name(), error = %f.message, "uninstall failed");
+                    (f.code, Reply::Message(frame::error(f.code, f.message)))
                 }
-            }
+            },
             Err(f) => (f.code, Reply::Close(frame::error(f.code, f.message))),
         },
         _ => (StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
     };
-    rules.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
+    rules.metrics.rule_done(RuleOp::Uninstall, code, started.elapsed().as_secs_f64());
     reply
 }
 
@@ -140,12 +133,6 @@ fn check_install(
     t.check_gpu(ENDPOINT_INSTALL, &who.client, slot.ordinal, &pci)
         .and_then(|_| t.check_flow(ENDPOINT_INSTALL, &who.client, req.flow.dst, req.flow.src))
         .map_err(|d| RuleFailure::new(d.code(), d.message))
-}
-
-async fn install_rule(rules: &RulePath, req: &RuleRequest, who: Requester) -> Result<(), RuleFailure> {
-    let (pci, slot) = resolve(rules, req)?;
-    check_install(rules, &who, req, pci, slot)?;
-    rules.nics[slot.nic].install(req.flow, slot.index, req.queue, who).await.map(|_| ())
 }
 
 /// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.

@@ -206,11 +206,13 @@ def pattern(size, seed):
 
 def import_pool(uds, pci):
     cu = cu_mod()
+    # CUDA first, as in an NCCL job: from cuInit on the process holds the
+    # GPU's device node open, which is what the daemon's tenant check asks for.
+    dev = cuda_device(pci)
     fd, status = fetch_fd(uds, pci)
     if fd is None:
         raise RuntimeError(f"no fd for {pci}: status {status}")
     meta_fd, size, alignment = fetch_metadata(uds, pci)
-    dev = cuda_device(pci)
     kind = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
     handle = ck(cu.cuMemImportFromShareableHandle(fd, kind), "cuMemImportFromShareableHandle")
     os.close(fd)
@@ -241,8 +243,8 @@ def cmd_read(uds, pci, seed):
 
 def ipc_open(uds, pci):
     cu = cu_mod()
+    cuda_device(pci)  # first, as import_pool says
     raw = fetch_ipc_handle(uds, pci)
-    cuda_device(pci)
     import ctypes
     h = cu.CUipcMemHandle()
     ctypes.memmove(h.getPtr(), raw, 64)  # the binding exposes no field setter

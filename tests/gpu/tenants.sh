@@ -3,13 +3,16 @@
 # device nodes, with CUDA pools (--gpu_backend cuda, --tenant_isolation=enforce):
 #   1. the daemon takes each GPU's minor from the driver's
 #      /proc/driver/nvidia/gpus/<pci>/information (as nvidia-smi reports it);
-#   2. a client that sees /dev/nvidia<minor> (the host's mount namespace) gets
-#      the pool's fd, imports it and writes through it;
-#   3. a client in a mount namespace of its own whose /dev holds a regular
-#      file of that name is refused (PERMISSION_DENIED, naming the GPU): with
-#      CUDA pools only the character device counts;
-#   4. the same client with the real device node bind-mounted gets the fd;
-#   5. the refusal is counted and logged.
+#   2. a CUDA client (cuInit first, so it holds /dev/nvidia<minor> open, as an
+#      NCCL job does) gets the pool's fd, imports it and writes through it;
+#   3. a GPU is a client's only while the client holds its device node open:
+#      in a mount namespace of its own, a client is refused (PERMISSION_DENIED,
+#      naming the GPU) when /dev/nvidia<minor> is a regular file it holds open
+#      (with CUDA pools only the character device counts), a node it made with
+#      mknod, a symlink (absolute or relative) to the real node, or the real
+#      node that it opened and closed again; it gets the fd when it holds the
+#      real node (bind-mounted) open;
+#   4. the refusals are counted and logged.
 # Prints PASS/FAIL per check; exits 1 on any FAIL. Needs root (mount namespaces).
 # Env: RXDM_BIN (daemon binary), OUT (logs), RXDM_WHEELS (fallback wheels).
 set -u
@@ -21,6 +24,8 @@ LOG="$OUT/tenants.log"
 say() { echo "$@" | tee -a "$LOG"; }
 
 # Fetches GPU $2's pool fd from folder $1; prints "fd" or "status N: message".
+# With $3 it first opens that path (read-only) and holds it open, as CUDA holds
+# its device nodes; with $4 = close it closes it again before asking.
 FETCH="$OUT/fetch.py"
 cat >"$FETCH" <<'PY'
 import socket, sys
@@ -46,6 +51,14 @@ def fields(b):
         yield key >> 3, v
 
 folder, gpu = sys.argv[1], sys.argv[2]
+if len(sys.argv) > 3:
+    import os
+    try:
+        held = os.open(sys.argv[3], os.O_RDONLY)
+        if len(sys.argv) > 4 and sys.argv[4] == "close":
+            os.close(held)
+    except OSError as e:
+        print(f"({sys.argv[3]}: {e.strerror})", end=" ")
 msg = b"\x0a" + bytes([len(gpu)]) + gpu.encode()
 s = socket.socket(socket.AF_UNIX)
 s.connect(f"{folder}/get_gpu_fd_{gpu}")
@@ -97,26 +110,47 @@ else
     say "FAIL own-device: $out"
 fi
 
-alone=$(unshare -m --propagation private sh -c "mount -t tmpfs tmpfs /dev && : > /dev/nvidia$minor && exec $PY $FETCH $UDS $gpu" 2>&1)
-if grep -q "^status 7: .*$gpu" <<<"$alone"; then
-    say "PASS file-is-no-device: a regular /dev/nvidia$minor is refused: $alone"
-else
-    say "FAIL file-is-no-device: $alone"
-fi
+# A client with a /dev of its own (tmpfs): $1 plants what it wants there, with
+# the host's /dev at /tmp/rxdm-dev; then the fetch runs with the rest of the arguments.
+planted() {
+    local setup=$1
+    shift
+    unshare -m --propagation private sh -c "mkdir -p /tmp/rxdm-dev && mount --bind /dev /tmp/rxdm-dev &&
+        mount -t tmpfs tmpfs /dev && $setup && exec $PY $FETCH $UDS $gpu $*" 2>&1
+}
+node=/dev/nvidia$minor
+# Each must be refused, naming the GPU.
+refusals=0
+expect_refused() {
+    local name=$1 why=$2 got=$3
+    refusals=$((refusals + 1))
+    if grep -q "status 7: .*$gpu" <<<"$got"; then
+        say "PASS $name: $why is refused: $got"
+    else
+        say "FAIL $name: $why: $got"
+    fi
+}
+expect_refused file-is-no-device "a regular file $node, held open" "$(planted ": > $node" "$node")"
+expect_refused mknod-not-held "a node made with mknod $node c 195 $minor, not opened" \
+    "$(planted "mknod $node c 195 $minor")"
+expect_refused absolute-link "a symlink $node -> $node (the host's node, seen from the daemon), not held" \
+    "$(planted "ln -s $node $node")"
+expect_refused relative-link "a symlink $node -> rxdm-real, the real node bind-mounted there, not held" \
+    "$(planted ": > /dev/rxdm-real && mount --bind /tmp/rxdm-dev/nvidia$minor /dev/rxdm-real && ln -s rxdm-real $node")"
+expect_refused held-and-closed "the real node bind-mounted, opened and closed again before asking" \
+    "$(planted ": > $node && mount --bind /tmp/rxdm-dev/nvidia$minor $node" "$node" close)"
 
-bound=$(unshare -m --propagation private sh -c "mkdir -p /tmp/rxdm-dev && mount --bind /dev /tmp/rxdm-dev &&
-    mount -t tmpfs tmpfs /dev && : > /dev/nvidia$minor && mount --bind /tmp/rxdm-dev/nvidia$minor /dev/nvidia$minor &&
-    exec $PY $FETCH $UDS $gpu" 2>&1)
+bound=$(planted ": > $node && mount --bind /tmp/rxdm-dev/nvidia$minor $node" "$node")
 if [ "$bound" = fd ]; then
-    say "PASS bound-device: the same namespace with the real device node bind-mounted gets the fd"
+    say "PASS bound-device: the real device node bind-mounted and held open gets the fd"
 else
     say "FAIL bound-device: $bound"
 fi
 
 refused=$(curl -s http://127.0.0.1:19468/metrics |
     awk '/^tcpx_rxdm_requests_refused_total\{endpoint="gpu_fd",mode="enforce",reason="gpu"\}/ { print $2 }')
-if [ "$refused" = 1 ] && grep -q 'reason="gpu"' "$OUT/daemon-tenants.log"; then
-    say "PASS counted: requests_refused_total{gpu_fd,gpu,enforce} = 1 and logged"
+if [ "$refused" = "$refusals" ] && grep -q 'reason="gpu"' "$OUT/daemon-tenants.log"; then
+    say "PASS counted: requests_refused_total{gpu_fd,gpu,enforce} = $refusals and logged"
 else
     say "FAIL counted: '$refused'"
 fi

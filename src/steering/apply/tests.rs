@@ -31,7 +31,7 @@ fn setup() -> (Arc<SimNic>, NicRuleThread) {
 /// An install job and the receiver of its answer.
 fn install_job(i: u32) -> (Job, oneshot::Receiver<Result<Installed, RuleFailure>>) {
     let (reply, rx) = oneshot::channel();
-    (Job::Install { flow: flow(i), gpu: 0, hint: None, who: Requester::default(), reply }, rx)
+    (Job::Install { flow: flow(i), gpu: 0, hint: None, who: Requester::unchecked(), reply }, rx)
 }
 
 /// Installs through the NIC thread until the NIC is trusted (a preempted
@@ -40,7 +40,7 @@ async fn warm_up(t: &NicRuleThread, first: u32) -> u32 {
     let mut n = 0;
     while !t.core.fast.load(Ordering::Relaxed) {
         assert!(n < 20 * FAST_STREAK, "never trusted after {n} quick installs");
-        t.install(flow(first + n), 0, None, Requester::default()).await.unwrap();
+        t.install(flow(first + n), 0, None, Requester::unchecked()).await.unwrap();
         n += 1;
     }
     n
@@ -68,7 +68,7 @@ async fn lone_requests_run_here_only_after_a_streak_of_quick_operations() {
     let (_nic, t) = setup();
     assert!(offer(&t, 0).is_none(), "a NIC not yet seen answering is not trusted");
     for i in 0..FAST_STREAK - 1 {
-        t.install(flow(100 + i), 0, None, Requester::default()).await.unwrap();
+        t.install(flow(100 + i), 0, None, Requester::unchecked()).await.unwrap();
     }
     assert!(offer(&t, 0).is_none(), "not before a whole streak");
     let n = FAST_STREAK - 1 + warm_up(&t, 10_000).await;
@@ -85,7 +85,7 @@ async fn lone_requests_run_here_only_after_a_streak_of_quick_operations() {
 async fn a_frozen_thread_writes_its_table_and_runs_nothing_until_released() {
     let (nic, t) = setup();
     for i in 0..5 {
-        t.install(flow(i), 0, None, Requester::default()).await.unwrap();
+        t.install(flow(i), 0, None, Requester::unchecked()).await.unwrap();
     }
     let (table, hold) = t.freeze().expect("thread alive");
     let table = table.await.unwrap();
@@ -93,7 +93,7 @@ async fn a_frozen_thread_writes_its_table_and_runs_nothing_until_released() {
     assert_eq!(table.capacity, 1000);
     let later = tokio::spawn({
         let t = std::sync::Arc::new(t);
-        async move { (t.install(flow(99), 0, None, Requester::default()).await, t) }
+        async move { (t.install(flow(99), 0, None, Requester::unchecked()).await, t) }
     });
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert!(!later.is_finished(), "frozen: the install waits");
@@ -118,7 +118,7 @@ async fn a_frozen_thread_writes_its_table_and_runs_nothing_until_released() {
     .unwrap();
     assert_eq!(t2.booked_copy().await.rules.len(), 5);
     assert_eq!(metrics.rules_installed.with_label_values(&["eth1"]).get(), 5);
-    assert!(matches!(t2.install(flow(3), 0, None, Requester::default()).await, Ok(Installed::Existing(_))));
+    assert!(matches!(t2.install(flow(3), 0, None, Requester::unchecked()).await, Ok(Installed::Existing(_))));
     drop(t);
 }
 
@@ -133,7 +133,7 @@ async fn one_slow_operation_sends_requests_back_to_the_nic_thread() {
     nic.clear_faults();
     // Trust comes back only after a new streak.
     for i in 0..FAST_STREAK - 1 {
-        t.install(flow(2000 + i), 0, None, Requester::default()).await.unwrap();
+        t.install(flow(2000 + i), 0, None, Requester::unchecked()).await.unwrap();
     }
     assert!(offer(&t, 1003).is_none());
     warm_up(&t, 3000).await;

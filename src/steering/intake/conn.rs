@@ -28,8 +28,10 @@ use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::Cx;
+use crate::config::flags::TenantIsolation;
 use crate::endpoint::pause::Parked;
 use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
+use crate::metrics::RuleOp;
 use crate::steering::request::{self, RuleStart};
 use crate::steering::{Handoff, Requester};
 use crate::types::status::StatusCode;
@@ -370,10 +372,25 @@ impl Conn {
         let install = self.endpoint == Endpoint::RuleManager;
         // Uninstalls need to know who asks only for the tenant checks.
         let who = if install || cx.state.tenants.checks() {
-            let state = &cx.state;
-            self.requester.get_or_insert_with(|| Requester::of(&state.clients, self.shared.sock())).clone()
+            match &self.requester {
+                Some(r) => r.clone(),
+                None => match Requester::of(&cx.state.clients, self.shared.sock()) {
+                    Ok(r) => self.requester.insert(r).clone(),
+                    // Its tenant could not be read in time: enforce cannot decide, so
+                    // the request is not served; audit serves it, unidentified.
+                    // The next request asks again.
+                    Err(e) if cx.state.tenants.mode == TenantIsolation::Enforce => {
+                        let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
+                        let took = cx.now.elapsed().as_secs_f64();
+                        cx.state.metrics.rule_done(op, StatusCode::Unavailable, took);
+                        self.reply(&frame::error(StatusCode::Unavailable, e.to_string()));
+                        return;
+                    }
+                    Err(_) => Requester::unchecked(),
+                },
+            }
         } else {
-            Requester::default()
+            Requester::unchecked()
         };
         match request::start_rule(&cx.state, msg, install, who.clone(), &self.shared, cx.now) {
             RuleStart::Answered(Reply::Message(m)) => self.reply(&m),
@@ -394,7 +411,7 @@ impl Conn {
                 self.handed = true;
                 let (state, conn) = (cx.state.clone(), self.shared.clone());
                 cx.runtime.spawn(async move {
-                    let msg = match request::rule(&state, msg, install, who).await {
+                    let msg = match request::uninstall_everywhere(&state, msg, who).await {
                         Reply::Message(m) | Reply::Close(m) => m,
                         Reply::Fd(_) => {
                             frame::error(StatusCode::Internal, "no file descriptor is served here")
