@@ -15,20 +15,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::flags::Flags;
 use crate::server::socket_dir::LOCK_FILE;
-
-const HELP: &str = "Usage: tcpx-rxdm upgrade [--uds_path=DIR] [--timeout=60s]
-
-Makes the daemon serving DIR (default /run/tcpx) hand over to the binary now
-installed at the path it was started from, without touching NICs, pools or
-clients: sends it SIGUSR2 and waits until the successor serves. Prints
-`upgraded: pid OLD -> pid NEW`. Exit 0 upgraded; 1 not upgraded (the old
-daemon serves on; its log says why); 2 bad arguments.
-
-  --uds_path=DIR   the daemon's socket folder (its --uds_path)
-  --timeout=T      how long to wait: seconds, or with a unit (500ms, 90s, 2m)
-";
 
 /// How often the folder and processes are looked at.
 const POLL: Duration = Duration::from_millis(20);
@@ -42,56 +29,71 @@ pub struct Options {
 
 /// A duration: whole seconds, or a number with `ms`, `s` or `m`; more than
 /// zero and at most an hour.
-fn parse_duration(s: &str) -> Option<Duration> {
+fn parse_duration(s: &str) -> Result<Duration, String> {
     let (digits, ms) = match (s.strip_suffix("ms"), s.strip_suffix('s'), s.strip_suffix('m')) {
         (Some(d), _, _) => (d, 1),
         (None, Some(d), _) => (d, 1000),
         (None, None, Some(d)) => (d, 60_000),
         _ => (s, 1000),
     };
-    let n: u64 = digits.parse().ok()?;
-    let total = n.checked_mul(ms)?;
-    (1..=3_600_000).contains(&total).then(|| Duration::from_millis(total))
+    let total = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(ms));
+    total
+        .filter(|t| (1..=3_600_000).contains(t))
+        .map(Duration::from_millis)
+        .ok_or_else(|| "expected a duration above 0, up to 1 hour: 60, 60s, 1500ms, 2m".into())
 }
 
-/// The options after `upgrade`; `None` asks for the help text. Errors name the flag.
+/// `upgrade`'s definition: the folder (the daemon's own `--uds_path`, with
+/// its default and checks) and how long to wait.
+pub fn command() -> clap::Command {
+    let uds = crate::config::absl::daemon_args(&["uds_path"])
+        .into_iter()
+        .find(|a| a.get_id() == "uds_path")
+        .expect("the daemon has --uds_path")
+        .help_heading(None)
+        .alias("uds-path")
+        .help("The daemon's socket folder (its --uds_path)");
+    clap::Command::new("upgrade")
+        .about("Hand a running daemon over to the binary now installed, without a failed request")
+        .long_about(
+            "Makes the daemon serving --uds_path hand over to the binary now installed at the path it \
+             was started from, without touching NICs, pools or clients: sends it SIGUSR2 and waits \
+             until the successor serves. Prints `upgraded: pid OLD -> pid NEW`.",
+        )
+        .args_override_self(true)
+        .arg(uds)
+        .arg(
+            clap::Arg::new("timeout")
+                .long("timeout")
+                .value_name("DURATION")
+                .default_value("60s")
+                .value_parser(parse_duration)
+                .help("How long to wait: seconds, or with a unit (500ms, 90s, 2m)"),
+        )
+        .after_help("Exit status: 0 upgraded; 1 not upgraded (the old daemon serves on; its log says why); 2 bad arguments.")
+}
+
+/// The options of `matches` (of [`command`]).
+pub fn options(m: &clap::ArgMatches) -> Options {
+    Options {
+        uds_path: m.get_one::<PathBuf>("uds_path").cloned().unwrap_or_default(),
+        timeout: *m.get_one::<Duration>("timeout").expect("has a default"),
+    }
+}
+
+/// The options after `upgrade`, parsed as the command line does; `None`
+/// asks for the help text. Errors are clap's message, naming the flag.
 pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let mut uds: Option<String> = None;
-    let mut timeout = Duration::from_secs(60);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let Some(flag) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
-            return Err(format!("unexpected argument {a:?} (see --help)"));
-        };
-        let (name, inline) = match flag.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_string())),
-            None => (flag, None),
-        };
-        let mut value =
-            || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("--{name} needs a value"));
-        match name {
-            "help" | "h" => return Ok(None),
-            "uds_path" | "uds-path" => uds = Some(value()?),
-            "timeout" => {
-                let v = value()?;
-                timeout = parse_duration(&v).ok_or_else(|| {
-                    format!("--timeout: invalid value {v:?} (a duration up to 1 hour: 60, 60s, 1500ms, 2m)")
-                })?;
-            }
-            _ => return Err(format!("unknown flag --{name} (upgrade takes --uds_path and --timeout)")),
-        }
+    let cmd = command();
+    let argv = crate::config::absl::normalize(
+        &cmd,
+        std::iter::once("upgrade".to_string()).chain(args.iter().cloned()),
+    );
+    match cmd.try_get_matches_from(argv) {
+        Ok(m) => Ok(Some(options(&m))),
+        Err(e) if e.exit_code() == 0 => Ok(None),
+        Err(e) => Err(e.to_string()),
     }
-    // The daemon's own parser: the same default and checks as its --uds_path.
-    let mut argv = vec!["tcpx-rxdm".to_string()];
-    argv.extend(uds.map(|u| format!("--uds_path={u}")));
-    let flags = Flags::parse_args(argv).map_err(|e| {
-        let text = e.to_string();
-        text.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string()
-    })?;
-    if flags.uds_path.as_os_str().is_empty() {
-        return Err("--uds_path: empty".into());
-    }
-    Ok(Some(Options { uds_path: flags.uds_path, timeout }))
 }
 
 /// Whether `pid` is a process that has not exited (a zombie has).
@@ -233,20 +235,9 @@ pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
     }
 }
 
-/// `tcpx-rxdm upgrade ARGS`: the exit code.
-pub fn main(args: &[String]) -> u8 {
-    let opts = match parse(args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            let _ = write!(std::io::stdout(), "{HELP}");
-            return 0;
-        }
-        Err(e) => {
-            eprintln!("tcpx-rxdm upgrade: {e}");
-            return 2;
-        }
-    };
-    match upgrade(&opts) {
+/// `tcpx-rxdm upgrade`: the exit code.
+pub fn main(opts: &Options) -> u8 {
+    match upgrade(opts) {
         Ok((old, new)) => {
             // Done whether or not anyone reads it (`upgrade | head` must not panic).
             let _ = writeln!(std::io::stdout(), "upgraded: pid {old} -> pid {new}");
@@ -282,13 +273,18 @@ mod tests {
     #[test]
     fn bad_arguments_name_the_flag() {
         let err = |a: &[&str]| args(a).unwrap_err();
-        assert!(err(&["--timeout=0"]).starts_with("--timeout: invalid value \"0\""));
-        assert!(err(&["--timeout=soon"]).starts_with("--timeout"));
-        assert!(err(&["--timeout=2h"]).starts_with("--timeout"));
-        assert!(err(&["--timeout"]).contains("--timeout needs a value"));
-        assert!(err(&["--uds_path"]).contains("--uds_path needs a value"));
-        assert!(err(&["--takeover"]).contains("unknown flag --takeover"));
-        assert!(err(&["now"]).contains("unexpected argument \"now\""));
+        for bad in ["--timeout=0", "--timeout=soon", "--timeout=2h"] {
+            let e = err(&[bad]);
+            assert!(e.contains(&format!("invalid value '{}' for '--timeout", &bad[10..])), "{e}");
+            assert!(e.contains("up to 1 hour"), "{e}");
+        }
+        assert!(err(&["--timeout"]).contains("a value is required for '--timeout"));
+        assert!(err(&["--uds_path"]).contains("a value is required for '--uds_path"));
+        assert!(err(&["--takeover"]).contains("unexpected argument '--takeover'"));
+        assert!(err(&["now"]).contains("unexpected argument 'now'"));
+        // A mistyped flag gets a suggestion and upgrade's own usage.
+        let e = err(&["--timout=5s"]);
+        assert!(e.contains("--timeout") && e.contains("Usage: upgrade"), "{e}");
         // The daemon's check of the folder's length applies.
         let long = format!("--uds_path=/{}", "x".repeat(100));
         assert!(err(&[long.as_str()]).contains("--uds_path"), "{}", err(&[long.as_str()]));

@@ -28,6 +28,7 @@ const LAYERS: &[&[&str]] = &[
     &["server"],
     &["daemon"],
     &["doctor", "inject", "upgrade"],
+    &["cli"],
     &["fuzz_targets"],
 ];
 

@@ -35,6 +35,9 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 pub const LIBRARIES: &str = "/usr/local/nvidia/lib64";
 /// The daemon's own version, recorded in the annotation.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The daemon image when `--image` is not given: this build's name and
+/// version, which no public registry serves (inject says so).
+pub const DEFAULT_IMAGE: &str = concat!("tcpx-rxdm:", env!("CARGO_PKG_VERSION"));
 
 /// How the daemon runs beside the workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +116,7 @@ impl Default for Options {
         Options {
             mode: Mode::NativeSidecar,
             nccl: Nccl::Inline,
-            image: format!("tcpx-rxdm:{VERSION}"),
+            image: DEFAULT_IMAGE.to_string(),
             machine: machine::DEFAULT.to_string(),
             daemon_flags: Vec::new(),
             unprivileged: false,

@@ -185,101 +185,135 @@ async fn mutate(req: Request<Incoming>, cfg: &ServeConfig) -> Response<Full<Byte
     }
 }
 
-pub const HELP: &str = "\
-Usage: tcpx-rxdm inject serve --on-error=refuse|allow [--listen ADDR] [--tls-cert FILE]
-         [--tls-key FILE] [--max-request-bytes N] [--request-timeout SECS]
-         [--reload-interval SECS] [INJECT OPTIONS] [DAEMON FLAGS]
-
-A mutating admission webhook (admission.k8s.io/v1, JSONPatch) that applies
-`tcpx-rxdm inject` with INJECT OPTIONS (see `tcpx-rxdm inject --help`) to
-each Pod the API server sends to POST /mutate. GET /healthz answers ok.
-The TLS files are read again when they change (certificate rotation).
-
-  --on-error       refuse: a Pod inject refuses is denied, with the reason;
-                   allow: it is created unchanged, the reason as a warning
-                   (required: the choice is yours; see the webhook's failurePolicy)
-  --listen         default 0.0.0.0:8443
-  --tls-cert/--tls-key  PEM files (default /tls/tls.crt, /tls/tls.key)
-  --max-request-bytes   default 4194304
-  --request-timeout     seconds for a request's headers and for its body (default 5)
-  --reload-interval     seconds between checks of the TLS files (default 10)
-";
-
-fn seconds(flag: &str, v: &str) -> Result<Duration, String> {
+/// Seconds above 0 and below an hour (fractions allowed).
+fn seconds(v: &str) -> Result<Duration, String> {
     match v.parse::<f64>() {
         Ok(s) if s > 0.0 && s < 3600.0 => Ok(Duration::from_secs_f64(s)),
-        _ => Err(format!("{flag}: invalid value {v:?} (seconds, above 0)")),
+        _ => Err("expected seconds, above 0 and below 3600".into()),
     }
 }
 
-/// Parses `inject serve`'s arguments; `Ok(None)`: `--help`.
-pub fn parse(args: &[String]) -> Result<Option<ServeConfig>, String> {
-    let mut listen: SocketAddr = "0.0.0.0:8443".parse().expect("a valid address");
-    let (mut cert, mut key) = (PathBuf::from("/tls/tls.crt"), PathBuf::from("/tls/tls.key"));
-    let (mut max_body, mut timeout, mut reload_every) =
-        (4 << 20, Duration::from_secs(5), Duration::from_secs(10));
-    let mut on_error = None;
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_string())),
-            None => (a.as_str(), None),
-        };
-        let mut value =
-            || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("{name} needs a value"));
-        match name {
-            "-h" | "--help" => return Ok(None),
-            "--listen" => {
-                let v = value()?;
-                listen = v.parse().map_err(|_| format!("--listen: invalid address {v:?} (IP:PORT)"))?;
-            }
-            "--tls-cert" => cert = value()?.into(),
-            "--tls-key" => key = value()?.into(),
-            "--max-request-bytes" => {
-                let v = value()?;
-                max_body = v
-                    .parse()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or(format!("--max-request-bytes: invalid value {v:?}"))?;
-            }
-            "--request-timeout" => timeout = seconds(name, &value()?)?,
-            "--reload-interval" => reload_every = seconds(name, &value()?)?,
-            "--on-error" => {
-                on_error = Some(match value()?.as_str() {
-                    "refuse" => OnError::Refuse,
-                    "allow" => OnError::Allow,
-                    v => return Err(format!("--on-error: invalid value {v:?} (expected refuse or allow)")),
+/// `inject serve`'s definition: the server's options, then inject's.
+pub fn command() -> clap::Command {
+    use clap::builder::PossibleValue;
+    use clap::Arg;
+    clap::Command::new("serve")
+        .about("Apply inject to each new Pod, as a mutating admission webhook over HTTPS")
+        .long_about(
+            "A mutating admission webhook (admission.k8s.io/v1, JSONPatch) that applies `tcpx-rxdm \
+             inject` with the inject options below to each Pod the API server sends to POST /mutate. \
+             GET /healthz answers ok. The TLS files are read again when they change (certificate \
+             rotation). A Pod with no GPU container passes unchanged.",
+        )
+        .override_usage("tcpx-rxdm inject serve --on-error=refuse|allow [OPTIONS] [DAEMON FLAGS]")
+        .args_override_self(true)
+        .arg(
+            Arg::new("on_error")
+                .long("on-error")
+                .value_name("POLICY")
+                .required(true)
+                .value_parser([
+                    PossibleValue::new("refuse").help("a Pod inject refuses is denied, with the reason"),
+                    PossibleValue::new("allow").help("it is created unchanged, the reason as a warning"),
+                ])
+                .help("What happens to a Pod inject refuses (required: see the webhook's failurePolicy)"),
+        )
+        .arg(
+            Arg::new("listen")
+                .long("listen")
+                .value_name("ADDR")
+                .default_value("0.0.0.0:8443")
+                .value_parser(|v: &str| {
+                    v.parse::<SocketAddr>().map_err(|_| "expected IP:PORT, e.g. 0.0.0.0:8443")
                 })
-            }
-            "-f" | "--filename" | "--uninject" => return Err(format!("{name} does not go with serve")),
-            _ => rest.push(a.clone()),
-        }
-    }
-    let on_error = on_error.ok_or(
-        "--on-error=refuse|allow is required: whether a Pod that inject refuses is denied or created unchanged",
-    )?;
-    let (inject, _) = super::command::parse(&rest)?.ok_or("--help")?;
-    let cfg = ServeConfig { listen, cert, key, inject, on_error, max_body, timeout, reload_every };
-    // The options are checked once here, not at the first Pod.
+                .help("Address to serve HTTPS on"),
+        )
+        .arg(
+            Arg::new("tls_cert")
+                .long("tls-cert")
+                .value_name("FILE")
+                .default_value("/tls/tls.crt")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("The certificate chain (PEM)"),
+        )
+        .arg(
+            Arg::new("tls_key")
+                .long("tls-key")
+                .value_name("FILE")
+                .default_value("/tls/tls.key")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("The private key (PEM)"),
+        )
+        .arg(
+            Arg::new("max_request_bytes")
+                .long("max-request-bytes")
+                .value_name("N")
+                .default_value("4194304")
+                .value_parser(clap::value_parser!(u64).range(1..=1 << 30))
+                .help("Largest request body accepted"),
+        )
+        .arg(
+            Arg::new("request_timeout")
+                .long("request-timeout")
+                .value_name("SECS")
+                .default_value("5")
+                .value_parser(seconds)
+                .help("Time for a request's headers, and again for its body"),
+        )
+        .arg(
+            Arg::new("reload_interval")
+                .long("reload-interval")
+                .value_name("SECS")
+                .default_value("10")
+                .value_parser(seconds)
+                .help("Time between checks of the TLS files"),
+        )
+        .args(super::command::shared_args())
+        .args(crate::config::absl::daemon_args(&[]))
+        .after_help("Exit status: 0 stopped by SIGTERM or SIGINT; 1 could not serve; 2 bad options.")
+}
+
+/// The server's settings from the matches of [`command`]; the inject
+/// options are checked here, once, not at the first Pod.
+pub fn config(m: &clap::ArgMatches) -> Result<ServeConfig, String> {
+    let on_error = match m.get_one::<String>("on_error").map(String::as_str) {
+        Some("allow") => OnError::Allow,
+        _ => OnError::Refuse,
+    };
+    let path = |id: &str| m.get_one::<PathBuf>(id).cloned().unwrap_or_default();
+    let duration = |id: &str| m.get_one::<Duration>(id).copied().unwrap_or_default();
+    let cfg = ServeConfig {
+        listen: *m.get_one::<SocketAddr>("listen").expect("has a default"),
+        cert: path("tls_cert"),
+        key: path("tls_key"),
+        inject: super::command::options(m),
+        on_error,
+        max_body: usize::try_from(*m.get_one::<u64>("max_request_bytes").expect("has a default"))
+            .unwrap_or(usize::MAX),
+        timeout: duration("request_timeout"),
+        reload_every: duration("reload_interval"),
+    };
     super::daemon::DaemonFlags::new(&cfg.inject, &[]).map_err(|e| e.to_string())?;
-    Ok(Some(cfg))
+    Ok(cfg)
+}
+
+/// Parses `inject serve`'s arguments (after `serve`) as the command line
+/// does; `Ok(None)`: `--help`. Errors are clap's message.
+pub fn parse(args: &[String]) -> Result<Option<ServeConfig>, String> {
+    let cmd = command();
+    let argv = crate::config::absl::normalize(
+        &cmd,
+        std::iter::once("serve".to_string()).chain(args.iter().cloned()),
+    );
+    match cmd.try_get_matches_from(argv) {
+        Ok(m) => config(&m).map(Some),
+        Err(e) if e.exit_code() == 0 => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Runs the server; returns the exit code.
-pub fn main(args: &[String]) -> u8 {
-    let cfg = match parse(args) {
-        Ok(Some(c)) => c,
-        Ok(None) => {
-            print!("{HELP}");
-            return 0;
-        }
-        Err(e) => {
-            eprintln!("tcpx-rxdm inject serve: {e}");
-            return 2;
-        }
-    };
+pub fn main(cfg: ServeConfig) -> u8 {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_ansi(ansi).with_writer(std::io::stderr).try_init();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

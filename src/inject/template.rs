@@ -58,10 +58,48 @@ impl Record {
     }
 }
 
-/// The recorded injection of a template, if any.
+/// The recorded injection of a template, if any; the annotation's text
+/// when it is not a record.
 pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
     let text = tpl.get("metadata")?.get("annotations")?.get(ANNOTATION)?;
-    Some(text.as_str().and_then(Record::parse).ok_or_else(|| format!("{text:?}")))
+    Some(match text.as_str() {
+        Some(t) => Record::parse(t).ok_or_else(|| format!("\"{t}\"")),
+        None => Err("a value that is not a string".into()),
+    })
+}
+
+/// What [`apply`] did to a template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// TCPX added to a template that had none.
+    Injected,
+    /// An older injection replaced.
+    Updated,
+    /// Injected already, by this version with these options.
+    Unchanged,
+    /// No container requests GPUs: nothing injected (an older injection removed).
+    NoGpu,
+    /// `--uninject`: the injection removed.
+    Removed,
+    /// `--uninject` on a template that was never injected.
+    NotInjected,
+    /// An object with no pod template.
+    NoTemplate,
+}
+
+impl Outcome {
+    /// Whether the template has TCPX now.
+    pub fn has_tcpx(self) -> bool {
+        matches!(self, Outcome::Injected | Outcome::Updated | Outcome::Unchanged)
+    }
+}
+
+/// An env entry's value for a message: quoted, or how it is set otherwise.
+fn shown(v: Option<&str>) -> String {
+    match v {
+        Some(v) => format!("\"{v}\""),
+        None => "a value not given inline (valueFrom)".into(),
+    }
 }
 
 /// The names of the container lists, init containers first.
@@ -163,8 +201,14 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
 }
 
 /// Adds TCPX to the template. `object` and `at` (the template's path, e.g.
-/// `spec.template.`) name fields in errors. Returns what was done.
-pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<String, InjectError> {
+/// `spec.template.`) name fields in errors. Returns what was done; `None`
+/// when no container requests GPUs (nothing done).
+pub fn inject(
+    tpl: &mut Value,
+    opts: &Options,
+    object: &str,
+    at: &str,
+) -> Result<Option<String>, InjectError> {
     let err = |field: String, why: String| InjectError::field(object, format!("{at}{field}"), why);
     let spec = match tpl.get_mut("spec") {
         Some(v) if v.is_mapping() => v,
@@ -179,7 +223,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                     .into(),
             ))
         }
-        Some(v) => return Err(err("spec.hostNetwork".into(), format!("{v:?} is not a boolean"))),
+        Some(_) => return Err(err("spec.hostNetwork".into(), "not a boolean (true or false)".into())),
     }
     for list in LISTS {
         if spec.get(list).is_some_and(|v| !v.is_sequence()) {
@@ -192,7 +236,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         .map(|cs| cs.iter().filter(|c| is_gpu(c)).count())
         .sum();
     if gpu_count == 0 {
-        return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
+        return Ok(None);
     }
     let reference: Option<Reference> = migrate::find(spec, object, at)?;
     let carried = reference.as_ref().map(|r| r.carried.clone()).unwrap_or_default();
@@ -260,12 +304,18 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                         kept.push(format!("{cn}:{n}"));
                         continue;
                     }
-                    return Err(err(field(&format!("env[{n}]")), format!("conflicting NCCL setting {v:?}; inject sets {want:?} (remove it, or use --nccl=file)")));
+                    return Err(err(
+                        field(&format!("env[{n}]")),
+                        format!(
+                            "{} conflicts with the NCCL setting inject adds, \"{want}\" (remove it, or use --nccl=file)",
+                            shown(v)
+                        ),
+                    ));
                 }
                 if n == UNIX_CLIENT_PREFIX && v != Some(uds.as_str()) {
                     return Err(err(
                         field(&format!("env[{n}]")),
-                        format!("{v:?} is not the daemon's socket folder {uds:?}"),
+                        format!("{} is not the daemon's socket folder {uds}", shown(v)),
                     ));
                 }
             }
@@ -359,7 +409,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
             if gpu_count == 1 { "" } else { "s" }
         ),
     );
-    Ok(notes.join("; "))
+    Ok(Some(notes.join("; ")))
 }
 
 /// Sets annotations, creating `metadata` (first) where the template has none.
@@ -381,8 +431,14 @@ fn annotate(tpl: &mut Value, pairs: Vec<(String, String)>) {
 }
 
 /// Applies `opts` to one template: undo any recorded change, then inject
-/// (or stop there with `--uninject`). Returns the report line.
-pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<String, InjectError> {
+/// (or stop there with `--uninject`). Returns what was done and the report
+/// line saying so. "Already injected" only where the annotation says so.
+pub fn apply(
+    tpl: &mut Value,
+    opts: &Options,
+    object: &str,
+    at: &str,
+) -> Result<(Outcome, String), InjectError> {
     if !tpl.is_mapping() {
         return Err(InjectError::field(object, at.trim_end_matches('.'), "not a pod template (a mapping)"));
     }
@@ -403,14 +459,27 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
     }
     if opts.uninject {
         return Ok(match prior {
-            Some(r) => format!("removed ({} {} injection)", r.version, r.mode.name()),
-            None => "not injected; unchanged".into(),
+            Some(r) => (Outcome::Removed, format!("removed ({} {} injection)", r.version, r.mode.name())),
+            None => (Outcome::NotInjected, "not injected; unchanged".into()),
         });
     }
     let what = inject(tpl, opts, object, at)?;
-    Ok(match prior {
-        _ if *tpl == before => format!("already injected ({VERSION}, {}); unchanged", opts.mode.name()),
-        Some(r) => format!("updated from {} {}: {what}", r.version, r.mode.name()),
-        None => format!("injected: {what}"),
+    Ok(match (what, prior) {
+        (None, None) => (Outcome::NoGpu, format!("no container requests {GPU_RESOURCE}; nothing injected")),
+        (None, Some(r)) => (
+            Outcome::NoGpu,
+            format!(
+                "no container requests {GPU_RESOURCE} any more; the {} {} injection removed",
+                r.version,
+                r.mode.name()
+            ),
+        ),
+        (Some(_), Some(_)) if *tpl == before => {
+            (Outcome::Unchanged, format!("already injected ({VERSION}, {}); unchanged", opts.mode.name()))
+        }
+        (Some(what), Some(r)) => {
+            (Outcome::Updated, format!("updated from {} {}: {what}", r.version, r.mode.name()))
+        }
+        (Some(what), None) => (Outcome::Injected, format!("injected: {what}")),
     })
 }
