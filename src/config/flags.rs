@@ -404,7 +404,8 @@ pub fn parse_setup_param(s: &str) -> Result<SetupParam, String> {
     match words.as_slice() {
         [] if !s.contains("--verbose") => Ok(SetupParam::Off),
         [a, b, c] => {
-            let num = |w: &str| w.parse::<u32>().map_err(|_| format!("{w:?} is not a non-negative integer"));
+            let num =
+                |w: &str| w.parse::<u32>().map_err(|_| format!("\"{w}\" is not a non-negative integer"));
             Ok(SetupParam::Tune(TuningParams { initcwnd: num(a)?, rto_min_ms: num(b)?, quickack: num(c)? }))
         }
         _ => Err("expected \"--verbose INITCWND RTO_MIN_MS QUICKACK\"".into()),

@@ -109,7 +109,7 @@ fn cuda_allocator(
     if place_on_sim {
         *topo = spread_gpus(topo, &visible).map_err(DaemonError::PlaceGpus)?;
         topo.validate().map_err(DaemonError::PlacedTopology)?;
-        tracing::info!(gpus = ?visible, "sim topology uses the CUDA-visible GPUs");
+        tracing::info!(gpus = %crate::types::list(&visible), "sim topology uses the CUDA-visible GPUs");
         return Ok(alloc);
     }
     let missing: Vec<PciAddr> = topo.gpus().map(|(_, g)| g.pci).filter(|g| !visible.contains(g)).collect();

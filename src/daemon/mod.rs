@@ -313,7 +313,10 @@ pub async fn run(
     let _ = shutdown_tx.send(true);
     drop(state);
     if tokio::time::timeout(DRAIN_TIMEOUT, done_rx.recv()).await.is_err() {
-        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; continuing shutdown");
+        tracing::warn!(
+            "connections still open after {}; continuing shutdown",
+            crate::types::secs(DRAIN_TIMEOUT)
+        );
     }
     let errors = node.teardown().await;
     for e in &errors {

@@ -113,7 +113,7 @@ pub fn format(entries: &[(String, BTreeSet<u32>)]) -> String {
 
 /// Why a binding value did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{entry:?} is not IFNAME:CPULIST (e.g. eth1:8-21,112-125)")]
+#[error("\"{entry}\" is not IFNAME:CPULIST (e.g. eth1:8-21,112-125)")]
 pub struct BindingError {
     pub entry: String,
 }

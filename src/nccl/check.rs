@@ -167,7 +167,7 @@ pub fn check(vars: &BTreeMap<String, String>, expect: &Expect<'_>) -> Vec<Proble
             ProblemKind::LifecycleOff,
             format!(
                 "{}: the plugin does not register, so the daemon never sees the job end",
-                other.map(|v| format!("set to {v:?}")).unwrap_or_else(|| "not set".into())
+                other.map(|v| format!("set to \"{v}\"")).unwrap_or_else(|| "not set".into())
             ),
         ),
     }

@@ -8,3 +8,14 @@ pub mod mode;
 pub mod pci;
 pub mod status;
 pub mod topology;
+
+/// Items for a message: `a, b, c`, each in its `Display` form.
+pub fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items.into_iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// A duration for a message: seconds with at most three decimals (`1.5 s`,
+/// `0.25 s`, `60 s`), never the raw float.
+pub fn secs(d: std::time::Duration) -> String {
+    format!("{} s", (d.as_secs_f64() * 1e3).round() / 1e3)
+}
