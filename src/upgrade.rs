@@ -27,75 +27,6 @@ pub struct Options {
     pub timeout: Duration,
 }
 
-/// A duration: whole seconds, or a number with `ms`, `s` or `m`; more than
-/// zero and at most an hour.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (digits, ms) = match (s.strip_suffix("ms"), s.strip_suffix('s'), s.strip_suffix('m')) {
-        (Some(d), _, _) => (d, 1),
-        (None, Some(d), _) => (d, 1000),
-        (None, None, Some(d)) => (d, 60_000),
-        _ => (s, 1000),
-    };
-    let total = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(ms));
-    total
-        .filter(|t| (1..=3_600_000).contains(t))
-        .map(Duration::from_millis)
-        .ok_or_else(|| "expected a duration above 0, up to 1 hour: 60, 60s, 1500ms, 2m".into())
-}
-
-/// `upgrade`'s definition: the folder (the daemon's own `--uds_path`, with
-/// its default and checks) and how long to wait.
-pub fn command() -> clap::Command {
-    let uds = crate::config::absl::daemon_args(&["uds_path"])
-        .into_iter()
-        .find(|a| a.get_id() == "uds_path")
-        .expect("the daemon has --uds_path")
-        .help_heading(None)
-        .alias("uds-path")
-        .help("The daemon's socket folder (its --uds_path)");
-    clap::Command::new("upgrade")
-        .about("Hand a running daemon over to the binary now installed, without a failed request")
-        .long_about(
-            "Makes the daemon serving --uds_path hand over to the binary now installed at the path it \
-             was started from, without touching NICs, pools or clients: sends it SIGUSR2 and waits \
-             until the successor serves. Prints `upgraded: pid OLD -> pid NEW`.",
-        )
-        .args_override_self(true)
-        .arg(uds)
-        .arg(
-            clap::Arg::new("timeout")
-                .long("timeout")
-                .value_name("DURATION")
-                .default_value("60s")
-                .value_parser(parse_duration)
-                .help("How long to wait: seconds, or with a unit (500ms, 90s, 2m)"),
-        )
-        .after_help("Exit status: 0 upgraded; 1 not upgraded (the old daemon serves on; its log says why); 2 bad arguments.")
-}
-
-/// The options of `matches` (of [`command`]).
-pub fn options(m: &clap::ArgMatches) -> Options {
-    Options {
-        uds_path: m.get_one::<PathBuf>("uds_path").cloned().unwrap_or_default(),
-        timeout: *m.get_one::<Duration>("timeout").expect("has a default"),
-    }
-}
-
-/// The options after `upgrade`, parsed as the command line does; `None`
-/// asks for the help text. Errors are clap's message, naming the flag.
-pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let cmd = command();
-    let argv = crate::config::absl::normalize(
-        &cmd,
-        std::iter::once("upgrade".to_string()).chain(args.iter().cloned()),
-    );
-    match cmd.try_get_matches_from(argv) {
-        Ok(m) => Ok(Some(options(&m))),
-        Err(e) if e.exit_code() == 0 => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// Whether `pid` is a process that has not exited (a zombie has).
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -253,42 +184,6 @@ pub fn main(opts: &Options) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(a: &[&str]) -> Result<Option<Options>, String> {
-        parse(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-    }
-
-    #[test]
-    fn defaults_and_both_value_forms() {
-        let o = args(&[]).unwrap().unwrap();
-        assert_eq!(o, Options { uds_path: "/run/tcpx".into(), timeout: Duration::from_secs(60) });
-        let o = args(&["--uds_path=/tmp/x", "--timeout=1500ms"]).unwrap().unwrap();
-        assert_eq!(o, Options { uds_path: "/tmp/x".into(), timeout: Duration::from_millis(1500) });
-        let o = args(&["-uds_path", "/tmp/y", "--timeout", "2m"]).unwrap().unwrap();
-        assert_eq!(o, Options { uds_path: "/tmp/y".into(), timeout: Duration::from_secs(120) });
-        assert_eq!(args(&["--timeout=90"]).unwrap().unwrap().timeout, Duration::from_secs(90));
-        assert_eq!(args(&["--uds_path=/a", "--help"]).unwrap(), None);
-    }
-
-    #[test]
-    fn bad_arguments_name_the_flag() {
-        let err = |a: &[&str]| args(a).unwrap_err();
-        for bad in ["--timeout=0", "--timeout=soon", "--timeout=2h"] {
-            let e = err(&[bad]);
-            assert!(e.contains(&format!("invalid value '{}' for '--timeout", &bad[10..])), "{e}");
-            assert!(e.contains("up to 1 hour"), "{e}");
-        }
-        assert!(err(&["--timeout"]).contains("a value is required for '--timeout"));
-        assert!(err(&["--uds_path"]).contains("a value is required for '--uds_path"));
-        assert!(err(&["--takeover"]).contains("unexpected argument '--takeover'"));
-        assert!(err(&["now"]).contains("unexpected argument 'now'"));
-        // A mistyped flag gets a suggestion and upgrade's own usage.
-        let e = err(&["--timout=5s"]);
-        assert!(e.contains("--timeout") && e.contains("Usage: upgrade"), "{e}");
-        // The daemon's check of the folder's length applies.
-        let long = format!("--uds_path=/{}", "x".repeat(100));
-        assert!(err(&[long.as_str()]).contains("--uds_path"), "{}", err(&[long.as_str()]));
-    }
 
     #[test]
     fn processes_and_their_signal_handlers_are_read_from_proc() {

@@ -2,20 +2,26 @@
 //! reference's absl-style flags exactly as before; `tcpx-rxdm COMMAND …`
 //! runs a subcommand. One clap definition gives `--help`, `help CMD`, the
 //! suggestions for a mistyped command or flag, the shell completions and the
-//! man page, so none of them can forget a command or a flag. Each subcommand
-//! keeps its definition beside its code (`command()`); this module puts
-//! them together and turns the matches into an [`Invocation`].
+//! man page, so none of them can forget a command or a flag. The commands'
+//! modules know nothing of clap: this module defines each command, puts
+//! them together, and turns the matches into the plain options each takes
+//! (an [`Invocation`]).
 
 use std::path::PathBuf;
 
 use clap::error::ErrorKind;
-use clap::{Arg, ArgMatches, Command, CommandFactory};
+use clap::{ArgMatches, Command, CommandFactory};
 use clap_complete::Shell;
 
-use crate::config::absl::{self, DAEMON_HEADING};
+use crate::config::absl;
 use crate::config::flags::Flags;
 use crate::inject::serve::ServeConfig;
-use crate::{doctor, inject, nccl, server, upgrade};
+use crate::{inject, nccl, upgrade};
+use daemon_args::DAEMON_HEADING;
+
+mod commands;
+mod daemon_args;
+mod inject_args;
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -55,34 +61,6 @@ sets; only --sim_fault and --sim_delay add up.
 
 `tcpx-rxdm help COMMAND` (or `tcpx-rxdm COMMAND --help`) shows a command's page.";
 
-fn completions() -> Command {
-    Command::new("completions")
-        .about("Print the completion script for a shell")
-        .long_about(
-            "Prints the completion script for SHELL on stdout. Install it where the shell looks, e.g.\n  \
-             tcpx-rxdm completions bash > /usr/share/bash-completion/completions/tcpx-rxdm\n  \
-             tcpx-rxdm completions zsh > /usr/share/zsh/vendor-completions/_tcpx-rxdm\n  \
-             tcpx-rxdm completions fish > /usr/share/fish/vendor_completions.d/tcpx-rxdm.fish",
-        )
-        .arg(Arg::new("shell").value_name("SHELL").required(true).value_parser(clap::value_parser!(Shell)))
-}
-
-fn man() -> Command {
-    Command::new("man")
-        .about("Print the man page, or write one per command to a folder")
-        .long_about(
-            "Prints tcpx-rxdm(1) in roff on stdout (`tcpx-rxdm man | man -l -`), or with --dir writes \
-             tcpx-rxdm.1 and one page per command (tcpx-rxdm-status.1, …) into DIR.",
-        )
-        .arg(
-            Arg::new("dir")
-                .long("dir")
-                .value_name("DIR")
-                .value_parser(clap::value_parser!(PathBuf))
-                .help("Write every page into DIR instead"),
-        )
-}
-
 /// The whole tree.
 pub fn command() -> Command {
     Flags::command()
@@ -91,13 +69,13 @@ pub fn command() -> Command {
         .mut_args(|a| a.help_heading(DAEMON_HEADING))
         .override_usage("tcpx-rxdm [DAEMON FLAGS]\n       tcpx-rxdm <COMMAND> [OPTIONS]")
         .args_conflicts_with_subcommands(true)
-        .subcommand(server::status::command())
-        .subcommand(doctor::command())
-        .subcommand(nccl::command::command())
-        .subcommand(inject::command::command().subcommand(inject::serve::command()))
-        .subcommand(upgrade::command())
-        .subcommand(completions())
-        .subcommand(man())
+        .subcommand(commands::status())
+        .subcommand(commands::doctor())
+        .subcommand(commands::nccl_env())
+        .subcommand(inject_args::inject())
+        .subcommand(commands::upgrade())
+        .subcommand(commands::completions())
+        .subcommand(commands::man())
         .after_help(AFTER_HELP)
 }
 
@@ -127,19 +105,19 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Invocation, clap
         },
         "doctor" => Invocation::Doctor { flags: flags(sub_cmd, sub)?, json: sub.get_flag("json") },
         "nccl-env" => {
-            let opts = nccl::command::options(sub_cmd, sub)?;
+            let opts = commands::nccl_env_options(sub_cmd, sub)?;
             Invocation::NcclEnv { flags: flags(sub_cmd, sub)?, opts }
         }
         "inject" => match sub.subcommand() {
             Some((_, serve)) => {
                 let serve_cmd = sub_cmd.find_subcommand_mut("serve").expect("inject serve exists");
-                let cfg = inject::serve::config(serve)
+                let cfg = inject_args::serve_config(serve)
                     .map_err(|e| serve_cmd.error(ErrorKind::ValueValidation, e))?;
                 Invocation::InjectServe(Box::new(cfg))
             }
-            None => Invocation::Inject(inject::command::invocation(sub)),
+            None => Invocation::Inject(inject_args::invocation(sub)),
         },
-        "upgrade" => Invocation::Upgrade(upgrade::options(sub)),
+        "upgrade" => Invocation::Upgrade(commands::upgrade_options(sub)),
         "completions" => Invocation::Completions(*sub.get_one::<Shell>("shell").expect("required")),
         "man" => Invocation::Man { dir: sub.get_one::<PathBuf>("dir").cloned() },
         other => {

@@ -119,3 +119,44 @@ fn completions_and_man_pages_come_from_the_tree() {
         names.contains(&"tcpx-rxdm.1".to_string()) && names.contains(&"tcpx-rxdm-inject-serve.1".to_string())
     );
 }
+
+fn upgrade(args: &[&str]) -> Result<upgrade::Options, String> {
+    let mut line = vec!["upgrade"];
+    line.extend(args);
+    match parse_line(&line) {
+        Ok(Invocation::Upgrade(o)) => Ok(o),
+        Ok(other) => panic!("{args:?}: {other:?}"),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn upgrade_takes_the_folder_and_a_timeout_in_both_value_forms() {
+    use std::time::Duration;
+    let o = upgrade(&[]).unwrap();
+    assert_eq!(o, upgrade::Options { uds_path: "/run/tcpx".into(), timeout: Duration::from_secs(60) });
+    let o = upgrade(&["--uds_path=/tmp/x", "--timeout=1500ms"]).unwrap();
+    assert_eq!(o, upgrade::Options { uds_path: "/tmp/x".into(), timeout: Duration::from_millis(1500) });
+    let o = upgrade(&["-uds_path", "/tmp/y", "--timeout", "2m"]).unwrap();
+    assert_eq!(o, upgrade::Options { uds_path: "/tmp/y".into(), timeout: Duration::from_secs(120) });
+    assert_eq!(upgrade(&["--uds-path=/z"]).unwrap().uds_path, std::path::PathBuf::from("/z"));
+    assert_eq!(upgrade(&["--timeout=90"]).unwrap().timeout, Duration::from_secs(90));
+}
+
+#[test]
+fn upgrade_refuses_bad_arguments_naming_the_flag() {
+    for bad in ["0", "soon", "2h"] {
+        let e = upgrade(&[&format!("--timeout={bad}")]).unwrap_err();
+        assert!(
+            e.contains(&format!("invalid value '{bad}' for '--timeout")) && e.contains("up to 1 hour"),
+            "{e}"
+        );
+    }
+    assert!(upgrade(&["--timeout"]).unwrap_err().contains("a value is required for '--timeout"));
+    assert!(upgrade(&["--takeover"]).unwrap_err().contains("unexpected argument '--takeover'"));
+    assert!(upgrade(&["now"]).unwrap_err().contains("unexpected argument 'now'"));
+    // The daemon's checks of the folder apply: its length, and empty.
+    let long = format!("--uds_path=/{}", "x".repeat(100));
+    assert!(upgrade(&[&long]).unwrap_err().contains("--uds_path"));
+    assert!(upgrade(&["--uds_path="]).unwrap_err().contains("empty"));
+}

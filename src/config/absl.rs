@@ -1,5 +1,4 @@
-//! absl's flag forms for any clap command, and the daemon's flags as
-//! arguments of a subcommand.
+//! absl's flag forms for any clap command.
 //!
 //! The reference daemon takes `--flag=V`, `--flag V`, `-flag=V`, `-flag V`,
 //! and for booleans also `--flag`, `--flag=true|false` and `--noflag`.
@@ -9,12 +8,7 @@
 
 use std::any::TypeId;
 
-use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory};
-
-use super::flags::Flags;
-
-/// The heading the daemon's flags stand under on a subcommand's page.
-pub const DAEMON_HEADING: &str = "Daemon flags";
+use clap::{Arg, ArgAction, Command};
 
 /// Whether `arg` is an absl boolean: a `bool` value, optional on the command line.
 fn is_bool(arg: &Arg) -> bool {
@@ -95,39 +89,6 @@ pub fn normalize<I: IntoIterator<Item = String>>(cmd: &Command, args: I) -> Vec<
     out
 }
 
-/// The daemon's flags as arguments of a subcommand, under [`DAEMON_HEADING`]:
-/// those named in `shown` on its page, the others accepted (a daemon's whole
-/// command line may be given) but hidden.
-pub fn daemon_args(shown: &[&str]) -> Vec<Arg> {
-    Flags::command()
-        .get_arguments()
-        .map(|a| {
-            let id = a.get_id().as_str();
-            a.clone().help_heading(DAEMON_HEADING).hide(!shown.contains(&id))
-        })
-        .collect()
-}
-
-/// The daemon's flags given on the command line of `matches` (a command
-/// built with [`daemon_args`]), as `--name=value` words in the order given.
-pub fn given_daemon_words(matches: &ArgMatches) -> Vec<String> {
-    let mut words: Vec<(usize, String)> = Vec::new();
-    for arg in Flags::command().get_arguments() {
-        let id = arg.get_id().as_str();
-        let Some(name) = arg.get_long() else { continue };
-        if matches.value_source(id) != Some(clap::parser::ValueSource::CommandLine) {
-            continue;
-        }
-        let values = matches.get_raw(id).into_iter().flatten();
-        let indices = matches.indices_of(id).into_iter().flatten();
-        for (at, v) in indices.zip(values) {
-            words.push((at, format!("--{name}={}", v.to_string_lossy())));
-        }
-    }
-    words.sort();
-    words.into_iter().map(|(_, w)| w).collect()
-}
-
 /// A boolean option in absl's forms (`--name`, `--name=true|false`, `--noname`
 /// after [`normalize`]), false unless given.
 pub fn bool_arg(name: &'static str) -> Arg {
@@ -175,40 +136,5 @@ mod tests {
         assert_eq!(norm(&["serve", "--nocheck", "-listen=:1"]), ["serve", "--check=false", "--listen=:1"]);
         // Unknown words go to clap as long flags, which names them.
         assert_eq!(norm(&["-bogus", "--nobogus", "--", "-json"]), ["--bogus", "--nobogus", "--", "-json"]);
-    }
-
-    #[test]
-    fn daemon_flags_given_come_back_as_words_in_order() {
-        let c = Command::new("t").args(daemon_args(&["uds_path"])).args_override_self(true);
-        let m = c
-            .try_get_matches_from([
-                "t",
-                "--uds_path=/a",
-                "--noleases",
-                "--sim_fault=add_rule:EIO:1",
-                "--uds_path",
-                "/b",
-            ])
-            .unwrap_err();
-        // --noleases is absl: it needs normalize first.
-        assert_eq!(m.kind(), clap::error::ErrorKind::UnknownArgument);
-        let c = Command::new("t").args(daemon_args(&["uds_path"])).args_override_self(true);
-        let argv = [
-            "t",
-            "--uds_path=/a",
-            "--noleases",
-            "--sim_fault=add_rule:EIO:1",
-            "--uds_path",
-            "/b",
-            "--takeover",
-        ];
-        let m = c.clone().try_get_matches_from(normalize(&c, argv.map(String::from))).unwrap();
-        assert_eq!(
-            given_daemon_words(&m),
-            ["--leases=false", "--sim_fault=add_rule:EIO:1", "--uds_path=/b", "--takeover=on"]
-        );
-        // Only the shown flags are on the page.
-        let help = c.clone().render_help().to_string();
-        assert!(help.contains("--uds_path") && !help.contains("--leases"), "{help}");
     }
 }

@@ -166,42 +166,6 @@ fn lock_holder(uds: &Path) -> Option<String> {
     }
 }
 
-/// The daemon's flags the checks read; the others are accepted (a daemon's
-/// whole command line may be given) and unused.
-const DAEMON_FLAGS: [&str; 16] = [
-    "gpu_nic_preset",
-    "gpu_nic_topology",
-    "gpu_nic_topology_proto",
-    "uds_path",
-    "sysfs_root",
-    "procfs_root",
-    "num_hops",
-    "nic_backend",
-    "gpu_backend",
-    "bind_backend",
-    "setup_param",
-    "tuning_script_path",
-    "max_connections",
-    "leases",
-    "rx_pool_size",
-    "max_rx_rules",
-];
-
-/// `tcpx-rxdm doctor`'s definition.
-pub fn command() -> clap::Command {
-    clap::Command::new("doctor")
-        .about("Check whether GPUDirect-TCPX will work on this node, and if not, why")
-        .long_about(
-            "Read-only checks of this node for a daemon started with these daemon flags: kernel, \
-             NICs, GPUs, PCIe layout, host settings, the socket folder, the NCCL settings in the \
-             environment. One line per check: a mark, what was found, and what to do about it.",
-        )
-        .args_override_self(true)
-        .arg(crate::config::absl::bool_arg("json").help("Print the report as JSON"))
-        .args(crate::config::absl::daemon_args(&DAEMON_FLAGS))
-        .after_help("Exit status: 0 ready; 1 not ready; 2 bad flags.")
-}
-
 /// `tcpx-rxdm doctor [--json] FLAGS…`: prints the report, returns the exit code.
 pub fn main(flags: &Flags, json: bool) -> u8 {
     let report = run(flags);

@@ -5,15 +5,11 @@
 
 use std::io::Read as _;
 
-use clap::builder::{PossibleValue, PossibleValuesParser};
-use clap::parser::ValueSource;
-use clap::{Arg, ArgMatches, Command};
 use serde::Deserialize as _;
 use serde_norway::Value;
 
-use super::template::Outcome;
-use super::{kinds, machine, InjectError, Mode, Nccl, Options, GPU_RESOURCE, VERSION};
-use crate::config::absl::{self, bool_arg};
+use super::record::Outcome;
+use super::{kinds, InjectError, Mode, Options, GPU_RESOURCE, VERSION};
 
 /// What `inject` was asked, beyond what decides the change itself.
 #[derive(Debug, Clone)]
@@ -25,138 +21,6 @@ pub struct Invocation {
     pub require_gpu: bool,
     /// `--image` was given (else the default is named on stderr).
     pub image_given: bool,
-}
-
-const ABOUT: &str = "\
-Adds GPUDirect-TCPX to every pod template in Kubernetes manifests: Pod, Job,
-CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet, JobSet
-(jobset.x-k8s.io/v1alpha2, every replicated job), Kubeflow PyTorchJob, TFJob,
-XGBoostJob, PaddleJob, JAXJob, MPIJob, and Kubeflow Trainer TrainingRuntime
-and ClusterTrainingRuntime (a TrainJob has no pod template: change its
-runtime). A `List`'s items too. Other documents pass through unchanged.
-Reads FILE (or stdin for `-` or no -f), writes stdout, reports on stderr.
-
-Only containers that request nvidia.com/gpu (resources.limits) get the
-mounts, LD_LIBRARY_PATH and the NCCL settings; a template with none is left
-unchanged and said so (an error with --require-gpu). A Pod that runs the
-reference tcpgpudmarxd is converted (its flags carried over) or refused,
-naming the container. Running it again changes nothing; a newer version
-replaces an older injection in place.
-Comments and formatting of the input are lost (the YAML is re-written).
-
-DAEMON FLAGS are the daemon's own (`tcpx-rxdm --help`), spelt with
-underscores, e.g. --rx_pool_size=2147483648 --log_level=debug: they go to the
-daemon container, replacing the defaults of the same name.";
-
-/// Options `inject` and `inject serve` share: what is added, and how.
-pub fn shared_args() -> Vec<Arg> {
-    let values = |names: &[(&'static str, &'static str)]| {
-        PossibleValuesParser::new(names.iter().map(|(n, h)| PossibleValue::new(*n).help(*h)))
-    };
-    vec![
-        Arg::new("mode")
-            .long("mode")
-            .value_name("MODE")
-            .default_value(Mode::NativeSidecar.name())
-            .value_parser(values(&[
-                (
-                    "native-sidecar",
-                    "the daemon as an init container the workload waits for (Kubernetes >= 1.29)",
-                ),
-                (
-                    "sidecar",
-                    "a container beside the workload, ended by <uds_path>/terminated or its last client",
-                ),
-                ("node", "no daemon in the Pod: the node-wide daemon's socket folder (read-only)"),
-            ]))
-            .help("How the daemon runs beside the workload"),
-        Arg::new("nccl")
-            .long("nccl")
-            .value_name("SOURCE")
-            .default_value(Nccl::Inline.name())
-            .value_parser(values(&[
-                ("inline", "the NCCL variables in each GPU container, generated for --machine"),
-                ("configmap", "envFrom the ConfigMap `tcpx-rxdm nccl-env --format=configmap` writes"),
-                ("file", "none: the workload sources <uds_path>/nccl.env that the daemon writes"),
-            ]))
-            .help("Where GPU containers get their NCCL settings"),
-        Arg::new("machine")
-            .long("machine")
-            .value_name("TYPE")
-            .default_value(machine::DEFAULT)
-            .value_parser(PossibleValuesParser::new(machine::NAMES))
-            .help("Machine type of the nodes, for --nccl=inline"),
-        Arg::new("image").long("image").value_name("IMAGE").default_value(super::DEFAULT_IMAGE).help(
-            "The daemon's image, as your nodes pull it (build and push it from this repository's Dockerfile)",
-        ),
-        bool_arg("unprivileged")
-            .help("NET_ADMIN and GKE's device-injection annotation instead of privileged: true"),
-        Arg::new("daemon_cpu")
-            .long("daemon-cpu")
-            .value_name("QUANTITY")
-            .help("The daemon container's CPU request"),
-        Arg::new("daemon_memory")
-            .long("daemon-memory")
-            .value_name("QUANTITY")
-            .help("The daemon container's memory request"),
-    ]
-}
-
-/// `inject`'s definition (`serve`, [`super::serve::command`], is added as its subcommand).
-pub fn command() -> Command {
-    Command::new("inject")
-        .about("Add GPUDirect-TCPX to the pod templates of Kubernetes manifests")
-        .long_about(ABOUT)
-        .override_usage(
-            "tcpx-rxdm inject [-f FILE|-] [OPTIONS] [DAEMON FLAGS]\n       \
-             tcpx-rxdm inject serve --on-error=refuse|allow [OPTIONS] [DAEMON FLAGS]",
-        )
-        .args_override_self(true)
-        .args_conflicts_with_subcommands(true)
-        .arg(
-            Arg::new("filename")
-                .short('f')
-                .long("filename")
-                .value_name("FILE")
-                .help("Input file (`-`: stdin)"),
-        )
-        .args(shared_args())
-        .arg(bool_arg("uninject").help("Remove what inject added, nothing else"))
-        .arg(bool_arg("require_gpu").long("require-gpu").help(
-            "Refuse (exit 1, nothing written) a pod template with no container that requests nvidia.com/gpu",
-        ))
-        .args(absl::daemon_args(&[]))
-        .after_help(
-            "Exit status: 0 written; 1 input refused (nothing written); 2 bad options.\n\n\
-             `tcpx-rxdm inject serve --help`: the same change as an admission webhook.",
-        )
-}
-
-/// The options of `matches` (of [`shared_args`] and the daemon's flags).
-pub fn options(m: &ArgMatches) -> Options {
-    let text = |id: &str| m.get_one::<String>(id).cloned();
-    let d = Options::default();
-    Options {
-        mode: text("mode").and_then(|v| Mode::from_name(&v)).unwrap_or(d.mode),
-        nccl: text("nccl").and_then(|v| Nccl::from_name(&v)).unwrap_or(d.nccl),
-        image: text("image").unwrap_or(d.image),
-        machine: text("machine").unwrap_or(d.machine),
-        daemon_flags: absl::given_daemon_words(m),
-        unprivileged: m.get_flag("unprivileged"),
-        cpu: text("daemon_cpu"),
-        memory: text("daemon_memory"),
-        uninject: m.try_get_one::<bool>("uninject").ok().flatten().copied().unwrap_or(false),
-    }
-}
-
-/// What `inject` (not `serve`) was asked.
-pub fn invocation(m: &ArgMatches) -> Invocation {
-    Invocation {
-        opts: options(m),
-        file: m.get_one::<String>("filename").cloned(),
-        require_gpu: m.get_flag("require_gpu"),
-        image_given: m.value_source("image") == Some(ValueSource::CommandLine),
-    }
 }
 
 /// Every document of `text` with `opts` applied, and the report lines.

@@ -8,7 +8,8 @@
 
 use serde_norway::Value;
 
-use super::template::{self, Outcome};
+use super::record::Outcome;
+use super::template;
 use super::{name_of, object_name, InjectError, Options};
 
 /// One step from a document to its templates.

@@ -6,6 +6,7 @@
 //! - [`kinds`]: where each kind keeps its pod templates.
 //! - [`template`]: one pod template: checks, migration of a reference
 //!   daemon, the change itself and its undoing, recorded in an annotation.
+//! - [`record`]: that annotation, and what was done to a template.
 //! - [`daemon`]: the daemon container of each mode and its flags.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
 //!   generated for when a manifest is written off the node.
@@ -18,6 +19,7 @@ pub mod daemon;
 pub mod kinds;
 pub mod machine;
 pub mod migrate;
+pub mod record;
 pub mod serve;
 pub mod template;
 pub mod webhook;

@@ -4,13 +4,7 @@
 
 use std::path::PathBuf;
 
-use clap::builder::PossibleValuesParser;
-use clap::error::ErrorKind;
-use clap::parser::ValueSource;
-use clap::{Arg, ArgMatches, Command};
-
 use super::{check, check_env, generate, machine, process_env, NodeView, Sysfs};
-use crate::config::absl::{self, bool_arg};
 use crate::config::flags::Flags;
 use crate::config::presets;
 
@@ -46,82 +40,6 @@ pub struct Options {
     pub json: bool,
     /// A machine profile to use instead of this node's sysfs.
     pub machine: Option<String>,
-}
-
-/// The daemon's flags that `nccl-env` reads.
-const DAEMON_FLAGS: [&str; 6] =
-    ["gpu_nic_preset", "gpu_nic_topology", "gpu_nic_topology_proto", "uds_path", "sysfs_root", "num_hops"];
-
-/// The subcommand's definition: its page, its options, the daemon flags it reads.
-pub fn command() -> Command {
-    Command::new("nccl-env")
-        .about("Print the NCCL plugin's settings for this node, or check an environment against them")
-        .long_about(
-            "Prints the NCCL plugin's settings (NCCL_GPUDIRECTTCPX_* and the NCCL tuning that goes \
-             with them) for this node and the daemon that the daemon flags describe, or with --check \
-             compares the environment (or FILE) with them and prints the value to use for each finding. \
-             The node is read from sysfs, or described by --machine when the settings are written \
-             elsewhere. A node that cannot keep the plugin's TX and RX threads apart (fewer than 4 \
-             cores per NUMA node) gets no CPU bindings, and a comment saying so.",
-        )
-        .args_override_self(true)
-        .arg(
-            Arg::new("format")
-                .long("format")
-                .value_name("FORMAT")
-                .value_parser(PossibleValuesParser::new(Format::NAMES))
-                .default_value("env")
-                .help("env: a file for `. FILE`; json; configmap: a Kubernetes ConfigMap for envFrom"),
-        )
-        .arg(
-            Arg::new("machine")
-                .long("machine")
-                .value_name("PROFILE")
-                .value_parser(PossibleValuesParser::new(machine::NAMES))
-                .conflicts_with("sysfs_root")
-                .help("Describe the node by a machine profile instead of reading sysfs"),
-        )
-        .arg(bool_arg("check").help("Check the environment (or --env-file) instead of printing it"))
-        .arg(
-            Arg::new("env_file")
-                .long("env-file")
-                .alias("env_file")
-                .value_name("FILE")
-                .value_parser(clap::value_parser!(PathBuf))
-                .help("With --check: read NAME=value lines from FILE instead of the environment"),
-        )
-        .arg(bool_arg("json").help("JSON output: the check's report, or the settings (as --format=json)"))
-        .args(absl::daemon_args(&DAEMON_FLAGS))
-        .after_help(
-            "Exit status: 0 printed, or the check passed; 1 problems found; 2 bad flags, or no topology.",
-        )
-}
-
-/// The options of `matches` (of [`command`]), checked for consistency;
-/// errors are usage errors of `cmd`.
-pub fn options(cmd: &mut Command, m: &ArgMatches) -> Result<Options, clap::Error> {
-    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
-    let check = m.get_flag("check");
-    let json = m.get_flag("json");
-    let mut format = m.get_one::<String>("format").and_then(|f| Format::from_name(f)).unwrap_or(Format::Env);
-    let env_file = m.get_one::<PathBuf>("env_file").cloned();
-    if env_file.is_some() && !check {
-        return Err(
-            cmd.error(ErrorKind::ArgumentConflict, "--env-file goes with --check (the file to check)")
-        );
-    }
-    if check && given("format") {
-        return Err(cmd.error(ErrorKind::ArgumentConflict, "--format does not go with --check (use --json)"));
-    }
-    if json && !check {
-        if given("format") && format != Format::Json {
-            return Err(
-                cmd.error(ErrorKind::ArgumentConflict, "--json and --format differ: give one of them")
-            );
-        }
-        format = Format::Json;
-    }
-    Ok(Options { format, check, env_file, json, machine: m.get_one::<String>("machine").cloned() })
 }
 
 fn fail(msg: impl std::fmt::Display, code: u8) -> u8 {

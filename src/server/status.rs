@@ -210,4 +210,4 @@ pub async fn status_json(state: &ServerState) -> Value {
 
 #[path = "status_client.rs"]
 mod client;
-pub use client::{ask, client_main, command, flows_text, status_text};
+pub use client::{ask, client_main, flows_text, status_text};

@@ -219,35 +219,6 @@ fn in_my_cgroup(pid: u64) -> Result<bool, String> {
     Ok(theirs == read("/proc/self/cgroup")?)
 }
 
-/// `tcpx-rxdm status`'s definition: what to ask, `--json`, and the daemon
-/// flag it reads (`--uds_path`; the daemon's others are accepted, unused).
-pub fn command() -> clap::Command {
-    use clap::builder::PossibleValue;
-    clap::Command::new("status")
-        .about("Ask the running daemon how it is: ready, NICs, clients; or its flows")
-        .long_about(
-            "Asks the daemon serving --uds_path over its status socket and prints its answer. \
-             `flows` lists the rules it holds, per client; `mine` answers ready only when the daemon \
-             serving is in this process's cgroup (a container's readiness probe across a takeover).",
-        )
-        .args_override_self(true)
-        .arg(
-            clap::Arg::new("what")
-                .value_name("WHAT")
-                .value_parser([
-                    PossibleValue::new("flows").help("the rules the daemon holds, per client"),
-                    PossibleValue::new("mine").help("ready, and serving from this cgroup"),
-                    PossibleValue::new("status").hide(true),
-                ])
-                .help("What to ask: the daemon's status (default), flows, or mine"),
-        )
-        .arg(crate::config::absl::bool_arg("json").help("Print the daemon's answer as JSON"))
-        .args(crate::config::absl::daemon_args(&["uds_path"]))
-        .after_help(
-            "Exit status: 0 answered and ready; 1 unreachable, refused or not ready; 2 bad arguments.",
-        )
-}
-
 /// `tcpx-rxdm status [flows|mine] [--json]`: returns the exit code (0: answered and
 /// ready; 1: unreachable, refused or not ready). `mine` also needs the
 /// serving daemon to be in the caller's cgroup: a container's readiness
