@@ -438,6 +438,10 @@ fn a_missing_env_file_is_the_error_reported_before_any_discovery() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--env-file nope.env") && err.contains("No such file"), "{err}");
     assert!(!err.contains("discover"), "{err}");
+    // Without the file, discovery's failure is the cause, with how to name the machine instead.
+    let (code, _, err) = run(&["nccl-env", &sys], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("discovery") && err.contains("--machine=a3-highgpu-8g"), "{err}");
 }
 
 /// `doctor --json` on sim NICs over the a3-highgpu-8g fixture with `env`;

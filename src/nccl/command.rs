@@ -83,6 +83,17 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
     };
     let topo = match presets::resolve_topology(&flags) {
         Ok((t, _)) => t,
+        // Off the GPU node, discovery finds nothing: say how to name the machine instead.
+        Err(e) if flags.gpu_nic_preset == "auto" => {
+            return fail(
+                format_args!(
+                    "{e}\nto write the settings for another machine, name it: --machine={} (or \
+                     --gpu_nic_preset=a3vm with this node's CPUs)",
+                    machine::DEFAULT
+                ),
+                2,
+            )
+        }
         Err(e) => return fail(e, 2),
     };
     if opts.check {
