@@ -326,8 +326,8 @@ impl Flags {
     }
 
     /// The flags from the matches of `cmd`, a command that has the daemon's
-    /// flags (the daemon's own, or a subcommand's built with
-    /// [`super::absl::daemon_args`]); errors are formatted for `cmd`.
+    /// flags (the daemon's own, or a subcommand's with the daemon's flags
+    /// cloned in, as `cli` builds them); errors are formatted for `cmd`.
     pub fn from_matches(cmd: &mut clap::Command, matches: &ArgMatches) -> Result<Flags, clap::Error> {
         let mut flags = Flags::from_arg_matches(matches).map_err(|e| e.format(cmd))?;
         if flags.node_wide {
