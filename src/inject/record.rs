@@ -58,7 +58,7 @@ pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
     })
 }
 
-/// What [`apply`] did to a template.
+/// What inject did to a pod template (`template::apply`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// TCPX added to a template that had none.
