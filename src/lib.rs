@@ -13,7 +13,7 @@
 //!   and queue binders.
 //! - [`rules`]: rule bookkeeping (slots, queue loads, flow keys) and the
 //!   per-NIC rule engine.
-//! - [`config`]: flags (the only user of clap), presets, discovery.
+//! - [`config`]: flags (and their absl forms), presets, discovery.
 //! - [`metrics`], [`nccl`] (side by side): the Prometheus registry; the NCCL
 //!   plugin's settings for this node (`tcpx-rxdm nccl-env`, `nccl.env`).
 //! - [`identity`], [`endpoint`] (side by side): who a client is (peer
@@ -28,8 +28,11 @@
 //! - [`inject`] (beside it): `tcpx-rxdm inject`, TCPX added to Kubernetes pod templates.
 //! - [`upgrade`] (beside them): `tcpx-rxdm upgrade`, a running daemon handed
 //!   over to the binary now installed (SIGUSR2), waited for.
+//! - [`cli`]: the command tree (the daemon's flags and every subcommand),
+//!   its completions and man page; `main.rs` runs what it parses.
 //! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
 
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod doctor;

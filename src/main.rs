@@ -1,41 +1,33 @@
-//! `tcpx-rxdm`: argv normalisation, flags, logging, run, exit code; the
-//! `doctor`, `status`, `nccl-env`, `inject` and `upgrade` subcommands (dispatched
-//! on the first argument, before the daemon's flags are parsed).
+//! `tcpx-rxdm`: the command line (see `cli`), then the daemon (logging,
+//! runtime, run, exit code) or one of the subcommands.
 
 use std::process::ExitCode;
 
+use tcpx_rxdm::cli::{self, Invocation};
 use tcpx_rxdm::config::flags::{Flags, LogFormat};
 use tcpx_rxdm::daemon;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let mut args: Vec<String> = std::env::args().collect();
-    if args.get(1).is_some_and(|a| a == "inject") {
-        if args.get(2).is_some_and(|a| a == "serve") {
-            return ExitCode::from(tcpx_rxdm::inject::serve::main(&args[3..]));
-        }
-        return ExitCode::from(tcpx_rxdm::inject::command::main(&args[2..]));
-    }
-    if args.get(1).is_some_and(|a| a == "upgrade") {
-        return ExitCode::from(tcpx_rxdm::upgrade::main(&args[2..]));
-    }
-    if let Some(cmd) = args.get(1).filter(|a| ["doctor", "status", "nccl-env"].contains(&a.as_str())).cloned()
-    {
-        args.remove(1);
-        return subcommand(&cmd, args);
-    }
-    let flags = match Flags::parse_args(args) {
-        Ok(f) => f,
+    let args: Vec<String> = std::env::args().collect();
+    let daemon_line = !args.get(1).is_some_and(|w| cli::is_command(w));
+    let invocation = match cli::parse(args) {
+        Ok(i) => i,
         Err(e) => {
-            // clap prints the message naming the flag; usage errors exit 2, --help 0.
+            // clap prints the message naming the flag and the usage of the
+            // command it was given to; usage errors exit 2, --help 0.
             let _ = e.print();
-            if e.exit_code() != 0 {
+            if e.exit_code() != 0 && daemon_line {
                 let text = e.to_string();
                 let first = text.lines().next().unwrap_or_default();
                 failed_status(first.trim_start_matches("error: "), e.exit_code());
             }
             return ExitCode::from(e.exit_code() as u8);
         }
+    };
+    let flags = match invocation {
+        Invocation::Daemon(flags) => flags,
+        other => return ExitCode::from(subcommand(other)),
     };
     if flags.show_version {
         println!("tcpx-rxdm {}", env!("CARGO_PKG_VERSION"));
@@ -60,7 +52,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(serve(flags)) {
+    match rt.block_on(serve(*flags)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line per fatal error: the log goes to stderr, i.e. the journal.
@@ -100,86 +92,8 @@ fn init_logging(flags: &Flags) {
     }
 }
 
-/// Options of the subcommands besides the daemon's flags.
-struct SubOpts {
-    json: bool,
-    /// Positional words (`status flows`).
-    words: Vec<String>,
-    /// `nccl-env` only: `--format`, `--check`, `--env-file`.
-    format: Option<String>,
-    check: bool,
-    env_file: Option<String>,
-}
-
-/// A boolean option's value in its absl forms (`--x`, `--x=true|1`, `--nox`,
-/// `--x=false|0`), if `flag` (without dashes) is option `name`.
-fn bool_opt(flag: &str, name: &str) -> Option<Result<bool, String>> {
-    if flag == name {
-        return Some(Ok(true));
-    }
-    if flag.strip_prefix("no") == Some(name) {
-        return Some(Ok(false));
-    }
-    match flag.strip_prefix(name)?.strip_prefix('=')? {
-        "true" | "1" => Some(Ok(true)),
-        "false" | "0" => Some(Ok(false)),
-        v => Some(Err(format!("--{name}: invalid value {v:?}"))),
-    }
-}
-
-/// Takes `--json` (absl forms too), `nccl-env`'s options and positional words
-/// out of `args` (program name first); the rest are the daemon's flags.
-fn split_sub_args(cmd: &str, args: Vec<String>) -> Result<(SubOpts, Vec<String>), String> {
-    let mut opts = SubOpts { json: false, words: Vec::new(), format: None, check: false, env_file: None };
-    let mut rest = Vec::new();
-    let mut it = args.into_iter();
-    rest.extend(it.next());
-    let mut value_next = false;
-    let nccl = cmd == "nccl-env";
-    while let Some(a) = it.next() {
-        let flag = a.trim_start_matches('-');
-        if value_next {
-            value_next = false;
-            rest.push(a);
-            continue;
-        }
-        if a.starts_with('-') {
-            let (name, inline) = match flag.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (flag, None),
-            };
-            let mut value = |name: &str| -> Result<String, String> {
-                inline.clone().or_else(|| it.next()).ok_or_else(|| format!("--{name} needs a value"))
-            };
-            match flag {
-                f if bool_opt(f, "json").is_some() => opts.json = bool_opt(f, "json").expect("matched")?,
-                f if nccl && bool_opt(f, "check").is_some() => {
-                    opts.check = bool_opt(f, "check").expect("matched")?
-                }
-                _ if nccl && name == "format" => opts.format = Some(value("format")?),
-                _ if nccl && (name == "env-file" || name == "env_file") => {
-                    opts.env_file = Some(value("env-file")?)
-                }
-                f => {
-                    // A value in the next word for non-boolean flags (`--uds_path /x`).
-                    let boolean = tcpx_rxdm::config::flags::BOOL_FLAGS;
-                    let name = f.trim_start_matches("no");
-                    value_next = !f.contains('=')
-                        && !boolean.contains(&f)
-                        && !boolean.contains(&name)
-                        && f != "help"
-                        && f != "h";
-                    rest.push(a);
-                }
-            }
-        } else {
-            opts.words.push(a);
-        }
-    }
-    Ok((opts, rest))
-}
-
-fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
+/// Runs a subcommand; returns its exit code.
+fn subcommand(invocation: Invocation) -> u8 {
     // Like other command-line tools, end quietly when the reader of our
     // output goes away (`tcpx-rxdm status flows | head -1`): the default
     // SIGPIPE action instead of Rust's "ignore, then panic on EPIPE". Unix
@@ -188,78 +102,44 @@ fn subcommand(cmd: &str, args: Vec<String>) -> ExitCode {
     let _ = unsafe {
         nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
     };
-    let (opts, rest) = match split_sub_args(cmd, args) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("tcpx-rxdm {cmd}: {e}");
-            return ExitCode::from(2);
-        }
+    let quiet_logs = || {
+        // Logs (from the code the checks share with the daemon) stay quiet unless asked for.
+        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     };
-    if rest.iter().skip(1).any(|a| a == "--help" || a == "-h" || a == "-help") {
-        match cmd {
-            "doctor" => println!(
-                "Usage: tcpx-rxdm doctor [--json] [DAEMON FLAGS]\n\nRead-only checks of this node for the \
-                 daemon's flags; exit 0 ready, 1 not ready, 2 bad flags. The daemon's flags:\n"
-            ),
-            "nccl-env" => println!(
-                "Usage: tcpx-rxdm nccl-env [--format=env|json|configmap] [DAEMON FLAGS]\n       tcpx-rxdm \
-                 nccl-env --check [--env-file=FILE] [--json] [DAEMON FLAGS]\n\nPrints the NCCL plugin's \
-                 settings for this node and the daemon these flags describe, or checks the environment \
-                 (or FILE) against them; exit 0 fine, 1 problems found, 2 bad flags. The daemon's flags:\n"
-            ),
-            _ => println!(
-                "Usage: tcpx-rxdm status [flows|mine] [--json] [--uds_path=DIR]\n\nAsks the daemon serving \
-                 --uds_path; exit 0 ready, 1 unreachable or not ready, 2 bad arguments. `mine`: ready and \
-                 serving from this cgroup (a container's readiness probe across a takeover). The daemon's flags:\n"
-            ),
+    match invocation {
+        Invocation::Daemon(_) => unreachable!("the daemon is not a subcommand"),
+        Invocation::Status { flags, what, json } => {
+            quiet_logs();
+            tcpx_rxdm::server::status::client_main(&flags, what.as_deref(), json)
         }
-    }
-    let flags = match Flags::parse_args(rest) {
-        Ok(f) => f,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(e.exit_code() as u8);
+        Invocation::Doctor { flags, json } => {
+            quiet_logs();
+            tcpx_rxdm::doctor::main(&flags, json)
         }
-    };
-    // Logs (from the code the checks share with the daemon) stay quiet unless asked for.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-    match cmd {
-        "doctor" => {
-            if let Some(w) = opts.words.first() {
-                eprintln!("tcpx-rxdm doctor: unexpected argument {w:?}");
-                return ExitCode::from(2);
+        Invocation::NcclEnv { flags, opts } => {
+            quiet_logs();
+            tcpx_rxdm::nccl::command::main(&flags, &opts)
+        }
+        Invocation::Inject(inv) => tcpx_rxdm::inject::command::main(inv),
+        Invocation::InjectServe(cfg) => tcpx_rxdm::inject::serve::main(*cfg),
+        Invocation::Upgrade(opts) => tcpx_rxdm::upgrade::main(&opts),
+        Invocation::Completions(shell) => {
+            cli::write_completions(shell, &mut std::io::stdout());
+            0
+        }
+        Invocation::Man { dir } => match cli::write_man(dir.as_deref(), &mut std::io::stdout()) {
+            Ok(pages) => {
+                for p in pages {
+                    println!("{}", p.display());
+                }
+                0
             }
-            ExitCode::from(tcpx_rxdm::doctor::main(&flags, opts.json))
-        }
-        "nccl-env" => match nccl_options(opts) {
-            Ok(o) => ExitCode::from(tcpx_rxdm::nccl::command::main(&flags, &o)),
             Err(e) => {
-                eprintln!("tcpx-rxdm nccl-env: {e}");
-                ExitCode::from(2)
+                let dir = dir.map(|d| format!(" {}", d.display())).unwrap_or_default();
+                eprintln!("tcpx-rxdm man:{dir}: {e}");
+                1
             }
         },
-        _ => ExitCode::from(tcpx_rxdm::server::status::client_main(&flags, &opts.words, opts.json)),
     }
-}
-
-/// `nccl-env`'s options, checked for consistency.
-fn nccl_options(opts: SubOpts) -> Result<tcpx_rxdm::nccl::command::Options, String> {
-    use tcpx_rxdm::nccl::command::{Format, Options};
-    if let Some(w) = opts.words.first() {
-        return Err(format!("unexpected argument {w:?}"));
-    }
-    let format = match opts.format.as_deref() {
-        None => Format::Env,
-        Some(f) => Format::from_name(f).ok_or_else(|| {
-            format!("--format: invalid value {f:?} (expected one of {})", Format::NAMES.join(", "))
-        })?,
-    };
-    if !opts.check && (opts.env_file.is_some() || opts.json) {
-        return Err("--env-file and --json go with --check (for JSON output use --format=json)".into());
-    }
-    if opts.check && opts.format.is_some() {
-        return Err("--format does not go with --check (use --json)".into());
-    }
-    Ok(Options { format, check: opts.check, env_file: opts.env_file.map(Into::into), json: opts.json })
 }

@@ -19,21 +19,8 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::flags::Flags;
 use crate::handover::Process;
 use crate::server::socket_dir::LOCK_FILE;
-
-const HELP: &str = "Usage: tcpx-rxdm upgrade [--uds_path=DIR] [--timeout=60s]
-
-Makes the daemon serving DIR (default /run/tcpx) hand over to the binary now
-installed at the path it was started from, without touching NICs, pools or
-clients: sends it SIGUSR2 and waits until the successor serves. Prints
-`upgraded: pid OLD -> pid NEW`. Exit 0 upgraded; 1 not upgraded (the old
-daemon serves on; its log says why); 2 bad arguments.
-
-  --uds_path=DIR   the daemon's socket folder (its --uds_path)
-  --timeout=T      how long to wait: seconds, or with a unit (500ms, 90s, 2m)
-";
 
 /// How often the folder and processes are looked at.
 const POLL: Duration = Duration::from_millis(20);
@@ -43,60 +30,6 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct Options {
     pub uds_path: PathBuf,
     pub timeout: Duration,
-}
-
-/// A duration: whole seconds, or a number with `ms`, `s` or `m`; more than
-/// zero and at most an hour.
-fn parse_duration(s: &str) -> Option<Duration> {
-    let (digits, ms) = match (s.strip_suffix("ms"), s.strip_suffix('s'), s.strip_suffix('m')) {
-        (Some(d), _, _) => (d, 1),
-        (None, Some(d), _) => (d, 1000),
-        (None, None, Some(d)) => (d, 60_000),
-        _ => (s, 1000),
-    };
-    let n: u64 = digits.parse().ok()?;
-    let total = n.checked_mul(ms)?;
-    (1..=3_600_000).contains(&total).then(|| Duration::from_millis(total))
-}
-
-/// The options after `upgrade`; `None` asks for the help text. Errors name the flag.
-pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let mut uds: Option<String> = None;
-    let mut timeout = Duration::from_secs(60);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let Some(flag) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
-            return Err(format!("unexpected argument {a:?} (see --help)"));
-        };
-        let (name, inline) = match flag.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_string())),
-            None => (flag, None),
-        };
-        let mut value =
-            || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("--{name} needs a value"));
-        match name {
-            "help" | "h" => return Ok(None),
-            "uds_path" | "uds-path" => uds = Some(value()?),
-            "timeout" => {
-                let v = value()?;
-                timeout = parse_duration(&v).ok_or_else(|| {
-                    format!("--timeout: invalid value {v:?} (a duration up to 1 hour: 60, 60s, 1500ms, 2m)")
-                })?;
-            }
-            _ => return Err(format!("unknown flag --{name} (upgrade takes --uds_path and --timeout)")),
-        }
-    }
-    // The daemon's own parser: the same default and checks as its --uds_path.
-    let mut argv = vec!["tcpx-rxdm".to_string()];
-    argv.extend(uds.map(|u| format!("--uds_path={u}")));
-    let flags = Flags::parse_args(argv).map_err(|e| {
-        let text = e.to_string();
-        text.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string()
-    })?;
-    if flags.uds_path.as_os_str().is_empty() {
-        return Err("--uds_path: empty".into());
-    }
-    Ok(Some(Options { uds_path: flags.uds_path, timeout }))
 }
 
 /// How long one look at the status socket waits for its answer (a daemon
@@ -286,20 +219,9 @@ pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
     }
 }
 
-/// `tcpx-rxdm upgrade ARGS`: the exit code.
-pub fn main(args: &[String]) -> u8 {
-    let opts = match parse(args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            let _ = write!(std::io::stdout(), "{HELP}");
-            return 0;
-        }
-        Err(e) => {
-            eprintln!("tcpx-rxdm upgrade: {e}");
-            return 2;
-        }
-    };
-    match upgrade(&opts) {
+/// `tcpx-rxdm upgrade`: the exit code.
+pub fn main(opts: &Options) -> u8 {
+    match upgrade(opts) {
         Ok((old, new)) => {
             // Done whether or not anyone reads it (`upgrade | head` must not panic).
             let _ = writeln!(std::io::stdout(), "upgraded: pid {old} -> pid {new}");
@@ -315,37 +237,6 @@ pub fn main(args: &[String]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(a: &[&str]) -> Result<Option<Options>, String> {
-        parse(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-    }
-
-    #[test]
-    fn defaults_and_both_value_forms() {
-        let o = args(&[]).unwrap().unwrap();
-        assert_eq!(o, Options { uds_path: "/run/tcpx".into(), timeout: Duration::from_secs(60) });
-        let o = args(&["--uds_path=/tmp/x", "--timeout=1500ms"]).unwrap().unwrap();
-        assert_eq!(o, Options { uds_path: "/tmp/x".into(), timeout: Duration::from_millis(1500) });
-        let o = args(&["-uds_path", "/tmp/y", "--timeout", "2m"]).unwrap().unwrap();
-        assert_eq!(o, Options { uds_path: "/tmp/y".into(), timeout: Duration::from_secs(120) });
-        assert_eq!(args(&["--timeout=90"]).unwrap().unwrap().timeout, Duration::from_secs(90));
-        assert_eq!(args(&["--uds_path=/a", "--help"]).unwrap(), None);
-    }
-
-    #[test]
-    fn bad_arguments_name_the_flag() {
-        let err = |a: &[&str]| args(a).unwrap_err();
-        assert!(err(&["--timeout=0"]).starts_with("--timeout: invalid value \"0\""));
-        assert!(err(&["--timeout=soon"]).starts_with("--timeout"));
-        assert!(err(&["--timeout=2h"]).starts_with("--timeout"));
-        assert!(err(&["--timeout"]).contains("--timeout needs a value"));
-        assert!(err(&["--uds_path"]).contains("--uds_path needs a value"));
-        assert!(err(&["--takeover"]).contains("unknown flag --takeover"));
-        assert!(err(&["now"]).contains("unexpected argument \"now\""));
-        // The daemon's check of the folder's length applies.
-        let long = format!("--uds_path=/{}", "x".repeat(100));
-        assert!(err(&[long.as_str()]).contains("--uds_path"), "{}", err(&[long.as_str()]));
-    }
 
     #[test]
     fn signal_handlers_are_read_from_proc() {

@@ -426,8 +426,11 @@ fn systemd_unit_command_line_and_socket_folder_agree() {
     // `systemctl reload` is an upgrade by takeover: `upgrade` on the daemon's
     // folder, done well within the reload's time limit (TimeoutStartSec).
     assert_eq!(one("ExecReload"), format!("{OUR_BIN} upgrade --uds_path=/run/tcpx"));
-    let reload: Vec<String> = one("ExecReload").split_whitespace().skip(2).map(String::from).collect();
-    let upgrade = tcpx_rxdm::upgrade::parse(&reload).unwrap().expect("options, not --help");
+    let reload = one("ExecReload").split_whitespace().skip(1).map(String::from).collect::<Vec<_>>();
+    let upgrade = match tcpx_rxdm::cli::parse(std::iter::once("tcpx-rxdm".to_string()).chain(reload)) {
+        Ok(tcpx_rxdm::cli::Invocation::Upgrade(o)) => o,
+        other => panic!("ExecReload is not an upgrade: {other:?}"),
+    };
     assert_eq!(upgrade.uds_path, flags.uds_path);
     assert!(upgrade.timeout.as_secs() + 30 <= secs("TimeoutStartSec"), "the reload times out first");
     // The old daemon names its successor itself; stop waits for whichever is main.

@@ -69,7 +69,7 @@ fn refused_input_names_object_and_field_exits_1_and_writes_nothing() {
         ),
         (
             job_with("", "        env:\n        - name: NCCL_ALGO\n          value: Tree\n"),
-            "Job/train: spec.template.spec.containers[trainer].env[NCCL_ALGO]: conflicting NCCL setting",
+            "Job/train: spec.template.spec.containers[trainer].env[NCCL_ALGO]: \"Tree\" conflicts with the NCCL setting inject adds, \"Ring\"",
         ),
         (
             job_with("", "        env:\n        - name: LD_LIBRARY_PATH\n          value: /opt/lib\n"),
@@ -95,17 +95,21 @@ fn refused_input_names_object_and_field_exits_1_and_writes_nothing() {
 #[test]
 fn bad_options_exit_2_naming_the_option() {
     for (args, want) in [
-        (&["--mode=sidecars"][..], "--mode: invalid value \"sidecars\""),
-        (&["--nccl", "env"][..], "--nccl: invalid value \"env\""),
-        (&["--machine=a2-highgpu-8g"][..], "--machine: unknown machine"),
-        (&["--frobnicate"][..], "unknown option --frobnicate"),
+        (&["--mode=sidecars"][..], "invalid value 'sidecars' for '--mode <MODE>'"),
+        (&["--nccl", "env"][..], "invalid value 'env' for '--nccl <SOURCE>'"),
+        (&["--machine=a2-highgpu-8g"][..], "invalid value 'a2-highgpu-8g' for '--machine <TYPE>'"),
+        (&["--frobnicate"][..], "unexpected argument '--frobnicate'"),
         (&["--rx_pool_size=lots"][..], "rx_pool_size"),
         (&["--mode=node", "--tenant_isolation=enforce"][..], "--tenant_isolation: with --mode=node"),
         (&["--node_wide"][..], "--node_wide"),
-        (&["serve"][..], "--on-error=refuse|allow is required"),
-        (&["serve", "--on-error=maybe"][..], "--on-error: invalid value \"maybe\""),
-        (&["serve", "--on-error=allow", "--listen=localhost"][..], "--listen: invalid address"),
-        (&["serve", "--on-error=allow", "--mode=pod"][..], "--mode: invalid value"),
+        (&["serve"][..], "required arguments were not provided:\n  --on-error <POLICY>"),
+        (&["serve", "--on-error=maybe"][..], "invalid value 'maybe' for '--on-error <POLICY>'"),
+        (
+            &["serve", "--on-error=allow", "--listen=localhost"][..],
+            "invalid value 'localhost' for '--listen <ADDR>'",
+        ),
+        (&["serve", "--on-error=allow", "--mode=pod"][..], "invalid value 'pod' for '--mode <MODE>'"),
+        (&["serve", "--on-error=allow", "--node_wide"][..], "--node_wide"),
     ] {
         let (code, out, err) = inject(args, JOB);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -187,4 +191,70 @@ fn reads_a_file_or_stdin_and_reports_every_object() {
     let (code, _, err) = inject(&["-f", "/nonexistent/job.yaml"], "");
     assert_eq!(code, 1);
     assert!(err.contains("/nonexistent/job.yaml"), "{err}");
+}
+
+const NO_GPU: &str = "\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  template:
+    spec:
+      containers:
+      - name: nginx
+        image: nginx
+";
+
+#[test]
+fn a_template_without_a_gpu_container_is_said_to_get_nothing() {
+    let (code, out, err) = inject(&[], NO_GPU);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(doc(&out), doc(NO_GPU), "a template without GPUs changed");
+    assert!(
+        err.contains("Deployment/web spec.template: no container requests nvidia.com/gpu; nothing injected"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was injected") && err.contains("--require-gpu"), "{err}");
+    assert!(!err.contains("already injected"), "{err}");
+    // No daemon went in, so no word about its image.
+    assert!(!err.contains("docker build"), "{err}");
+
+    // With a GPU Job beside it: one template has TCPX, the other is named.
+    let (code, _, err) = inject(&[], &format!("{JOB}---\n{NO_GPU}"));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 pod template(s) left without TCPX"), "{err}");
+
+    // --require-gpu makes it an error: exit 1, nothing written, the template named.
+    let (code, out, err) = inject(&["--require-gpu"], &format!("{JOB}---\n{NO_GPU}"));
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(err.contains("Deployment/web spec.template: no container requests nvidia.com/gpu"), "{err}");
+    assert!(err.contains("nothing written"), "{err}");
+    assert_eq!(inject(&["--require-gpu"], JOB).0, 0);
+}
+
+#[test]
+fn already_injected_only_where_the_annotation_says_so_and_the_default_image_is_explained() {
+    let (code, once, err) = inject(&[], JOB);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("Job/train spec.template: injected: "), "{err}");
+    // The default image: named, with how to build and push it.
+    let image = format!("tcpx-rxdm:{}", env!("CARGO_PKG_VERSION"));
+    assert!(err.contains(&image) && err.contains("docker build") && err.contains("docker push"), "{err}");
+    assert!(err.contains("--image="), "{err}");
+    let (code, _, err) = inject(&[], &once);
+    assert_eq!(code, 0);
+    assert!(err.contains("Job/train spec.template: already injected"), "{err}");
+    // A chosen image is not explained.
+    let (_, _, err) = inject(&["--image=registry.example/tcpx-rxdm:1"], JOB);
+    assert!(!err.contains("docker build"), "{err}");
+    // A template that lost its GPU limit loses the injection, and says so.
+    let without = once.replace("nvidia.com/gpu: 8", "cpu: 8");
+    let (code, out, err) = inject(&[], &without);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("no container requests nvidia.com/gpu any more") && err.contains("injection removed"),
+        "{err}"
+    );
+    assert!(!out.contains("tcpx-daemon"), "{out}");
 }

@@ -14,7 +14,7 @@ use serde_norway::Value;
 use tcpx_rxdm::inject::command::transform;
 use tcpx_rxdm::inject::platform::{Platform, PluginDir};
 use tcpx_rxdm::inject::webhook::{review, OnError};
-use tcpx_rxdm::inject::{serve, Mode, Nccl, Options, DAEMON};
+use tcpx_rxdm::inject::{Mode, Nccl, Options, DAEMON};
 
 const POD: &str = "\
 apiVersion: v1
@@ -250,11 +250,15 @@ fn admission(pod: &str) -> Vec<u8> {
 
 #[test]
 fn the_webhook_takes_the_platform_and_refuses_mig() {
-    let cfg = serve::parse(
-        &["--on-error=refuse", "--platform=gpu-operator", "--nccl-plugin=image:/opt/nccl"].map(String::from),
-    )
-    .unwrap()
-    .unwrap();
+    let argv = ["tcpx-rxdm", "inject", "serve", "--on-error=refuse", "--platform=gpu-operator"]
+        .into_iter()
+        .chain(["--nccl-plugin=image:/opt/nccl"])
+        .map(String::from);
+    let cfg = match tcpx_rxdm::cli::parse(argv) {
+        Ok(tcpx_rxdm::cli::Invocation::InjectServe(cfg)) => cfg,
+        Ok(_) => panic!("not inject serve"),
+        Err(e) => panic!("{e}"),
+    };
     assert_eq!(cfg.inject.platform, operator(PluginDir::Image("/opt/nccl".into())));
     let answer = review(&admission(POD), &cfg.inject, OnError::Refuse).unwrap();
     assert_eq!(answer["response"]["allowed"], true);
@@ -275,7 +279,12 @@ fn the_webhook_takes_the_platform_and_refuses_mig() {
     };
     // The patch adds what inject adds, path by path.
     let added = |path: &str| {
-        patch.as_array().unwrap().iter().find(|op| op["op"] == "add" && op["path"] == path).map(|op| &op["value"])
+        patch
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|op| op["op"] == "add" && op["path"] == path)
+            .map(|op| &op["value"])
     };
     assert_eq!(added("/spec/runtimeClassName"), Some(&serde_json::json!("nvidia")), "{patch}");
     assert_eq!(added("/spec/containers/0/env").unwrap()[0]["value"], "/opt/nccl", "{patch}");

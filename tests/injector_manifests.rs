@@ -10,7 +10,6 @@ use std::path::Path;
 
 use serde::Deserialize as _;
 use serde_norway::Value;
-use tcpx_rxdm::inject::serve;
 
 fn docs(rel: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap();
@@ -54,7 +53,11 @@ fn the_injector_pieces_fit_together_and_get_no_api_access() {
     // The arguments are the server's own, parsed as it parses them.
     let args: Vec<String> = c["args"].as_sequence().unwrap().iter().map(|a| s(a).to_string()).collect();
     assert_eq!(&args[..2], ["inject", "serve"]);
-    let cfg = serve::parse(&args[2..]).unwrap().unwrap();
+    let argv = std::iter::once("tcpx-rxdm".to_string()).chain(args.iter().cloned());
+    let cfg = match tcpx_rxdm::cli::parse(argv) {
+        Ok(tcpx_rxdm::cli::Invocation::InjectServe(cfg)) => cfg,
+        other => panic!("{args:?}: not inject serve: {other:?}"),
+    };
     assert_eq!(u64::from(cfg.listen.port()), c["ports"][0]["containerPort"].as_u64().unwrap());
     assert_eq!(svc["spec"]["ports"][0]["targetPort"], c["ports"][0]["containerPort"]);
 

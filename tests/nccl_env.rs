@@ -344,16 +344,104 @@ fn the_daemon_writes_the_file_once_ready_and_removes_it_at_shutdown() {
 }
 
 #[test]
-fn a_daemon_on_a_node_it_cannot_read_runs_without_the_file() {
+fn a_daemon_on_a_node_it_cannot_read_still_writes_the_file_and_says_what_is_left_out() {
     let empty = tempfile::tempdir().unwrap();
     let sys = format!("--sysfs_root={}", empty.path().display());
     let d = Daemon::start(&[&sys]);
-    assert!(!d.dir.path().join("nccl.env").exists());
+    let text = std::fs::read_to_string(d.dir.path().join("nccl.env"))
+        .unwrap_or_else(|e| panic!("{e}; log:\n{}", d.log().join("\n")));
+    let v = exports(&text);
+    // What the node cannot tell is left out, each with a comment saying why.
+    for left_out in ["NCCL_GPUDIRECTTCPX_TX_BINDINGS", "NCCL_GPUDIRECTTCPX_CTRL_DEV"] {
+        assert!(!v.contains_key(left_out), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("# Note: ") && l.contains(left_out)), "{text}");
+    }
+    assert_eq!(v["NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX"], d.dir.path().display().to_string());
+    assert_eq!(v["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"], "eth1,eth2,eth3,eth4");
+    assert!(d.log().iter().any(|l| l.contains("NCCL settings written")), "{:?}", d.log());
+}
+
+/// A two-core machine (one NUMA node, no SMT), as on a developer's VM or a
+/// CI runner, with the a3vm NICs on it.
+fn two_cores() -> FakeSysfs {
+    let fs = a3_4g();
+    std::fs::write(fs.root().join("devices/system/node/node0/cpulist"), "0-1\n").unwrap();
+    fs
+}
+
+#[test]
+fn a_two_core_machine_gets_settings_without_bindings_and_a_comment_saying_why() {
+    let fs = two_cores();
+    let (code, out, err) = run(&["nccl-env", "--gpu_nic_preset=a3vm", &sysfs_arg(&fs)], &[]);
+    assert_eq!(code, 0, "{err}");
+    let v = exports(&out);
     assert!(
-        d.log().iter().any(|l| l.contains("NCCL settings not written") && l.contains("no control NIC")),
-        "{:?}",
-        d.log()
+        !v.contains_key("NCCL_GPUDIRECTTCPX_TX_BINDINGS")
+            && !v.contains_key("NCCL_GPUDIRECTTCPX_RX_BINDINGS")
     );
+    let note = out.lines().find(|l| l.starts_with("# Note: ")).unwrap_or_else(|| panic!("no note: {out}"));
+    assert!(
+        note.contains("TX_BINDINGS") && note.contains("2 cores") && note.contains("at least 4"),
+        "{note}"
+    );
+    assert!(err.contains("note:") && err.contains("2 cores"), "{err}");
+    assert_eq!(v["NCCL_GPUDIRECTTCPX_CTRL_DEV"], "eth0");
+    // The file sourced as is passes the check, on the same node.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nccl.env");
+    std::fs::write(&file, &out).unwrap();
+    let env_file = format!("--env-file={}", file.display());
+    let (code, out, err) =
+        run(&["nccl-env", "--check", "--gpu_nic_preset=a3vm", &sysfs_arg(&fs), &env_file], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    // JSON says the same, in a field of its own.
+    let (code, out, _) = run(&["nccl-env", "--json", "--gpu_nic_preset=a3vm", &sysfs_arg(&fs)], &[]);
+    assert_eq!(code, 0);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(j["notes"][0].as_str().unwrap().contains("2 cores"), "{j}");
+}
+
+#[test]
+fn a_machine_profile_gives_its_settings_on_any_machine() {
+    // This node has two cores; the profile has the a3-highgpu-8g layout.
+    let fs = two_cores();
+    let (code, out, err) = run(&["nccl-env", "--machine=a3-highgpu-8g"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, golden("nccl-a3-highgpu-8g.env"));
+    // The profile names the NICs too, so auto needs no sysfs; a profile and a sysfs root do not go together.
+    let (code, _, err) = run(&["nccl-env", "--machine=a3-highgpu-8g", &sysfs_arg(&fs)], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--machine") && err.contains("--sysfs_root"), "{err}");
+    let (code, _, err) = run(&["nccl-env", "--machine=a2-highgpu-8g"], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("a3-highgpu-8g"), "the known profiles are listed: {err}");
+    // --check against the profile gives the value to use for each finding.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nccl.env");
+    std::fs::write(
+        &file,
+        golden("nccl-a3-highgpu-8g.env").replace("REPORT_LIFECYCLE=1", "REPORT_LIFECYCLE=0"),
+    )
+    .unwrap();
+    let env_file = format!("--env-file={}", file.display());
+    let (code, out, _) = run(&["nccl-env", "--check", "--machine=a3-highgpu-8g", &env_file], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("    → NCCL_GPUDIRECTTCPX_REPORT_LIFECYCLE=1\n"), "{out}");
+}
+
+#[test]
+fn a_missing_env_file_is_the_error_reported_before_any_discovery() {
+    // No preset: discovery on this machine would fail; the file's absence is the cause to name.
+    let empty = tempfile::tempdir().unwrap();
+    let sys = format!("--sysfs_root={}", empty.path().display());
+    let (code, _, err) = run(&["nccl-env", "--check", "--env-file=nope.env", &sys], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--env-file nope.env") && err.contains("No such file"), "{err}");
+    assert!(!err.contains("discover"), "{err}");
+    // Without the file, discovery's failure is the cause, with how to name the machine instead.
+    let (code, _, err) = run(&["nccl-env", &sys], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("discovery") && err.contains("--machine=a3-highgpu-8g"), "{err}");
 }
 
 /// `doctor --json` on sim NICs over the a3-highgpu-8g fixture with `env`;

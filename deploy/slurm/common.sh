@@ -128,10 +128,11 @@ tcpx_daemon_alive() {
   [ -z "${tcpx_started:-}" ] || [ "$now" = "$tcpx_started" ]
 }
 
-# Removes the job's socket folder: socket files and the daemon's lock file
-# only, so that a mistyped TCPX_UDS_PATH never deletes anything else.
+# Removes the job's socket folder: socket files, the daemon's lock file and
+# the nccl.env it writes (left behind when it was killed) only, so that a
+# mistyped TCPX_UDS_PATH never deletes anything else.
 tcpx_remove_socket_dir() {
   [ -d "$TCPX_UDS_PATH" ] || return 0
-  find "$TCPX_UDS_PATH" -mindepth 1 -maxdepth 1 \( -type s -o -name .rxdm.lock -o -name terminated \) -delete 2>/dev/null || true
+  find "$TCPX_UDS_PATH" -mindepth 1 -maxdepth 1 \( -type s -o -name .rxdm.lock -o -name terminated -o -name nccl.env \) -delete 2>/dev/null || true
   rmdir "$TCPX_UDS_PATH" 2>/dev/null || tcpx_log "warning: $TCPX_UDS_PATH is not empty; left in place"
 }

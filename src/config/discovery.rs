@@ -30,7 +30,7 @@ pub enum DiscoveryError {
     ResolveDevice { path: PathBuf, source: io::Error },
     #[error("reading {path}: {source}")]
     ReadAttr { path: PathBuf, source: io::Error },
-    #[error("{path} holds {value:?}, expected a hex number like 0x10de")]
+    #[error("{path} holds \"{}\", expected a hex number like 0x10de", .value.escape_debug())]
     BadAttr { path: PathBuf, value: String },
     #[error("NIC {ifname}: tcpd_queue_size {tcpd_queue_size} cannot be split evenly over its {gpus} GPUs")]
     UnevenQueueSplit { ifname: String, gpus: usize, tcpd_queue_size: u32 },
@@ -96,7 +96,7 @@ pub fn discover(
         }
         gpus.sort();
         let gpus = split_queues(&ifname, &gpus, rss_set_size, tcpd_queue_size)?;
-        info!(%ifname, %nic_pci, gpus = ?gpus.iter().map(|g| g.pci).collect::<Vec<_>>(), "discovered NIC");
+        info!(%ifname, %nic_pci, gpus = %crate::types::list(gpus.iter().map(|g| g.pci)), "discovered NIC");
         nics.push(NicSpec { ifname, pci: Some(nic_pci), gpus });
     }
     Ok(nics)

@@ -22,6 +22,9 @@ pub const UDS_PATH_MAX: usize = 76;
 /// `--uds_path`: refused here, before any NIC or pool is touched, when the
 /// plugin could not reach sockets under it.
 pub(super) fn parse_uds_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("empty; expected the socket folder, e.g. /run/tcpx".into());
+    }
     let n = s.len();
     if n > UDS_PATH_MAX {
         return Err(format!(

@@ -318,12 +318,20 @@ impl Flags {
     }
 
     /// Parses normalised-or-not arguments (the program name first).
+    /// Never panics and never exits: a bad command line is an error.
     pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Flags, clap::Error> {
         let mut cmd = Flags::command();
         let matches = cmd.try_get_matches_from_mut(normalize_args(args))?;
-        let mut flags = Flags::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+        Flags::from_matches(&mut cmd, &matches)
+    }
+
+    /// The flags from the matches of `cmd`, a command that has the daemon's
+    /// flags (the daemon's own, or a subcommand's with the daemon's flags
+    /// cloned in, as `cli` builds them); errors are formatted for `cmd`.
+    pub fn from_matches(cmd: &mut clap::Command, matches: &ArgMatches) -> Result<Flags, clap::Error> {
+        let mut flags = Flags::from_arg_matches(matches).map_err(|e| e.format(cmd))?;
         if flags.node_wide {
-            flags.make_node_wide(&matches).map_err(|msg| cmd.error(ErrorKind::ArgumentConflict, msg))?;
+            flags.make_node_wide(matches).map_err(|msg| cmd.error(ErrorKind::ArgumentConflict, msg))?;
         }
         Ok(flags)
     }
@@ -365,46 +373,25 @@ fn default_root(flag: &Option<PathBuf>, host: &str, plain: &str) -> PathBuf {
 /// Rewrites absl flag forms into clap's: `-flag[=v]` → `--flag[=v]`,
 /// `--noflag` → `--flag=false` for boolean flags. Stops at a bare `--`.
 pub fn normalize_args<I: IntoIterator<Item = String>>(args: I) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut passthrough = false;
-    for (i, arg) in args.into_iter().enumerate() {
-        if i == 0 || passthrough || arg == "-" {
-            out.push(arg);
-            continue;
-        }
-        if arg == "--" {
-            passthrough = true;
-            out.push(arg);
-            continue;
-        }
-        let long = if arg.starts_with("--") {
-            arg
-        } else if arg.starts_with('-') && arg.len() > 2 && arg.as_bytes()[1].is_ascii_alphabetic() {
-            format!("-{arg}")
-        } else {
-            out.push(arg);
-            continue;
-        };
-        let name = long[2..].split('=').next().unwrap_or_default();
-        match name.strip_prefix("no") {
-            Some(flag) if BOOL_FLAGS.contains(&flag) && !long.contains('=') => {
-                out.push(format!("--{flag}=false"));
-            }
-            _ => out.push(long),
-        }
-    }
-    out
+    super::absl::normalize(&Flags::command(), args)
 }
 
+/// A preset name, or a preset file. A value that looks like a path (a `/`,
+/// or a file name's extension) is a file: one that is not there is "no
+/// such file", not an unknown preset.
 fn parse_preset(s: &str) -> Result<String, String> {
-    if PRESET_NAMES.contains(&s) || std::path::Path::new(s).is_file() {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "unknown preset (expected one of {} or a path to a preset file)",
-            PRESET_NAMES.join(", ")
-        ))
+    let path = std::path::Path::new(s);
+    if PRESET_NAMES.contains(&s) || path.is_file() {
+        return Ok(s.to_string());
     }
+    let names = PRESET_NAMES.join(", ");
+    if path.is_dir() {
+        return Err(format!("{s} is a folder; expected a preset file or one of {names}"));
+    }
+    if s.contains('/') || path.extension().is_some() {
+        return Err(format!("no such file {s} (a preset file; or one of {names})"));
+    }
+    Err(format!("unknown preset (expected one of {names} or a path to a preset file)"))
 }
 
 /// Accepts the GKE manifest's literal `\"--verbose 128 2 0 \"` as well as the plain form.
@@ -417,7 +404,8 @@ pub fn parse_setup_param(s: &str) -> Result<SetupParam, String> {
     match words.as_slice() {
         [] if !s.contains("--verbose") => Ok(SetupParam::Off),
         [a, b, c] => {
-            let num = |w: &str| w.parse::<u32>().map_err(|_| format!("{w:?} is not a non-negative integer"));
+            let num =
+                |w: &str| w.parse::<u32>().map_err(|_| format!("\"{w}\" is not a non-negative integer"));
             Ok(SetupParam::Tune(TuningParams { initcwnd: num(a)?, rto_min_ms: num(b)?, quickack: num(c)? }))
         }
         _ => Err("expected \"--verbose INITCWND RTO_MIN_MS QUICKACK\"".into()),

@@ -1,5 +1,7 @@
-//! Configuration: flags, presets, the topology message, and sysfs discovery.
+//! Configuration: flags (and their absl forms), presets, the topology
+//! message, and sysfs discovery.
 
+pub mod absl;
 pub mod discovery;
 mod flag_values;
 pub mod flags;

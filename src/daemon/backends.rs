@@ -120,7 +120,7 @@ fn cuda_allocator(
         *topo = spread_gpus(topo, &visible).map_err(DaemonError::PlaceGpus)?;
         topo.validate().map_err(DaemonError::PlacedTopology)?;
         refuse_mig(procfs_root, topo)?;
-        tracing::info!(gpus = ?visible, "sim topology uses the CUDA-visible GPUs");
+        tracing::info!(gpus = %crate::types::list(&visible), "sim topology uses the CUDA-visible GPUs");
         return Ok(alloc);
     }
     let missing: Vec<PciAddr> = topo.gpus().map(|(_, g)| g.pci).filter(|g| !visible.contains(g)).collect();

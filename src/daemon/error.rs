@@ -44,7 +44,7 @@ pub enum DaemonError {
         #[source]
         source: GpuError,
     },
-    #[error("--gpu_backend={flag}: GPUs {missing:?} of the topology are not visible to CUDA (visible: {visible:?})")]
+    #[error("--gpu_backend={flag}: GPUs {} of the topology are not visible to CUDA (visible: {})", crate::types::list(.missing), crate::types::list(.visible))]
     GpusNotVisible { flag: &'static str, missing: Vec<PciAddr>, visible: Vec<PciAddr> },
     /// A GPU of the topology is partitioned (MIG): the CUDA backend needs whole GPUs.
     #[error("{0}")]
@@ -100,7 +100,7 @@ pub enum DaemonError {
     #[error("{} restore step(s) failed", .0.len())]
     Restore(Vec<TeardownError>),
     /// A NIC was still missing when `--wait_for_nics` ran out.
-    #[error("{source} (still missing after waiting {waited:?}, --wait_for_nics)")]
+    #[error("{source} (still missing after waiting {}, --wait_for_nics)", crate::types::secs(*.waited))]
     NicsNotUp {
         waited: std::time::Duration,
         #[source]

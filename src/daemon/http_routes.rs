@@ -64,7 +64,7 @@ impl Routes {
         let only = req.param("nic").map(str::to_string);
         if let Some(n) = &only {
             if !state.rules.nics.iter().any(|w| w.ifname == *n) {
-                return Response::text(404, format!("no managed NIC {n:?}\n"));
+                return Response::text(404, format!("no managed NIC \"{}\"\n", n.escape_debug()));
             }
         }
         let turn =

@@ -244,27 +244,35 @@ pub async fn run(
     let _ = routes.datapath.set(health.clone());
     tokio::spawn(datapath::tick(health, shutdown_rx.clone()));
 
-    // Before readiness is signalled, so a workload that waits for it finds the file.
-    write_nccl_env(&config, gid.map(|g| g.as_raw()));
-    if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
-        if let Err(e) = write_health_line(&path) {
-            tracing::warn!(path, error = %e, "could not write HEALTH_CHECK_LOG_FILE");
+    let mut shutdown = Box::pin(shutdown);
+    // A stop asked for during startup (the signal is kept): never ready.
+    let mut early =
+        tokio::select! { biased; cause = &mut shutdown => Some(cause), () = std::future::ready(()) => None };
+    if early.is_none() {
+        // Before readiness is signalled, so a workload that waits for it finds the file.
+        write_nccl_env(&config, gid.map(|g| g.as_raw()));
+        if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
+            if let Err(e) = write_health_line(&path) {
+                tracing::warn!(path, error = %e, "could not write HEALTH_CHECK_LOG_FILE");
+            }
         }
+        routes.set_ready(true);
+        tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
+        notify::send(&format!(
+            "READY=1\n{}",
+            notify::status(&format!("serving on {}", flags.uds_path.display()))
+        ));
     }
-    routes.set_ready(true);
-    tracing::info!(elapsed_ms = ms(started), "{READY_LINE}");
-    notify::send(&format!(
-        "READY=1\n{}",
-        notify::status(&format!("serving on {}", flags.uds_path.display()))
-    ));
 
     let grace = Duration::from_secs(flags.wait_time_before_exit);
-    let mut shutdown = Box::pin(shutdown);
     let busy = Arc::new(AtomicBool::new(false));
     let mut successors = takeover::give::accept(handover, busy.clone());
     // A takeover under way, as a task of its own: the loop stays responsive.
     let mut session: Option<takeover::give::Session> = None;
     let reason = loop {
+        if let Some(cause) = early.take() {
+            break StopReason::Requested(cause);
+        }
         tokio::select! {
             cause = &mut shutdown => break StopReason::Requested(cause),
             _ = state.registry.last_gone.notified(), if flags.monitor_shutdown => break StopReason::LastApplicationGone,
@@ -334,7 +342,10 @@ pub async fn run(
     let _ = shutdown_tx.send(true);
     drop(state);
     if tokio::time::timeout(DRAIN_TIMEOUT, done_rx.recv()).await.is_err() {
-        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; continuing shutdown");
+        tracing::warn!(
+            "connections still open after {}; continuing shutdown",
+            crate::types::secs(DRAIN_TIMEOUT)
+        );
     }
     let errors = node.teardown().await;
     for e in &errors {
@@ -363,13 +374,17 @@ fn abort<T>(taking: &Option<takeover::take::Taking>, e: DaemonError) -> Result<T
 }
 
 /// Writes `<uds_path>/nccl.env` (the NCCL plugin's settings for this node
-/// and daemon); a node whose layout cannot be read gets a warning, not a failure.
+/// and daemon). What the node cannot tell is left out of the file, with a
+/// comment and a warning here; only a failure to write is not written.
 fn write_nccl_env(config: &Config, gid: Option<u32>) {
     let flags = &config.flags;
     let view = crate::nccl::Sysfs::new(&flags.sysfs_root());
     let written = crate::nccl::generate(&view, &config.topology, &flags.uds_path)
         .map_err(|e| e.to_string())
         .and_then(|env| {
+            for note in &env.notes {
+                tracing::warn!(note = %note, "NCCL settings: left out on this node");
+            }
             crate::nccl::file::write(&flags.uds_path, &env.to_env(), flags.socket_mode, gid)
                 .map_err(|e| e.to_string())
         });

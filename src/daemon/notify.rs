@@ -22,7 +22,7 @@ pub fn parse_address(value: &str) -> Result<SocketAddr, String> {
             return SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string());
         }
         #[cfg(not(target_os = "linux"))]
-        return Err(format!("abstract socket {name:?} needs Linux"));
+        return Err(format!("abstract socket \"{}\" needs Linux", name.escape_debug()));
     }
     if !value.starts_with('/') {
         return Err("expected an absolute path or @name".into());

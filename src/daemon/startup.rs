@@ -70,7 +70,9 @@ impl Startup<'_> {
             let ours: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
             if handed != ours {
                 return Err(DaemonError::Takeover(format!(
-                    "NICs {handed:?} were handed over, this daemon manages {ours:?}"
+                    "NICs {} were handed over, this daemon manages {}",
+                    crate::types::list(&handed),
+                    crate::types::list(&ours)
                 )));
             }
             // The simulated NICs' state and each NIC's rule table, all at once.
@@ -195,8 +197,8 @@ impl Startup<'_> {
             tracing::info!(
                 mode = flags.tenant_isolation.name(),
                 max_rules_per_tenant = flags.max_rules_per_tenant,
-                gpu_minors = ?devices.minors,
-                cgroup2 = ?cgroup2,
+                gpu_minors = %crate::types::list(&devices.minors),
+                cgroup2 = cgroup2.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "not mounted".into()),
                 "tenant isolation"
             );
         }

@@ -50,8 +50,9 @@ pub async fn load(flags: Flags) -> Result<Config, DaemonError> {
         }
         if !waiting {
             waiting = true;
-            tracing::warn!(error = %missing, wait_for_nics = ?bound, "a NIC is not up yet; waiting for it");
-            notify::send(&notify::status(&format!("waiting up to {bound:?} for NICs: {missing}")));
+            let bound_text = crate::types::secs(bound);
+            tracing::warn!(error = %missing, wait_for_nics = %bound_text, "a NIC is not up yet; waiting for it");
+            notify::send(&notify::status(&format!("waiting up to {bound_text} for NICs: {missing}")));
         }
         tokio::time::sleep(POLL.min(bound - elapsed)).await;
     }

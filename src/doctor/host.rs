@@ -79,7 +79,9 @@ pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
             .map(|k| {
                 let name = k.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 match &k.current {
-                    Some(c) => format!("{name} {c:?} (daemon sets {:?})", k.want),
+                    Some(c) => {
+                        format!("{name} \"{}\" (daemon sets \"{}\")", c.escape_debug(), k.want.escape_debug())
+                    }
                     None => format!("{name} absent (skipped)"),
                 }
             })

@@ -28,6 +28,7 @@ pub(super) fn check_nccl(r: &mut Report, ctx: &Ctx) {
     for p in &report.problems {
         let fix = match &p.fix {
             Some(v) => format!("{}={}", p.variable, nccl::env::shell_quote(v)),
+            None if p.unset => format!("unset {} (the settings for this node leave it out)", p.variable),
             None => "`tcpx-rxdm nccl-env` prints the right value".into(),
         };
         r.add(SECTION, &p.variable, Status::Fail, p.message.clone(), Some(fix));

@@ -35,7 +35,7 @@ impl std::str::FromStr for BinderKind {
             "tcpx" => Ok(BinderKind::Tcpx),
             "devmem" => Ok(BinderKind::Devmem),
             "none" => Ok(BinderKind::None),
-            _ => Err(format!("unknown bind backend {s:?}")),
+            _ => Err(format!("unknown bind backend \"{s}\"")),
         }
     }
 }

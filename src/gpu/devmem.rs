@@ -158,8 +158,11 @@ pub struct DevmemBinding {
 impl Binding for DevmemBinding {
     fn describe(&self) -> String {
         format!(
-            "devmem: dmabuf id {} on {} (ifindex {}) queues {:?}",
-            self.dmabuf_id, self.ifname, self.ifindex, self.queues
+            "devmem: dmabuf id {} on {} (ifindex {}) queues {}",
+            self.dmabuf_id,
+            self.ifname,
+            self.ifindex,
+            crate::types::list(&self.queues)
         )
     }
 

@@ -23,7 +23,7 @@ pub enum GpuError {
     CreatePool { gpu: PciAddr, source: CudaError },
     #[error("listing the CUDA devices: {0}")]
     ListDevices(#[source] CudaError),
-    #[error("listing the CUDA devices: unparsable PCI bus id {0:?}")]
+    #[error("listing the CUDA devices: unparsable PCI bus id \"{}\"", .0.escape_debug())]
     BadBusId(String),
     #[error("asking the CUDA driver version: {0}")]
     DriverVersion(#[source] CudaError),
@@ -51,7 +51,7 @@ pub enum GpuError {
 
 /// Binding one GPU's pool to a NIC's queues failed: where, and the binder's own error.
 #[derive(Debug, thiserror::Error)]
-#[error("binding {gpu} to {ifname} queues {queues:?}: {cause}")]
+#[error("binding {gpu} to {ifname} queues {}: {cause}", crate::types::list(.queues))]
 pub struct BindError {
     pub gpu: PciAddr,
     pub ifname: String,

@@ -75,7 +75,7 @@ impl std::str::FromStr for ShmemType {
         match s {
             "fd" => Ok(ShmemType::Fd),
             "file" => Ok(ShmemType::File),
-            _ => Err(format!("unknown shared memory type {s:?} (fd or file)")),
+            _ => Err(format!("unknown shared memory type \"{s}\" (fd or file)")),
         }
     }
 }

@@ -241,7 +241,7 @@ impl Drop for RecordingBinding {
 
 impl Binding for RecordingBinding {
     fn describe(&self) -> String {
-        format!("recording: {} on {} queues {:?}", self.gpu, self.ifname, self.queues)
+        format!("recording: {} on {} queues {}", self.gpu, self.ifname, crate::types::list(&self.queues))
     }
 }
 

@@ -91,7 +91,7 @@ pub enum TcpxError {
     NoDmaBuf(String),
     #[error("the NIC's PCI address is unknown (needed for DMA_BUF_CREATE_PAGES)")]
     NoNicPci,
-    #[error("interface name {0:?} does not fit IFNAMSIZ")]
+    #[error("interface name \"{}\" does not fit IFNAMSIZ", .0.escape_debug())]
     BadIfname(String),
     #[error(
         "kernel lacks the GPUDirect-TCPX dma-buf ioctls (DMA_BUF_CREATE_PAGES: {0}); not a COS TCPX kernel"
@@ -173,11 +173,11 @@ pub struct TcpxBinding {
 impl Binding for TcpxBinding {
     fn describe(&self) -> String {
         format!(
-            "tcpx: pages fd {} on {} ({}) queues {:?}",
+            "tcpx: pages fd {} on {} ({}) queues {}",
             self.pages.as_raw_fd(),
             self.ifname,
             self.nic,
-            self.queues
+            crate::types::list(&self.queues)
         )
     }
 

@@ -122,7 +122,8 @@ pub fn fingerprint_differs(
     keys.into_iter().find_map(|k| {
         let (a, b) = (ours.get(k), theirs.get(k));
         (a != b).then(|| {
-            let show = |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("{v:?}"));
+            let show =
+                |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("\"{}\"", v.escape_debug()));
             format!("{k} differs: this daemon has {}, the other {}", show(a), show(b))
         })
     })

@@ -59,7 +59,7 @@ pub enum TuningPlan {
 pub enum TuningError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
-    #[error("writing {value:?} to {path}: {source}")]
+    #[error("writing \"{}\" to {path}: {source}", .value.escape_debug())]
     Write { path: PathBuf, value: String, source: io::Error },
     #[error("route netlink: {0}")]
     Netlink(#[source] NlError),
@@ -236,6 +236,14 @@ impl HostTuning {
     }
 
     fn tune_routes(&mut self, metrics: &[(u16, u32)]) -> Vec<TuningError> {
+        fn metric_name(t: u16) -> &'static str {
+            match t {
+                RTAX_INITCWND => "initcwnd",
+                RTAX_RTO_MIN => "rto_min",
+                RTAX_QUICKACK => "quickack",
+                _ => "metric",
+            }
+        }
         if metrics.is_empty() {
             return Vec::new();
         }
@@ -266,7 +274,10 @@ impl HostTuning {
                 }
                 match conn.transact(&route.with_metrics(metrics).replace_request()) {
                     Ok(_) => {
-                        info!(route = %route.describe(), ?metrics, "route metrics tuned");
+                        let set = crate::types::list(
+                            metrics.iter().map(|(t, v)| format!("{}={v}", metric_name(*t))),
+                        );
+                        info!(route = %route.describe(), metrics = %set, "route metrics tuned");
                         self.routes.push(route);
                     }
                     Err(source) => errors.push(TuningError::Route { route: route.describe(), source }),

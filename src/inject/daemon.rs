@@ -70,7 +70,7 @@ fn parse_words(words: &[String]) -> Result<Vec<Flag>, InjectError> {
     let mut it = words.iter();
     while let Some(w) = it.next() {
         let Some(f) = w.strip_prefix("--").or_else(|| w.strip_prefix('-')) else {
-            return Err(InjectError::Option(format!("daemon flag {w:?}: expected --name[=value]")));
+            return Err(InjectError::Option(format!("daemon flag \"{w}\": expected --name[=value]")));
         };
         match f.split_once('=') {
             Some((n, v)) => out.push(Flag::new(n, v)),

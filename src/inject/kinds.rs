@@ -8,6 +8,7 @@
 
 use serde_norway::Value;
 
+use super::record::Outcome;
 use super::template;
 use super::{name_of, object_name, InjectError, Options};
 
@@ -72,12 +73,13 @@ fn walk(
     at: String,
     object: &str,
     opts: &Options,
-    report: &mut Vec<String>,
+    report: &mut Vec<Applied>,
 ) -> Result<(), InjectError> {
     let Some((step, rest)) = steps.split_first() else {
-        let line = template::apply(v, opts, object, &at)?;
+        let (outcome, line) = template::apply(v, opts, object, &at)?;
         let place = if at.is_empty() { String::new() } else { format!(" {}", at.trim_end_matches('.')) };
-        report.push(format!("{object}{place}: {line}"));
+        let place = format!("{object}{place}");
+        report.push(Applied { outcome, line: format!("{place}: {line}"), place });
         return Ok(());
     };
     let missing = |at: &str, what: &str| {
@@ -107,14 +109,24 @@ fn walk(
     }
 }
 
+/// What was done to one pod template (or to an object without one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub outcome: Outcome,
+    /// The object and the template's path in it: `Job/train spec.template`.
+    pub place: String,
+    /// The report line: the place, then what was done.
+    pub line: String,
+}
+
 /// Applies `opts` to every template of `doc` (each item of a `List`).
-/// Appends a line per object to `report`.
-pub fn apply_doc(doc: &mut Value, opts: &Options, report: &mut Vec<String>) -> Result<(), InjectError> {
+/// Appends what was done to each template to `report`.
+pub fn apply_doc(doc: &mut Value, opts: &Options, report: &mut Vec<Applied>) -> Result<(), InjectError> {
     let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
     let object = object_name(doc);
     if !doc.is_mapping() {
-        return Err(InjectError::NotYaml(format!("a document is not a mapping: {doc:?}")));
+        return Err(InjectError::NotYaml(format!("{object}: a document is not a mapping")));
     }
     if api == "v1" && kind == "List" {
         let items = doc.get_mut("items").and_then(Value::as_sequence_mut);
@@ -127,7 +139,8 @@ pub fn apply_doc(doc: &mut Value, opts: &Options, report: &mut Vec<String>) -> R
     match path_of(&api, &kind) {
         Some(steps) => walk(doc, steps, String::new(), &object, opts, report),
         None => {
-            report.push(format!("{object}: no pod template ({api} {kind}); unchanged"));
+            let line = format!("{object}: no pod template ({api} {kind}); unchanged");
+            report.push(Applied { outcome: Outcome::NoTemplate, place: object, line });
             Ok(())
         }
     }

@@ -28,10 +28,14 @@ pub struct Reference {
     pub carried: Vec<String>,
 }
 
+/// The words of a `command` or `args` list; a number or boolean as its YAML
+/// text (Kubernetes would refuse it, but it is shown as written).
 fn strings(v: Option<&Value>) -> Vec<String> {
-    v.and_then(Value::as_sequence)
-        .map(|s| s.iter().map(|x| x.as_str().map(String::from).unwrap_or_else(|| format!("{x:?}"))).collect())
-        .unwrap_or_default()
+    let word = |x: &Value| match x {
+        Value::String(s) => s.clone(),
+        other => serde_norway::to_string(other).map(|t| t.trim_end().to_string()).unwrap_or_default(),
+    };
+    v.and_then(Value::as_sequence).map(|s| s.iter().map(word).collect()).unwrap_or_default()
 }
 
 fn is_reference(c: &Value) -> bool {
@@ -85,7 +89,7 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
             return Err(InjectError::field(
                 object,
                 field("args"),
-                format!("{w:?}: not a flag; convert this container by hand"),
+                format!("\"{w}\": not a flag; convert this container by hand"),
             ));
         };
         let (n, v) = match flag.split_once('=') {

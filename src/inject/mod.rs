@@ -5,8 +5,9 @@
 //!
 //! - [`kinds`]: where each kind keeps its pod templates.
 //! - [`template`]: one pod template: checks, migration of a reference
-//!   daemon, the change itself and its undoing, recorded in an annotation
-//!   ([`record`]).
+//!   daemon, the change itself and its undoing, recorded in an annotation.
+//! - [`record`]: that annotation (never trusted to remove what it names),
+//!   and what was done to a template.
 //! - [`daemon`]: the daemon container of each mode and its flags.
 //! - [`limits`]: the GPUs and containers a Pod may ask for.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
@@ -30,8 +31,8 @@ pub mod machine;
 pub mod mig;
 pub mod migrate;
 pub mod patch;
-pub mod record;
 pub mod platform;
+pub mod record;
 pub mod serve;
 pub mod template;
 pub mod transport;
@@ -50,6 +51,9 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 pub const LIBRARIES: &str = "/usr/local/nvidia/lib64";
 /// The daemon's own version, recorded in the annotation.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The daemon image when `--image` is not given: this build's name and
+/// version, which no public registry serves (inject says so).
+pub const DEFAULT_IMAGE: &str = concat!("tcpx-rxdm:", env!("CARGO_PKG_VERSION"));
 
 /// How the daemon runs beside the workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +134,7 @@ impl Default for Options {
         Options {
             mode: Mode::NativeSidecar,
             nccl: Nccl::Inline,
-            image: format!("tcpx-rxdm:{VERSION}"),
+            image: DEFAULT_IMAGE.to_string(),
             machine: machine::DEFAULT.to_string(),
             daemon_flags: Vec::new(),
             unprivileged: false,

@@ -4,6 +4,8 @@
 //! manifest author's to write, so it may name only the pod-level fields
 //! inject sets; the command undoes each only while it holds the value
 //! inject gave it, and the webhook never undoes a record at all.
+//!
+//! It also names what was done to a template (the [`Outcome`] reported for it).
 
 use serde_norway::Value;
 
@@ -100,4 +102,30 @@ pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
         Some(t) => Record::parse(t).map_err(|why| format!("{}: {why}", show_str(t))),
         None => Err(format!("{} is not a text", show(text))),
     })
+}
+
+/// What inject did to a pod template (`template::apply`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// TCPX added to a template that had none.
+    Injected,
+    /// An older injection replaced.
+    Updated,
+    /// Injected already, by this version with these options.
+    Unchanged,
+    /// No container requests GPUs: nothing injected (an older injection removed).
+    NoGpu,
+    /// `--uninject`: the injection removed.
+    Removed,
+    /// `--uninject` on a template that was never injected.
+    NotInjected,
+    /// An object with no pod template.
+    NoTemplate,
+}
+
+impl Outcome {
+    /// Whether the template has TCPX now.
+    pub fn has_tcpx(self) -> bool {
+        matches!(self, Outcome::Injected | Outcome::Updated | Outcome::Unchanged)
+    }
 }

@@ -10,12 +10,22 @@ use serde_norway::{Mapping, Value};
 
 use super::daemon::{self, map, s, DaemonFlags, VOLUMES};
 use super::migrate::{self, Reference};
-use super::record::{record, set_value, Record, GRACE_SECONDS};
+use super::record::{set_value, GRACE_SECONDS};
 use super::{
     is_gpu, limits, machine, name_of, show, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON,
     GPU_RESOURCE, VERSION,
 };
 use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
+
+pub use super::record::{record, Outcome, Record};
+
+/// An env entry's value for a message: quoted, or how it is set otherwise.
+fn shown(v: Option<&str>) -> String {
+    match v {
+        Some(v) => format!("\"{v}\""),
+        None => "a value not given inline (valueFrom)".into(),
+    }
+}
 
 /// The names of the container lists, init containers first.
 const LISTS: [&str; 2] = ["initContainers", "containers"];
@@ -123,8 +133,14 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
 }
 
 /// Adds TCPX to the template. `object` and `at` (the template's path, e.g.
-/// `spec.template.`) name fields in errors. Returns what was done.
-pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<String, InjectError> {
+/// `spec.template.`) name fields in errors. Returns what was done; `None`
+/// when no container requests GPUs (nothing done).
+pub fn inject(
+    tpl: &mut Value,
+    opts: &Options,
+    object: &str,
+    at: &str,
+) -> Result<Option<String>, InjectError> {
     let err = |field: String, why: String| InjectError::field(object, format!("{at}{field}"), why);
     let spec = match tpl.get_mut("spec") {
         Some(v) if v.is_mapping() => v,
@@ -149,7 +165,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         }
     }
     if limits::check(spec, &opts.machine, object, at)? == 0 {
-        return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
+        return Ok(None);
     }
     let gpu_count: usize = LISTS
         .iter()
@@ -228,12 +244,18 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                         kept.push(format!("{cn}:{n}"));
                         continue;
                     }
-                    return Err(err(field(&format!("env[{n}]")), format!("conflicting NCCL setting {v:?}; inject sets {want:?} (remove it, or use --nccl=file)")));
+                    return Err(err(
+                        field(&format!("env[{n}]")),
+                        format!(
+                            "{} conflicts with the NCCL setting inject adds, \"{want}\" (remove it, or use --nccl=file)",
+                            shown(v)
+                        ),
+                    ));
                 }
                 if n == UNIX_CLIENT_PREFIX && v != Some(uds.as_str()) {
                     return Err(err(
                         field(&format!("env[{n}]")),
-                        format!("{v:?} is not the daemon's socket folder {uds:?}"),
+                        format!("{} is not the daemon's socket folder {uds}", shown(v)),
                     ));
                 }
             }
@@ -331,7 +353,7 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
             if opts.platform.runtime_class().is_some() { ", gpu-operator" } else { "" }
         ),
     );
-    Ok(notes.join("; "))
+    Ok(Some(notes.join("; ")))
 }
 
 /// Sets annotations, creating `metadata` (first) where the template has none.
@@ -353,8 +375,14 @@ fn annotate(tpl: &mut Value, pairs: Vec<(String, String)>) {
 }
 
 /// Applies `opts` to one template: undo any recorded change, then inject
-/// (or stop there with `--uninject`). Returns the report line.
-pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<String, InjectError> {
+/// (or stop there with `--uninject`). Returns what was done and the report
+/// line saying so. "Already injected" only where the annotation says so.
+pub fn apply(
+    tpl: &mut Value,
+    opts: &Options,
+    object: &str,
+    at: &str,
+) -> Result<(Outcome, String), InjectError> {
     if !tpl.is_mapping() {
         return Err(InjectError::field(object, at.trim_end_matches('.'), "not a pod template (a mapping)"));
     }
@@ -375,14 +403,27 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
     }
     if opts.uninject {
         return Ok(match prior {
-            Some(r) => format!("removed ({} {} injection)", r.version, r.mode.name()),
-            None => "not injected; unchanged".into(),
+            Some(r) => (Outcome::Removed, format!("removed ({} {} injection)", r.version, r.mode.name())),
+            None => (Outcome::NotInjected, "not injected; unchanged".into()),
         });
     }
     let what = inject(tpl, opts, object, at)?;
-    Ok(match prior {
-        _ if *tpl == before => format!("already injected ({VERSION}, {}); unchanged", opts.mode.name()),
-        Some(r) => format!("updated from {} {}: {what}", r.version, r.mode.name()),
-        None => format!("injected: {what}"),
+    Ok(match (what, prior) {
+        (None, None) => (Outcome::NoGpu, format!("no container requests {GPU_RESOURCE}; nothing injected")),
+        (None, Some(r)) => (
+            Outcome::NoGpu,
+            format!(
+                "no container requests {GPU_RESOURCE} any more; the {} {} injection removed",
+                r.version,
+                r.mode.name()
+            ),
+        ),
+        (Some(_), Some(_)) if *tpl == before => {
+            (Outcome::Unchanged, format!("already injected ({VERSION}, {}); unchanged", opts.mode.name()))
+        }
+        (Some(what), Some(r)) => {
+            (Outcome::Updated, format!("updated from {} {}: {what}", r.version, r.mode.name()))
+        }
+        (Some(what), None) => (Outcome::Injected, format!("injected: {what}")),
     })
 }

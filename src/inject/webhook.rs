@@ -372,7 +372,12 @@ fn change_pod(pod: &mut Value, opts: &Options, name: &str) -> Result<Change, Inj
     match record::record(pod) {
         None => {
             let before = pod.clone();
-            let line = template::inject(pod, opts, name, "")?;
+            let Some(line) = template::inject(pod, opts, name, "")? else {
+                return Ok(Change::Unchanged(format!(
+                    "no container requests {}; unchanged",
+                    super::GPU_RESOURCE
+                )));
+            };
             if *pod == before {
                 return Ok(Change::Unchanged(line));
             }

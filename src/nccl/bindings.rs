@@ -10,8 +10,9 @@
 //! Both threads of a core go to the same side, so TX and RX never share a
 //! physical core. These counts are the published profile's for the 52 cores
 //! of each a3-highgpu-8g NUMA node; a node with fewer cores gets them scaled
-//! down in proportion (rounded down), and one with fewer than 4 cores is
-//! refused. NICs on one node get the same CPUs: their threads share them.
+//! down in proportion (rounded down); one with fewer than 4 cores cannot
+//! keep them apart ([`NcclError::TooFewCores`]), and the environment then
+//! leaves both bindings out. NICs on one node get the same CPUs: their threads share them.
 //!
 //! A NIC whose NUMA node the kernel does not report (`-1`) is on the only
 //! node when the machine has one; with several nodes it is an error.
@@ -112,7 +113,7 @@ pub fn format(entries: &[(String, BTreeSet<u32>)]) -> String {
 
 /// Why a binding value did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{entry:?} is not IFNAME:CPULIST (e.g. eth1:8-21,112-125)")]
+#[error("\"{entry}\" is not IFNAME:CPULIST (e.g. eth1:8-21,112-125)")]
 pub struct BindingError {
     pub entry: String,
 }

@@ -49,9 +49,13 @@ pub struct Problem {
     pub variable: String,
     pub kind: ProblemKind,
     pub message: String,
-    /// The value to use instead, when known.
+    /// The value to use instead; `None` with `unset`, or when the daemon's
+    /// flags give no valid settings at all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// The fix is to unset the variable: the settings for this node leave it out.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unset: bool,
 }
 
 /// What the environment is checked against.
@@ -72,8 +76,12 @@ pub fn check(vars: &BTreeMap<String, String>, expect: &Expect<'_>) -> Vec<Proble
     let mut out = Vec::new();
     let fix = |name: &str| expect.generated.and_then(|g| g.get(name)).map(str::to_string);
     let mut push = |name: &str, kind, message: String| {
-        out.push(Problem { variable: name.to_string(), kind, message, fix: fix(name) })
+        let fix = fix(name);
+        let unset = fix.is_none() && expect.generated.is_some();
+        out.push(Problem { variable: name.to_string(), kind, message, fix, unset })
     };
+    // Left out of the settings for this node: not setting them is right.
+    let omitted = |name: &str| expect.generated.is_some_and(|g| g.get(name).is_none());
     let managed: BTreeSet<&str> = expect.ifnames.iter().map(String::as_str).collect();
 
     match vars.get(SOCKET_IFNAME) {
@@ -101,6 +109,7 @@ pub fn check(vars: &BTreeMap<String, String>, expect: &Expect<'_>) -> Vec<Proble
         }
     }
     match vars.get(CTRL_DEV) {
+        None if omitted(CTRL_DEV) => {}
         None => push(CTRL_DEV, ProblemKind::Missing, "not set: the plugin has no control NIC".into()),
         Some(v) if managed.contains(v.trim()) => push(
             CTRL_DEV,
@@ -158,7 +167,7 @@ pub fn check(vars: &BTreeMap<String, String>, expect: &Expect<'_>) -> Vec<Proble
             ProblemKind::LifecycleOff,
             format!(
                 "{}: the plugin does not register, so the daemon never sees the job end",
-                other.map(|v| format!("set to {v:?}")).unwrap_or_else(|| "not set".into())
+                other.map(|v| format!("set to \"{v}\"")).unwrap_or_else(|| "not set".into())
             ),
         ),
     }
@@ -173,7 +182,9 @@ fn check_bindings(
     push: &mut impl FnMut(&str, ProblemKind, String),
 ) -> Option<BTreeMap<String, BTreeSet<u32>>> {
     let Some(v) = vars.get(name) else {
-        push(name, ProblemKind::Missing, "not set: the plugin's threads run on any CPU".into());
+        if expect.generated.is_none_or(|g| g.get(name).is_some()) {
+            push(name, ProblemKind::Missing, "not set: the plugin's threads run on any CPU".into());
+        }
         return None;
     };
     let entries = match bindings::parse(v) {

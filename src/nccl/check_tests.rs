@@ -146,3 +146,34 @@ fn the_env_file_form_reads_back_exactly() {
     assert_eq!(parse_env_file("A=1\nnot a line\n"), Err(2));
     assert_eq!(parse_env_file("A='open\n"), Err(1));
 }
+
+#[test]
+fn on_a_node_too_small_for_bindings_their_absence_is_right_and_every_finding_has_a_fix() {
+    // One core (two threads): the settings leave both bindings out, with a note.
+    let small = FakeNode::smt2(1, 1).nic("eth1", None).nic("eth0", None);
+    let names = vec!["eth1".to_string()];
+    let g = generate(&small, &names, Path::new("/run/tcpx")).unwrap();
+    assert!(g.get(env::TX_BINDINGS).is_none() && g.get(env::RX_BINDINGS).is_none());
+    assert!(
+        g.notes.iter().any(|n| n.contains(env::TX_BINDINGS) && n.contains("at least 4")),
+        "{:?}",
+        g.notes
+    );
+    let expect = Expect { ifnames: &names, prefix: "/run/tcpx", nics: &[], generated: Some(&g) };
+    assert_eq!(check(&vars(&g), &expect), [], "the generated settings pass");
+    // Bindings set by hand that overlap: the fix is to unset them; the others have a value.
+    let mut v = vars(&g);
+    v.insert(env::TX_BINDINGS.into(), "eth1:0-1".into());
+    v.insert(env::RX_BINDINGS.into(), "eth1:1".into());
+    v.insert(env::REPORT_LIFECYCLE.into(), "0".into());
+    let found = check(&v, &expect);
+    assert!(!found.is_empty());
+    for p in &found {
+        let fixed = p.fix.is_some() != p.unset;
+        assert!(fixed, "{} {:?}: no fix", p.variable, p.kind);
+    }
+    let overlap = found.iter().find(|p| p.kind == ProblemKind::TxRxOverlap).expect("the overlap is found");
+    assert!(overlap.unset && overlap.fix.is_none());
+    let lifecycle = found.iter().find(|p| p.kind == ProblemKind::LifecycleOff).unwrap();
+    assert_eq!(lifecycle.fix.as_deref(), Some("1"));
+}

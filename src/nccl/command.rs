@@ -1,10 +1,10 @@
-//! `tcpx-rxdm nccl-env [--format=env|json|configmap] [--check [--env-file
-//! FILE] [--json]] [DAEMON FLAGS]`: the topology from the daemon's flags,
-//! the node from `--sysfs_root`.
+//! `tcpx-rxdm nccl-env [--format=env|json|configmap] [--machine PROFILE]
+//! [--check [--env-file FILE] [--json]] [DAEMON FLAGS]`: the topology from
+//! the daemon's flags, the node from `--sysfs_root` (or a machine profile).
 
 use std::path::PathBuf;
 
-use super::{check, check_env, generate, process_env, Sysfs};
+use super::{check, check_env, generate, machine, process_env, NodeView, Sysfs};
 use crate::config::flags::Flags;
 use crate::config::presets;
 
@@ -38,43 +38,67 @@ pub struct Options {
     pub env_file: Option<PathBuf>,
     /// With `check`: the report as JSON.
     pub json: bool,
+    /// A machine profile to use instead of this node's sysfs.
+    pub machine: Option<String>,
+}
+
+fn fail(msg: impl std::fmt::Display, code: u8) -> u8 {
+    eprintln!("tcpx-rxdm nccl-env: {msg}");
+    code
 }
 
 /// Runs the subcommand; returns the exit code (0 fine, 1 problems found or
 /// the node unreadable, 2 bad flags or topology).
 pub fn main(flags: &Flags, opts: &Options) -> u8 {
-    let topo = match presets::resolve_topology(flags) {
-        Ok((t, _)) => t,
-        Err(e) => {
-            eprintln!("tcpx-rxdm nccl-env: {e}");
-            return 2;
-        }
-    };
-    let view = Sysfs::new(&flags.sysfs_root());
-    if opts.check {
-        let vars = match &opts.env_file {
-            None => process_env().0,
-            Some(path) => {
-                let text = match std::fs::read_to_string(path) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        eprintln!("tcpx-rxdm nccl-env: --env-file {}: {e}", path.display());
-                        return 2;
-                    }
-                };
-                match check::parse_env_file(&text) {
-                    Ok(v) => v,
-                    Err(line) => {
-                        eprintln!(
-                            "tcpx-rxdm nccl-env: --env-file {} line {line}: expected NAME=value",
-                            path.display()
-                        );
-                        return 2;
-                    }
+    // The file first: a file that is not there is the error to report, not
+    // a topology that the flags did not name.
+    let file_vars = match &opts.env_file {
+        None => None,
+        Some(path) => {
+            let text = match std::fs::read_to_string(path) {
+                Ok(t) => t,
+                Err(e) => return fail(format_args!("--env-file {}: {e}", path.display()), 2),
+            };
+            match check::parse_env_file(&text) {
+                Ok(v) => Some(v),
+                Err(line) => {
+                    return fail(
+                        format_args!("--env-file {} line {line}: expected NAME=value", path.display()),
+                        2,
+                    )
                 }
             }
-        };
-        let report = check_env(&view, &topo, &flags.uds_path, &vars);
+        }
+    };
+    let mut flags = flags.clone();
+    let view: Box<dyn NodeView> = match opts.machine.as_deref() {
+        Some(m) => {
+            let Some(view) = machine::view(m) else { return fail(machine::unknown(m), 2) };
+            if flags.gpu_nic_preset == "auto" {
+                flags.gpu_nic_preset = machine::preset(m).unwrap_or("auto").to_string();
+            }
+            Box::new(view)
+        }
+        None => Box::new(Sysfs::new(&flags.sysfs_root())),
+    };
+    let topo = match presets::resolve_topology(&flags) {
+        Ok((t, _)) => t,
+        // Off the GPU node, discovery finds nothing: say how to name the machine instead.
+        Err(e) if flags.gpu_nic_preset == "auto" => {
+            return fail(
+                format_args!(
+                    "{e}\nto write the settings for another machine, name it: --machine={} (or \
+                     --gpu_nic_preset=a3vm with this node's CPUs)",
+                    machine::DEFAULT
+                ),
+                2,
+            )
+        }
+        Err(e) => return fail(e, 2),
+    };
+    if opts.check {
+        let vars = file_vars.unwrap_or_else(|| process_env().0);
+        let report = check_env(view.as_ref(), &topo, &flags.uds_path, &vars);
         if opts.json {
             println!("{}", serde_json::to_string_pretty(&report).expect("JSON of plain data"));
         } else {
@@ -82,8 +106,11 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
         }
         return if report.ok { 0 } else { 1 };
     }
-    match generate(&view, &topo, &flags.uds_path) {
+    match generate(view.as_ref(), &topo, &flags.uds_path) {
         Ok(env) => {
+            for n in &env.notes {
+                eprintln!("tcpx-rxdm nccl-env: note: {n}");
+            }
             match opts.format {
                 Format::Env => print!("{}", env.to_env()),
                 Format::Json => {
@@ -94,12 +121,8 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
             0
         }
         Err(e) => {
-            eprintln!("tcpx-rxdm nccl-env: {e}");
-            if e.is_flag_error() {
-                2
-            } else {
-                1
-            }
+            let code = if e.is_flag_error() { 2 } else { 1 };
+            fail(e, code)
         }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 /// Why a CPU list did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{text:?} is not a CPU list like 8-21,112-125")]
+#[error("\"{text}\" is not a CPU list like 8-21,112-125")]
 pub struct CpuListError {
     pub text: String,
 }

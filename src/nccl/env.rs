@@ -70,9 +70,13 @@ pub struct Var {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NcclEnv {
     pub vars: Vec<Var>,
-    /// Each NIC's NUMA node and CPUs, as the bindings were computed.
+    /// Each NIC's NUMA node and CPUs, as the bindings were computed (empty
+    /// when they were left out).
     #[serde(skip)]
     pub nics: Vec<NicCpus>,
+    /// What was left out on this node, and why: one line each, printed as
+    /// comments.
+    pub notes: Vec<String>,
 }
 
 /// The socket folder as the plugin will see it, refused when the plugin
@@ -107,33 +111,58 @@ pub fn control_nic(view: &dyn NodeView, managed: &[String]) -> Result<String, Nc
 }
 
 /// Builds the environment for the TCPX NICs `ifnames` (topology order) and
-/// the socket folder `uds_path`.
+/// the socket folder `uds_path`. Only a socket folder the plugin cannot use
+/// is an error; what the node cannot tell (too few cores to keep TX and RX
+/// apart, an unknown NUMA layout, no host NIC) leaves those variables out,
+/// which the plugin accepts, with a note saying why.
 pub fn generate(view: &dyn NodeView, ifnames: &[String], uds_path: &Path) -> Result<NcclEnv, NcclError> {
     let prefix = prefix(uds_path)?;
-    let ctrl = control_nic(view, ifnames)?;
-    let nics = bindings::compute(view, ifnames)?;
-    let side = |pick: fn(&NicCpus) -> &BTreeSet<u32>| {
-        bindings::format(&nics.iter().map(|n| (n.ifname.clone(), pick(n).clone())).collect::<Vec<_>>())
+    let mut notes = Vec::new();
+    let mut vars =
+        vec![var(SOCKET_IFNAME, ifnames.join(","), "the TCPX data NICs, in the daemon's topology order")];
+    match control_nic(view, ifnames) {
+        Ok(ctrl) => vars.extend([
+            var(CTRL_DEV, ctrl.clone(), "the plugin's control connections go over the host NIC"),
+            var("NCCL_SOCKET_IFNAME", ctrl, "NCCL's bootstrap and socket traffic stay on the host NIC too"),
+        ]),
+        Err(e) => notes.push(format!(
+            "{CTRL_DEV} and NCCL_SOCKET_IFNAME left out: {e}; the plugin and NCCL pick an interface themselves"
+        )),
+    }
+    let nics = match bindings::compute(view, ifnames) {
+        Ok(nics) => {
+            let side = |pick: fn(&NicCpus) -> &BTreeSet<u32>| {
+                bindings::format(
+                    &nics.iter().map(|n| (n.ifname.clone(), pick(n).clone())).collect::<Vec<_>>(),
+                )
+            };
+            vars.extend([
+                var(TX_BINDINGS, side(|n| &n.tx), "send threads on cores of each NIC's NUMA node"),
+                var(
+                    RX_BINDINGS,
+                    side(|n| &n.rx),
+                    "receive threads on other cores of the same node, never the TX ones",
+                ),
+            ]);
+            nics
+        }
+        Err(e) => {
+            notes.push(format!(
+                "{TX_BINDINGS} and {RX_BINDINGS} left out: {e}; the plugin's threads run on any CPU"
+            ));
+            Vec::new()
+        }
     };
-    let mut vars = vec![
-        var(SOCKET_IFNAME, ifnames.join(","), "the TCPX data NICs, in the daemon's topology order"),
-        var(CTRL_DEV, ctrl.clone(), "the plugin's control connections go over the host NIC"),
-        var("NCCL_SOCKET_IFNAME", ctrl, "NCCL's bootstrap and socket traffic stay on the host NIC too"),
-        var(TX_BINDINGS, side(|n| &n.tx), "send threads on cores of each NIC's NUMA node"),
-        var(
-            RX_BINDINGS,
-            side(|n| &n.rx),
-            "receive threads on other cores of the same node, never the TX ones",
-        ),
+    vars.extend([
         var(
             UNIX_CLIENT_PREFIX,
             prefix,
             "this daemon's socket folder; the plugin's default, /tmp, finds no daemon",
         ),
         var(REPORT_LIFECYCLE, "1".into(), "register with the daemon, so that it sees the job start and end"),
-    ];
+    ]);
     vars.extend(FIXED.iter().map(|(n, v, w)| var(n, v.to_string(), w)));
-    Ok(NcclEnv { vars, nics })
+    Ok(NcclEnv { vars, nics, notes })
 }
 
 fn var(name: &str, value: String, why: &str) -> Var {
@@ -151,6 +180,9 @@ impl NcclEnv {
             "# NCCL settings for GPUDirect-TCPX through tcpx-rxdm on this node, from\n\
              # `tcpx-rxdm nccl-env`. Load them with `. FILE` before starting the job.\n",
         );
+        for n in &self.notes {
+            let _ = writeln!(out, "# Note: {n}.");
+        }
         for v in &self.vars {
             let _ = write!(out, "# {}\nexport {}={}\n", v.why, v.name, shell_quote(&v.value));
         }
@@ -159,7 +191,11 @@ impl NcclEnv {
 
     /// `{"variables": [{"name", "value", "why"}, …]}`, in order.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({ "variables": self.vars })
+        let mut v = serde_json::json!({ "variables": self.vars });
+        if !self.notes.is_empty() {
+            v["notes"] = serde_json::json!(self.notes);
+        }
+        v
     }
 
     /// A ConfigMap whose data is the environment, for a container's `envFrom`.
@@ -168,6 +204,9 @@ impl NcclEnv {
             "# NCCL settings for GPUDirect-TCPX through tcpx-rxdm, from `tcpx-rxdm nccl-env\n\
              # --format=configmap`. Use it with `envFrom: [{configMapRef: {name: tcpx-nccl-env}}]`.\n",
         );
+        for n in &self.notes {
+            let _ = writeln!(out, "# Note: {n}.");
+        }
         let _ = write!(out, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {CONFIGMAP_NAME}\ndata:\n");
         for v in &self.vars {
             let _ = write!(out, "  # {}\n  {}: {}\n", v.why, v.name, yaml_quote(&v.value));

@@ -10,6 +10,7 @@
 //! - [`mod@env`]: the variables, their reasons, and the output forms.
 //! - [`check`]: an environment against them.
 //! - [`mod@file`]: the daemon's `nccl.env`, written atomically.
+//! - [`machine`]: machine profiles, the node seen without sysfs.
 //! - [`command`]: the `nccl-env` subcommand.
 
 pub mod bindings;
@@ -18,6 +19,7 @@ pub mod command;
 pub mod cpus;
 pub mod env;
 pub mod file;
+pub mod machine;
 pub mod sysfs;
 
 #[cfg(test)]
@@ -114,6 +116,8 @@ impl CheckReport {
             let _ = writeln!(out, "✗ {}: {}", p.variable, p.message);
             if let Some(fix) = &p.fix {
                 let _ = writeln!(out, "    → {}={}", p.variable, env::shell_quote(fix));
+            } else if p.unset {
+                let _ = writeln!(out, "    → unset {} (left out of the settings for this node)", p.variable);
             }
         }
         for n in &self.notes {

@@ -139,13 +139,13 @@ impl<N: NicInfo + ?Sized> MonitorState<N> {
         let renamed = link.name.as_deref().is_some_and(|n| n != m.name);
         if deleted || renamed {
             m.gone = true;
-            info!(ifname = %m.name, deleted, renamed_to = ?link.name, "managed NIC removed");
+            info!(ifname = %m.name, deleted, renamed_to = link.name.as_deref(), "managed NIC removed");
             return vec![NicEvent::Removed(m.name.clone())];
         }
         let mut events = Vec::new();
         let (admin, oper) = (link.admin_up(), oper_up(link));
         if (m.admin_up && !admin) || (m.oper_up && !oper) {
-            info!(ifname = %m.name, admin_up = admin, operstate = ?link.operstate, "managed NIC link down");
+            info!(ifname = %m.name, admin_up = admin, operstate = link.operstate, "managed NIC link down");
             events.push(NicEvent::LinkDown(m.name.clone()));
         }
         m.admin_up = admin;

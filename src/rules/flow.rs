@@ -25,8 +25,9 @@ fn invalid(msg: impl Into<String>) -> RuleFailure {
 fn socket_addr(a: Option<&SocketAddress>, which: &str, v6: bool) -> Result<SocketAddr, RuleFailure> {
     let a = a.ok_or_else(|| invalid(format!("flow_steer_ntuple.{which} is missing")))?;
     let text = a.ip_address.as_deref().ok_or_else(|| invalid(format!("{which}.ip_address is missing")))?;
-    let ip: IpAddr =
-        text.parse().map_err(|_| invalid(format!("{which}.ip_address {text:?} is not an IP address")))?;
+    let ip: IpAddr = text.parse().map_err(|_| {
+        invalid(format!("{which}.ip_address \"{}\" is not an IP address", text.escape_debug()))
+    })?;
     if ip.is_ipv6() != v6 {
         let family = if v6 { "TCP_V6_FLOW" } else { "TCP_V4_FLOW" };
         return Err(invalid(format!("{which}.ip_address {text} does not match flow_type {family}")));

@@ -76,7 +76,7 @@ impl NicRules {
             let entry =
                 RuleEntry { loc: r.loc, queue: r.queue, gpu, owner, pending_delete: r.pending_delete };
             if flows.insert(key, entry).is_some() {
-                return Err(format!("{}: flow {flow:?} twice", t.ifname));
+                return Err(format!("{}: flow {flow} twice", t.ifname));
             }
             if r.pending_delete {
                 pending.insert(key);

@@ -53,7 +53,7 @@ pub async fn serve(
     if endpoint == Endpoint::Registry || tracing::enabled!(tracing::Level::DEBUG) {
         let cred = identity::credentials(stream.as_fd());
         pid = cred.and_then(|c| c.pid).map(|p| p.get());
-        tracing::debug!(endpoint = endpoint.kind(), pid = ?pid, uid = ?cred.map(|c| c.uid), "client connected");
+        tracing::debug!(endpoint = endpoint.kind(), pid, uid = cred.map(|c| c.uid), "client connected");
     }
     let mut ctx = ConnContext { pid, registered: start.registered, client: None };
     let mut done = Some(done);

@@ -72,7 +72,7 @@ fn registry(state: &ServerState, msg: UnixSocketProto, ctx: &mut ConnContext) ->
     if want && !ctx.registered {
         ctx.registered = true;
         state.registry.register(&state.metrics);
-        tracing::info!(pid = ?ctx.pid, apps = state.registry.count(), "application registered");
+        tracing::info!(pid = ctx.pid, apps = state.registry.count(), "application registered");
     } else if !want && ctx.registered {
         ctx.registered = false;
         state.registry.unregister(&state.metrics);

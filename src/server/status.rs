@@ -105,7 +105,7 @@ async fn serve(stream: UnixStream, state: &ServerState) -> std::io::Result<()> {
         }
         other => {
             let shown: String = other.chars().take(64).collect();
-            let e = json!({ "error": format!("unknown request {shown:?}: send \"status\" or \"flows\" and a newline") });
+            let e = json!({ "error": format!("unknown request \"{}\": send \"status\" or \"flows\" and a newline", shown.escape_debug()) });
             wr.write_all(format!("{e}\n").as_bytes()).await
         }
     }

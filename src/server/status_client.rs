@@ -239,19 +239,14 @@ fn in_my_cgroup(pid: u64) -> Result<bool, String> {
 }
 
 /// `tcpx-rxdm status [flows|mine] [--json]`: returns the exit code (0: answered and
-/// ready; 1: unreachable, refused or not ready; 2: bad arguments). `mine`
-/// also needs the serving daemon to be in the caller's cgroup: a container's
-/// readiness probe, true only once its own daemon serves (after a takeover).
-pub fn client_main(flags: &Flags, words: &[String], json: bool) -> u8 {
-    let (request, mine) = match words {
-        [] => ("status", false),
-        [w] if w == "flows" => ("flows", false),
-        [w] if w == "status" => ("status", false),
-        [w] if w == "mine" => ("status", true),
-        _ => {
-            eprintln!("tcpx-rxdm status: unexpected arguments {words:?} (only `flows` or `mine` may follow)");
-            return 2;
-        }
+/// ready; 1: unreachable, refused or not ready). `mine` also needs the
+/// serving daemon to be in the caller's cgroup: a container's readiness
+/// probe, true only once its own daemon serves (after a takeover).
+pub fn client_main(flags: &Flags, what: Option<&str>, json: bool) -> u8 {
+    let (request, mine) = match what {
+        Some("flows") => ("flows", false),
+        Some("mine") => ("status", true),
+        _ => ("status", false),
     };
     match ask(&flags.uds_path, request) {
         Ok(v) => {

@@ -21,6 +21,12 @@ impl FlowSpec {
     }
 }
 
+impl std::fmt::Display for FlowSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} -> {}", self.src, self.dst)
+    }
+}
+
 /// `ip` as IPv6: a v4 address becomes v4-mapped (`::ffff:a.b.c.d`). Flows
 /// whose two ends differ in family are keyed and programmed this way.
 pub fn as_v6(ip: IpAddr) -> Ipv6Addr {

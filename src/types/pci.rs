@@ -14,7 +14,7 @@ pub struct PciAddr {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid PCI address {0:?} (expected dddd:bb:dd.f)")]
+#[error("invalid PCI address \"{}\" (expected dddd:bb:dd.f)", .0.escape_debug())]
 pub struct PciAddrError(pub String);
 
 impl FromStr for PciAddr {

@@ -28,7 +28,7 @@ pub enum Trigger {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid value {0:?}: {1}")]
+#[error("invalid value \"{0}\": {1}")]
 pub struct FaultParseError(pub String, pub &'static str);
 
 impl FromStr for Fault {

@@ -1,0 +1,284 @@
+//! The definitions of `inject` and `inject serve`, and their options as
+//! those commands take them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::{PossibleValue, PossibleValuesParser};
+use clap::parser::ValueSource;
+use clap::{Arg, ArgMatches, Command};
+
+use super::daemon_args::{daemon_args, given_daemon_words};
+use crate::config::absl::bool_arg;
+use crate::inject::command::Invocation;
+use crate::inject::serve::ServeConfig;
+use crate::inject::webhook::OnError;
+use crate::inject::{self, machine, Mode, Nccl, Options};
+
+const ABOUT: &str = "\
+Adds GPUDirect-TCPX to every pod template in Kubernetes manifests: Pod, Job,
+CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet, JobSet
+(jobset.x-k8s.io/v1alpha2, every replicated job), Kubeflow PyTorchJob, TFJob,
+XGBoostJob, PaddleJob, JAXJob, MPIJob, and Kubeflow Trainer TrainingRuntime
+and ClusterTrainingRuntime (a TrainJob has no pod template: change its
+runtime). A `List`'s items too. Other documents pass through unchanged.
+Reads FILE (or stdin for `-` or no -f), writes stdout, reports on stderr.
+
+Only containers that request nvidia.com/gpu (resources.limits) get the
+mounts, LD_LIBRARY_PATH and the NCCL settings; a template with none is left
+unchanged and said so (an error with --require-gpu). A Pod that runs the
+reference tcpgpudmarxd is converted (its flags carried over) or refused,
+naming the container. Running it again changes nothing; a newer version
+replaces an older injection in place.
+Comments and formatting of the input are lost (the YAML is re-written).
+
+DAEMON FLAGS are the daemon's own (`tcpx-rxdm --help`), spelt with
+underscores, e.g. --rx_pool_size=2147483648 --log_level=debug: they go to the
+daemon container, replacing the defaults of the same name.";
+
+/// Options `inject` and `inject serve` share: what is added, and how.
+pub fn shared_args() -> Vec<Arg> {
+    let values = |names: &[(&'static str, &'static str)]| {
+        PossibleValuesParser::new(names.iter().map(|(n, h)| PossibleValue::new(*n).help(*h)))
+    };
+    vec![
+        Arg::new("mode")
+            .long("mode")
+            .value_name("MODE")
+            .default_value(Mode::NativeSidecar.name())
+            .value_parser(values(&[
+                (
+                    "native-sidecar",
+                    "the daemon as an init container the workload waits for (Kubernetes >= 1.29)",
+                ),
+                (
+                    "sidecar",
+                    "a container beside the workload, ended by <uds_path>/terminated or its last client",
+                ),
+                ("node", "no daemon in the Pod: the node-wide daemon's socket folder (read-only)"),
+            ]))
+            .help("How the daemon runs beside the workload"),
+        Arg::new("nccl")
+            .long("nccl")
+            .value_name("SOURCE")
+            .default_value(Nccl::Inline.name())
+            .value_parser(values(&[
+                ("inline", "the NCCL variables in each GPU container, generated for --machine"),
+                ("configmap", "envFrom the ConfigMap `tcpx-rxdm nccl-env --format=configmap` writes"),
+                ("file", "none: the workload sources <uds_path>/nccl.env that the daemon writes"),
+            ]))
+            .help("Where GPU containers get their NCCL settings"),
+        Arg::new("machine")
+            .long("machine")
+            .value_name("TYPE")
+            .default_value(machine::DEFAULT)
+            .value_parser(PossibleValuesParser::new(machine::NAMES))
+            .help("Machine type of the nodes, for --nccl=inline"),
+        Arg::new("image").long("image").value_name("IMAGE").default_value(inject::DEFAULT_IMAGE).help(
+            "The daemon's image, as your nodes pull it (build and push it from this repository's Dockerfile)",
+        ),
+        bool_arg("unprivileged")
+            .help("NET_ADMIN and GKE's device-injection annotation instead of privileged: true"),
+        Arg::new("platform")
+            .long("platform")
+            .value_name("PLATFORM")
+            .default_value("gke")
+            .value_parser(values(&[
+                ("gke", "the driver and the NCCL plugin from GKE's /home/kubernetes/bin/nvidia/lib64"),
+                (
+                    "gpu-operator",
+                    "the NVIDIA GPU Operator: runtime class nvidia, NVIDIA_VISIBLE_DEVICES=all, no GKE host path",
+                ),
+            ]))
+            .help("Where the GPU driver and the NCCL plugin come from"),
+        Arg::new("nccl_plugin")
+            .long("nccl-plugin")
+            .value_name("image:DIR|host:DIR")
+            .help(
+                "With --platform=gpu-operator, where the TCPX NCCL plugin is: in the workload's image at DIR, \
+                 or in DIR on the node (mounted); without it the image's own library path must find it",
+            ),
+        Arg::new("daemon_cpu")
+            .long("daemon-cpu")
+            .value_name("QUANTITY")
+            .help("The daemon container's CPU request"),
+        Arg::new("daemon_memory")
+            .long("daemon-memory")
+            .value_name("QUANTITY")
+            .help("The daemon container's memory request"),
+    ]
+}
+
+/// `inject`, with `serve` as its subcommand.
+pub fn inject() -> Command {
+    Command::new("inject")
+        .about("Add GPUDirect-TCPX to the pod templates of Kubernetes manifests")
+        .long_about(ABOUT)
+        .override_usage(
+            "tcpx-rxdm inject [-f FILE|-] [OPTIONS] [DAEMON FLAGS]\n       \
+             tcpx-rxdm inject serve --on-error=refuse|allow [OPTIONS] [DAEMON FLAGS]",
+        )
+        .args_override_self(true)
+        .args_conflicts_with_subcommands(true)
+        .arg(
+            Arg::new("filename")
+                .short('f')
+                .long("filename")
+                .value_name("FILE")
+                .help("Input file (`-`: stdin)"),
+        )
+        .args(shared_args())
+        .arg(bool_arg("uninject").help("Remove what inject added, nothing else"))
+        .arg(bool_arg("require_gpu").long("require-gpu").help(
+            "Refuse (exit 1, nothing written) a pod template with no container that requests nvidia.com/gpu",
+        ))
+        .args(daemon_args(&[]))
+        .after_help(
+            "Exit status: 0 written; 1 input refused (nothing written); 2 bad options.\n\n\
+             `tcpx-rxdm inject serve --help`: the same change as an admission webhook.",
+        )
+        .subcommand(serve())
+}
+
+/// The options of `matches` (of [`shared_args`] and the daemon's flags).
+pub fn options(m: &ArgMatches) -> Result<Options, String> {
+    let text = |id: &str| m.get_one::<String>(id).cloned();
+    let d = Options::default();
+    let platform = inject::platform::Platform::from_options(
+        text("platform").as_deref(),
+        text("nccl_plugin").as_deref(),
+    )?;
+    Ok(Options {
+        mode: text("mode").and_then(|v| Mode::from_name(&v)).unwrap_or(d.mode),
+        nccl: text("nccl").and_then(|v| Nccl::from_name(&v)).unwrap_or(d.nccl),
+        image: text("image").unwrap_or(d.image),
+        machine: text("machine").unwrap_or(d.machine),
+        daemon_flags: given_daemon_words(m),
+        unprivileged: m.get_flag("unprivileged"),
+        cpu: text("daemon_cpu"),
+        memory: text("daemon_memory"),
+        uninject: m.try_get_one::<bool>("uninject").ok().flatten().copied().unwrap_or(false),
+        platform,
+    })
+}
+
+/// What `inject` (not `serve`) was asked.
+pub fn invocation(m: &ArgMatches) -> Result<Invocation, String> {
+    Ok(Invocation {
+        opts: options(m)?,
+        file: m.get_one::<String>("filename").cloned(),
+        require_gpu: m.get_flag("require_gpu"),
+        image_given: m.value_source("image") == Some(ValueSource::CommandLine),
+    })
+}
+
+/// Seconds above 0 and below an hour (fractions allowed).
+fn seconds(v: &str) -> Result<Duration, String> {
+    match v.parse::<f64>() {
+        Ok(s) if s > 0.0 && s < 3600.0 => Ok(Duration::from_secs_f64(s)),
+        _ => Err("expected seconds, above 0 and below 3600".into()),
+    }
+}
+
+/// `inject serve`: the server's options, then inject's.
+pub fn serve() -> Command {
+    Command::new("serve")
+        .about("Apply inject to each new Pod, as a mutating admission webhook over HTTPS")
+        .long_about(
+            "A mutating admission webhook (admission.k8s.io/v1, JSONPatch) that applies `tcpx-rxdm \
+             inject` with the inject options below to each Pod the API server sends to POST /mutate. \
+             GET /healthz answers ok. The TLS files are read again when they change (certificate \
+             rotation). A Pod with no GPU container passes unchanged.",
+        )
+        .override_usage("tcpx-rxdm inject serve --on-error=refuse|allow [OPTIONS] [DAEMON FLAGS]")
+        .args_override_self(true)
+        .arg(
+            Arg::new("on_error")
+                .long("on-error")
+                .value_name("POLICY")
+                .required(true)
+                .value_parser([
+                    PossibleValue::new("refuse").help("a Pod inject refuses is denied, with the reason"),
+                    PossibleValue::new("allow").help("it is created unchanged, the reason as a warning"),
+                ])
+                .help("What happens to a Pod inject refuses (required: see the webhook's failurePolicy)"),
+        )
+        .arg(
+            Arg::new("listen")
+                .long("listen")
+                .value_name("ADDR")
+                .default_value("0.0.0.0:8443")
+                .value_parser(|v: &str| {
+                    v.parse::<SocketAddr>().map_err(|_| "expected IP:PORT, e.g. 0.0.0.0:8443")
+                })
+                .help("Address to serve HTTPS on"),
+        )
+        .arg(
+            Arg::new("tls_cert")
+                .long("tls-cert")
+                .value_name("FILE")
+                .default_value("/tls/tls.crt")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("The certificate chain (PEM)"),
+        )
+        .arg(
+            Arg::new("tls_key")
+                .long("tls-key")
+                .value_name("FILE")
+                .default_value("/tls/tls.key")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("The private key (PEM)"),
+        )
+        .arg(
+            Arg::new("max_request_bytes")
+                .long("max-request-bytes")
+                .value_name("N")
+                .default_value("4194304")
+                .value_parser(clap::value_parser!(u64).range(1..=1 << 30))
+                .help("Largest request body accepted"),
+        )
+        .arg(
+            Arg::new("request_timeout")
+                .long("request-timeout")
+                .value_name("SECS")
+                .default_value("5")
+                .value_parser(seconds)
+                .help("Time for a request's headers, and again for its body"),
+        )
+        .arg(
+            Arg::new("reload_interval")
+                .long("reload-interval")
+                .value_name("SECS")
+                .default_value("10")
+                .value_parser(seconds)
+                .help("Time between checks of the TLS files"),
+        )
+        .args(shared_args())
+        .args(daemon_args(&[]))
+        .after_help("Exit status: 0 stopped by SIGTERM or SIGINT; 1 could not serve; 2 bad options.")
+}
+
+/// The server's settings from the matches of [`command`]; the inject
+/// options are checked here, once, not at the first Pod.
+pub fn serve_config(m: &ArgMatches) -> Result<ServeConfig, String> {
+    let on_error = match m.get_one::<String>("on_error").map(String::as_str) {
+        Some("allow") => OnError::Allow,
+        _ => OnError::Refuse,
+    };
+    let path = |id: &str| m.get_one::<PathBuf>(id).cloned().unwrap_or_default();
+    let duration = |id: &str| m.get_one::<Duration>(id).copied().unwrap_or_default();
+    let cfg = ServeConfig {
+        listen: *m.get_one::<SocketAddr>("listen").expect("has a default"),
+        cert: path("tls_cert"),
+        key: path("tls_key"),
+        inject: options(m)?,
+        on_error,
+        max_body: usize::try_from(*m.get_one::<u64>("max_request_bytes").expect("has a default"))
+            .unwrap_or(usize::MAX),
+        timeout: duration("request_timeout"),
+        reload_every: duration("reload_interval"),
+    };
+    inject::daemon::DaemonFlags::new(&cfg.inject, &[]).map_err(|e| e.to_string())?;
+    Ok(cfg)
+}

@@ -1,0 +1,157 @@
+//! The command tree: `tcpx-rxdm [DAEMON FLAGS]` runs the daemon, with the
+//! reference's absl-style flags exactly as before; `tcpx-rxdm COMMAND …`
+//! runs a subcommand. One clap definition gives `--help`, `help CMD`, the
+//! suggestions for a mistyped command or flag, the shell completions and the
+//! man page, so none of them can forget a command or a flag. The commands'
+//! modules know nothing of clap: this module defines each command, puts
+//! them together, and turns the matches into the plain options each takes
+//! (an [`Invocation`]).
+
+use std::path::PathBuf;
+
+use clap::error::ErrorKind;
+use clap::{ArgMatches, Command, CommandFactory};
+use clap_complete::Shell;
+
+use crate::config::absl;
+use crate::config::flags::Flags;
+use crate::inject::serve::ServeConfig;
+use crate::{inject, nccl, upgrade};
+use daemon_args::DAEMON_HEADING;
+
+mod commands;
+mod daemon_args;
+mod inject_args;
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Invocation {
+    /// Run the daemon.
+    Daemon(Box<Flags>),
+    Status {
+        flags: Box<Flags>,
+        what: Option<String>,
+        json: bool,
+    },
+    Doctor {
+        flags: Box<Flags>,
+        json: bool,
+    },
+    NcclEnv {
+        flags: Box<Flags>,
+        opts: nccl::command::Options,
+    },
+    Inject(inject::command::Invocation),
+    InjectServe(Box<ServeConfig>),
+    Upgrade(upgrade::Options),
+    Completions(Shell),
+    /// The man page on stdout, or every page written to a folder.
+    Man {
+        dir: Option<PathBuf>,
+    },
+}
+
+/// How to read the top-level page.
+const AFTER_HELP: &str = "\
+Without a command, tcpx-rxdm runs the daemon with the daemon flags above (the
+reference tcpgpudmarxd's flags, in its absl forms: --flag=V, --flag V, -flag=V,
+-flag V; booleans also --flag and --noflag). A flag given again overrides the
+earlier value, so words appended to a command line change any flag it already
+sets; only --sim_fault and --sim_delay add up.
+
+`tcpx-rxdm help COMMAND` (or `tcpx-rxdm COMMAND --help`) shows a command's page.";
+
+/// The whole tree.
+pub fn command() -> Command {
+    Flags::command()
+        .version(env!("CARGO_PKG_VERSION"))
+        .disable_version_flag(false)
+        .mut_args(|a| a.help_heading(DAEMON_HEADING))
+        .override_usage("tcpx-rxdm [DAEMON FLAGS]\n       tcpx-rxdm <COMMAND> [OPTIONS]")
+        .args_conflicts_with_subcommands(true)
+        .subcommand(commands::status())
+        .subcommand(commands::doctor())
+        .subcommand(commands::nccl_env())
+        .subcommand(inject_args::inject())
+        .subcommand(commands::upgrade())
+        .subcommand(commands::completions())
+        .subcommand(commands::man())
+        .after_help(AFTER_HELP)
+}
+
+/// Whether `word` names a command (so that an error is not the daemon's).
+pub fn is_command(word: &str) -> bool {
+    command().find_subcommand(word).is_some() || word == "help"
+}
+
+/// Parses a command line (program name first). Never panics and never
+/// exits: `--help`, `--version` and bad command lines are errors to print
+/// (`exit_code()` 0 for the first two, 2 for usage errors).
+pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Invocation, clap::Error> {
+    let mut cmd = command();
+    let argv = absl::normalize(&cmd, args);
+    let m = cmd.try_get_matches_from_mut(argv)?;
+    let Some((name, sub)) = m.subcommand() else {
+        return Flags::from_matches(&mut cmd, &m).map(|f| Invocation::Daemon(Box::new(f)));
+    };
+    cmd.build();
+    let sub_cmd = cmd.find_subcommand_mut(name).expect("a parsed command exists");
+    let flags = |c: &mut Command, m: &ArgMatches| Flags::from_matches(c, m).map(Box::new);
+    Ok(match name {
+        "status" => Invocation::Status {
+            flags: flags(sub_cmd, sub)?,
+            what: sub.get_one::<String>("what").cloned(),
+            json: sub.get_flag("json"),
+        },
+        "doctor" => Invocation::Doctor { flags: flags(sub_cmd, sub)?, json: sub.get_flag("json") },
+        "nccl-env" => {
+            let opts = commands::nccl_env_options(sub_cmd, sub)?;
+            Invocation::NcclEnv { flags: flags(sub_cmd, sub)?, opts }
+        }
+        "inject" => match sub.subcommand() {
+            Some((_, serve)) => {
+                let serve_cmd = sub_cmd.find_subcommand_mut("serve").expect("inject serve exists");
+                let cfg = inject_args::serve_config(serve)
+                    .map_err(|e| serve_cmd.error(ErrorKind::ValueValidation, e))?;
+                Invocation::InjectServe(Box::new(cfg))
+            }
+            None => Invocation::Inject(
+                inject_args::invocation(sub).map_err(|e| sub_cmd.error(ErrorKind::ValueValidation, e))?,
+            ),
+        },
+        "upgrade" => Invocation::Upgrade(commands::upgrade_options(sub)),
+        "completions" => Invocation::Completions(*sub.get_one::<Shell>("shell").expect("required")),
+        "man" => Invocation::Man { dir: sub.get_one::<PathBuf>("dir").cloned() },
+        other => {
+            return Err(clap::Error::raw(ErrorKind::InvalidSubcommand, format!("no such command {other}\n")))
+        }
+    })
+}
+
+/// Writes the completion script for `shell`.
+pub fn write_completions(shell: Shell, out: &mut dyn std::io::Write) {
+    clap_complete::generate(shell, &mut command(), "tcpx-rxdm", out);
+}
+
+/// Writes the top-level man page, or every page into `dir` (returning their paths).
+pub fn write_man(
+    dir: Option<&std::path::Path>,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<Vec<PathBuf>> {
+    match dir {
+        None => clap_mangen::Man::new(command()).render(out).map(|()| Vec::new()),
+        Some(dir) => {
+            clap_mangen::generate_to(command(), dir)?;
+            let mut pages: Vec<PathBuf> = std::fs::read_dir(dir)?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "1"))
+                .collect();
+            pages.sort();
+            Ok(pages)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! The command line as a person meets it, through the real binary: one
+//! tree of commands, a page of help per command, `help CMD`, `--version`,
+//! suggestions for a mistyped command or flag with the usage of the command
+//! it was given to, completions and a man page, and errors that name the
+//! real cause.
+
+mod common;
+
+use common::run_bin;
+
+/// Every command the tree has (besides `help`), as the help lists them.
+fn commands() -> Vec<String> {
+    tcpx_rxdm::cli::command().get_subcommands().map(|c| c.get_name().to_string()).collect()
+}
+
+/// The daemon flags no subcommand reads: their presence on a subcommand's
+/// page would mean the daemon's whole list is there.
+const DAEMON_ONLY: [&str; 4] =
+    ["--tenant_isolation", "--max_http_connections", "--takeover_timeout", "--sim_fault"];
+
+#[test]
+fn help_lists_every_command_one_line_each_before_the_daemon_flags() {
+    let want = ["status", "doctor", "nccl-env", "inject", "upgrade", "completions", "man"];
+    assert!(want.iter().all(|w| commands().iter().any(|c| c == w)), "{:?}", commands());
+    for args in [&["--help"][..], &["-h"], &["help"]] {
+        let (code, out, err) = run_bin(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let commands_at = out.find("Commands:").unwrap_or_else(|| panic!("{args:?}: no Commands:\n{out}"));
+        let flags_at = out.find("Daemon flags:").expect("a heading for the daemon's flags");
+        assert!(commands_at < flags_at, "the commands come first:\n{out}");
+        let listed: Vec<&str> =
+            out[commands_at..flags_at].lines().skip(1).filter(|l| !l.trim().is_empty()).collect();
+        for c in commands().iter().chain(std::iter::once(&"help".to_string())) {
+            let line = listed.iter().find(|l| l.split_whitespace().next() == Some(c.as_str()));
+            let line = line.unwrap_or_else(|| panic!("{args:?}: {c} not listed:\n{out}"));
+            assert!(line.split_whitespace().count() > 2, "{c} has no one-line summary: {line}");
+        }
+        assert!(out.contains("--gpu_nic_preset") && out.contains("--tenant_isolation"), "{args:?}");
+    }
+}
+
+#[test]
+fn each_command_has_a_page_of_its_own() {
+    let own: [(&[&str], &[&str]); 7] = [
+        (&["status"], &["--json", "--uds_path", "flows", "mine"]),
+        (&["doctor"], &["--json", "--gpu_nic_preset", "--sysfs_root"]),
+        (&["nccl-env"], &["--format", "--check", "--env-file", "--machine", "--gpu_nic_preset"]),
+        (&["inject"], &["--filename", "--mode", "--nccl", "--image", "--require-gpu", "serve"]),
+        (&["inject", "serve"], &["--on-error", "--listen", "--tls-cert", "--mode"]),
+        (&["upgrade"], &["--uds_path", "--timeout"]),
+        (&["completions"], &["bash", "zsh", "fish"]),
+    ];
+    for (cmd, flags) in own {
+        let mut args = cmd.to_vec();
+        args.push("--help");
+        let (code, out, err) = run_bin(&args);
+        assert_eq!(code, 0, "{cmd:?}: {err}");
+        let usage = format!("Usage: tcpx-rxdm {}", cmd.join(" "));
+        assert!(out.contains(&usage), "{cmd:?}: no {usage:?}:\n{out}");
+        for f in flags {
+            assert!(out.contains(f), "{cmd:?} --help does not show {f}:\n{out}");
+        }
+        for f in DAEMON_ONLY {
+            assert!(!out.contains(f), "{cmd:?} --help shows the daemon's {f}:\n{out}");
+        }
+        // `help CMD` is the same page.
+        let mut help = vec!["help"];
+        help.extend(cmd);
+        let (code, same, _) = run_bin(&help);
+        assert_eq!((code, same.as_str()), (0, out.as_str()), "help {cmd:?}");
+    }
+}
+
+#[test]
+fn version_in_every_form() {
+    let want = format!("tcpx-rxdm {}\n", env!("CARGO_PKG_VERSION"));
+    for flag in ["--version", "-V", "--show_version", "-show_version"] {
+        let (code, out, err) = run_bin(&[flag]);
+        assert_eq!((code, out.as_str()), (0, want.as_str()), "{flag}: {err}");
+    }
+}
+
+#[test]
+fn a_mistyped_command_or_flag_exits_2_with_a_suggestion_and_its_commands_usage() {
+    let (code, out, err) = run_bin(&["stauts"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("'stauts'") && err.contains("a similar subcommand exists: 'status'"), "{err}");
+
+    for (args, suggestion, usage) in [
+        (&["status", "--jsn"][..], "--json", "Usage: tcpx-rxdm status"),
+        (&["nccl-env", "--chekc"], "--check", "Usage: tcpx-rxdm nccl-env"),
+        (&["inject", "serve", "--on-eror=allow"], "--on-error", "Usage: tcpx-rxdm inject serve"),
+        (&["--uds_pth=/tmp/x"], "--uds_path", "Usage: tcpx-rxdm [DAEMON FLAGS]"),
+    ] {
+        let (code, _, err) = run_bin(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(&format!("a similar argument exists: '{suggestion}")), "{args:?}: {err}");
+        assert!(err.contains(usage), "{args:?}: {err}");
+        if !args[0].starts_with('-') {
+            assert!(!err.contains("[DAEMON FLAGS]\n       tcpx-rxdm <COMMAND>"), "the daemon's usage: {err}");
+        }
+    }
+}
+
+#[test]
+fn completions_for_each_shell_name_the_commands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = run_bin(&["completions", shell]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        for c in commands() {
+            assert!(out.contains(&c), "{shell}: {c} missing");
+        }
+        assert!(out.contains("gpu_nic_preset") && out.contains("on-error"), "{shell}: flags missing");
+    }
+    let (code, _, err) = run_bin(&["completions", "tcsh"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("possible values") && err.contains("bash"), "{err}");
+}
+
+#[test]
+fn the_man_pages_come_from_the_same_definitions() {
+    let (code, out, _) = run_bin(&["man"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with(".ie") && out.contains(".TH tcpx-rxdm 1"), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = run_bin(&["man", &format!("--dir={}", dir.path().display())]);
+    assert_eq!(code, 0, "{err}");
+    for c in commands() {
+        let page = dir.path().join(format!("tcpx-rxdm-{c}.1"));
+        assert!(page.is_file() && out.contains(&page.display().to_string()), "{c}: {out}");
+    }
+}
+
+#[test]
+fn errors_name_the_real_cause() {
+    // A preset that looks like a path and is not there: no such file, not "unknown preset".
+    for value in ["./nope.textproto", "nope.textproto", "/etc/tcpx/nope"] {
+        let (code, _, err) = run_bin(&["--gpu_nic_preset", value, "--metrics_address="]);
+        assert_eq!(code, 2, "{value}: {err}");
+        assert!(err.contains("--gpu_nic_preset") && err.contains(&format!("no such file {value}")), "{err}");
+        assert!(!err.contains("unknown preset"), "{err}");
+        // The same on a subcommand that reads the flag.
+        let (code, _, err) = run_bin(&["nccl-env", "--gpu_nic_preset", value]);
+        assert_eq!(code, 2, "{value}: {err}");
+        assert!(err.contains("no such file") && !err.contains("Usage: tcpx-rxdm [DAEMON FLAGS]"), "{err}");
+    }
+    let (code, _, err) = run_bin(&["--gpu_nic_preset=a3"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown preset") && err.contains("a3vm"), "{err}");
+    let (code, _, err) = run_bin(&["--gpu_nic_preset=/tmp"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/tmp is a folder"), "{err}");
+    // A bad value exits 2 naming the flag.
+    for (flag, why) in
+        [("--uds_path=", "empty"), ("--socket_mode=rw", "octal"), ("--takeover=maybe", "possible values")]
+    {
+        let (code, _, err) = run_bin(&[flag]);
+        assert_eq!(code, 2, "{flag}: {err}");
+        let name = flag.split('=').next().unwrap();
+        assert!(err.contains(name) && err.contains(why), "{flag}: {err}");
+    }
+    // Daemon flags before a command: an error that says so.
+    let (code, _, err) = run_bin(&["--uds_path=/tmp/x", "status"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("status") && err.contains("--uds_path"), "{err}");
+}
+
+#[test]
+fn the_image_ships_the_completions_and_man_pages() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile")).unwrap();
+    for (shell, path) in [
+        ("bash", "/usr/share/bash-completion/completions/tcpx-rxdm"),
+        ("zsh", "/usr/share/zsh/vendor-completions/_tcpx-rxdm"),
+        ("fish", "/usr/share/fish/vendor_completions.d/tcpx-rxdm.fish"),
+    ] {
+        let step = format!("target/release/tcpx-rxdm completions {shell} > /out{path}");
+        assert!(text.contains(&step), "the Dockerfile lacks `{step}`");
+    }
+    assert!(text.contains("target/release/tcpx-rxdm man --dir /out/usr/share/man/man1"));
+    // What the build stage lays out under /out is the runtime image's.
+    assert!(text.contains("COPY --from=build /out/ /"));
+    // The steps are command lines the binary takes.
+    for line in [&["completions", "zsh"][..], &["man", "--dir", "/out/usr/share/man/man1"]] {
+        let argv = std::iter::once("tcpx-rxdm").chain(line.iter().copied()).map(String::from);
+        assert!(tcpx_rxdm::cli::parse(argv).is_ok(), "{line:?}");
+    }
+}
