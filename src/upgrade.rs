@@ -209,9 +209,9 @@ pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "pid {pid} still serves {} after {:?}: no successor took over; {see_log}",
+                    "pid {pid} still serves {} after {}: no successor took over; {see_log}",
                     uds.display(),
-                    opts.timeout
+                    crate::types::secs(opts.timeout)
                 ));
             }
         }

@@ -182,13 +182,14 @@ impl TenantPolicy {
                 .is_ok()
         {
             let unlogged = self.unlogged[i].swap(0, Ordering::Relaxed);
-            let tenant = who.tenant.as_ref().map(|t| t.name());
+            let tenant = who.tenant.as_ref().map_or_else(|| "unknown".to_string(), |t| t.name().to_string());
+            let pid = who.pid.map_or_else(|| "unknown".to_string(), |p| p.to_string());
             match self.mode {
                 TenantIsolation::Enforce => tracing::warn!(
-                    endpoint, reason = reason.name(), pid = ?who.pid, tenant = ?tenant, unlogged, "refused: {message}"
+                    endpoint, reason = reason.name(), %pid, %tenant, unlogged, "refused: {message}"
                 ),
                 _ => tracing::warn!(
-                    endpoint, reason = reason.name(), pid = ?who.pid, tenant = ?tenant, unlogged,
+                    endpoint, reason = reason.name(), %pid, %tenant, unlogged,
                     "would refuse (tenant_isolation=audit): {message}"
                 ),
             }

@@ -86,7 +86,8 @@ pub(in crate::daemon) fn accept(listener: UnixListener, busy: Arc<AtomicBool>) -
 fn refuse(mut s: UnixStream, why: &str) {
     let _ = handover::set_timeouts(&s, Duration::from_secs(2));
     let who = handover::peer_pid(&s);
-    tracing::warn!(pid = ?who, reason = why, "takeover refused");
+    let pid = who.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+    tracing::warn!(%pid, reason = why, "takeover refused");
     let _ = handover::send(
         &mut s,
         "refusing",
@@ -236,7 +237,7 @@ async fn run(
     tracing::info!(pid, "takeover asked: pausing");
     let mut paused = Paused::start(state.gate.clone());
     let parked = tokio::select! {
-        p = paused.gate().quiesced(timeout) => p.ok_or_else(|| format!("connections still busy after {timeout:?}")),
+        p = paused.gate().quiesced(timeout) => p.ok_or_else(|| format!("connections still busy after {}", crate::types::secs(timeout))),
         _ = aborted(&mut abort) => Err("this daemon is stopping".to_string()),
     };
     let parked = match parked {

@@ -144,7 +144,7 @@ impl Handed {
             .collect::<Result<Vec<_>, String>>()?;
         let mut pools = Vec::new();
         for p in &st.pools {
-            let gpu: PciAddr = p.gpu.parse().map_err(|e| format!("pool GPU {:?}: {e}", p.gpu))?;
+            let gpu: PciAddr = p.gpu.parse().map_err(|e| format!("pool GPU \"{}\": {e}", p.gpu))?;
             pools.push(HandedPool {
                 gpu,
                 size: p.size,
@@ -165,7 +165,7 @@ impl Handed {
         let mut conns = Vec::new();
         for c in &st.connections {
             let endpoint = Endpoint::from_socket_name(&c.endpoint)
-                .ok_or_else(|| format!("a connection of unknown endpoint {:?}", c.endpoint))?;
+                .ok_or_else(|| format!("a connection of unknown endpoint \"{}\"", c.endpoint))?;
             conns.push(Parked {
                 fd: fds.take(c.fd, "connection")?,
                 endpoint,
