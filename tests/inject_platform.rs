@@ -181,10 +181,10 @@ fn a_runtime_class_the_pod_names_is_kept_and_left_on_uninject() {
 #[test]
 fn bad_platform_options_exit_2_naming_the_option() {
     for (args, says) in [
-        (vec!["--platform=eks"], "--platform: invalid value \"eks\" (expected one of gke, gpu-operator)"),
+        (vec!["--platform=eks"], "invalid value 'eks' for '--platform <PLATFORM>'"),
         (vec!["--nccl-plugin=host:/x"], "--nccl-plugin: goes with --platform=gpu-operator"),
         (vec!["--platform=gpu-operator", "--nccl-plugin=lib"], "--nccl-plugin: invalid value \"lib\""),
-        (vec!["--platform"], "--platform needs a value"),
+        (vec!["--platform"], "a value is required for '--platform <PLATFORM>'"),
     ] {
         let (code, out, err) = inject(&args, POD);
         assert_eq!(code, 2, "{args:?}: {err}");

@@ -363,7 +363,21 @@ fn metrics_and_health_endpoints() {
     assert_eq!(d.http_get("/readyz"), (200, "ready\n".to_string()));
     raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(1, Some(GPU0))));
     raw_exchange(&d.sock("rx_rule_manager"), &encoded(&install_rule(1, Some("0000:99:00.0"))));
-    let (status, body) = d.http_get("/metrics");
+    // A rule request is counted by its NIC's thread just after the reply is
+    // sent: a scrape right after the reply may come before it.
+    let counted = [
+        r#"tcpx_rxdm_rule_requests_total{code="OK",op="install"} 1"#,
+        r#"tcpx_rxdm_rule_requests_total{code="NOT_FOUND",op="install"} 1"#,
+        r#"tcpx_rxdm_rules_installed{nic="eth1"} 1"#,
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = d.http_get("/metrics");
+        if status != 200 || counted.iter().all(|c| body.contains(c)) || std::time::Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert_eq!(status, 200);
     assert!(body.contains(r#"tcpx_rxdm_rule_requests_total{code="OK",op="install"} 1"#), "{body}");
     assert!(body.contains(r#"tcpx_rxdm_rule_requests_total{code="NOT_FOUND",op="install"} 1"#));

@@ -27,7 +27,9 @@ Reads FILE (or stdin for `-` or no -f), writes stdout, reports on stderr.
 
 Only containers that request nvidia.com/gpu (resources.limits) get the
 mounts, LD_LIBRARY_PATH and the NCCL settings; a template with none is left
-unchanged and said so (an error with --require-gpu). A Pod that runs the
+unchanged and said so (an error with --require-gpu). A container asking
+for MIG instances (nvidia.com/mig-*) or a Pod pinned to GKE's GPU partitions
+is refused: TCPX needs whole GPUs. A Pod that runs the
 reference tcpgpudmarxd is converted (its flags carried over) or refused,
 naming the container. Running it again changes nothing; a newer version
 replaces an older injection in place.

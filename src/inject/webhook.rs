@@ -372,14 +372,9 @@ fn change_pod(pod: &mut Value, opts: &Options, name: &str) -> Result<Change, Inj
     match record::record(pod) {
         None => {
             let before = pod.clone();
-            let Some(line) = template::inject(pod, opts, name, "")? else {
-                return Ok(Change::Unchanged(format!(
-                    "no container requests {}; unchanged",
-                    super::GPU_RESOURCE
-                )));
-            };
-            if *pod == before {
-                return Ok(Change::Unchanged(line));
+            match template::inject(pod, opts, name, "")? {
+                Some(_) if *pod != before => {}
+                line => return Ok(Change::Unchanged(line.unwrap_or_else(|| "no GPU container".into()))),
             }
             let ops = patch::diff(&before, pod).map_err(|e| InjectError::Object {
                 object: name.into(),
