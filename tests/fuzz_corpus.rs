@@ -201,3 +201,23 @@ fn the_webhook_checks_catch_a_bad_patch_and_an_invalid_pod() {
     let problems: Vec<_> = pod_problems(&broken).into_iter().collect();
     assert_eq!(problems.len(), 3, "{problems:?}");
 }
+
+/// Found by the inject target: a GPU container mounting a volume named like
+/// one inject adds (`tcpx-libraries`, elsewhere) was injected, and injecting
+/// again dropped that mount (undoing removes those mounts), so a second run
+/// changed the Pod. Now such a mount is refused, naming it.
+#[test]
+fn a_mount_named_like_an_inject_volume_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/inject");
+    let data = std::fs::read(root.join("regression-mount-of-inject-volume")).unwrap();
+    assert!(data[1] >= 0x80, "a manifest built by the grammar");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: trainer\n    \
+               resources: {limits: {nvidia.com/gpu: 8}}\n    volumeMounts:\n    - {name: tcpx-libraries, mountPath: /opt}\n";
+    let err = tcpx_rxdm::inject::command::transform(pod, &Default::default()).unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "Pod/p: spec.containers[trainer].volumeMounts[tcpx-libraries]: a mount of a volume inject adds"
+        ),
+        "{err}"
+    );
+}

@@ -277,6 +277,13 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
                 kept.push(format!("{cn}:envFrom"));
             }
             for m in c.get("volumeMounts").and_then(Value::as_sequence).into_iter().flatten() {
+                // Undoing removes the GPU containers' mounts of these names.
+                if VOLUMES.contains(&name_of(m).as_str()) {
+                    return Err(err(
+                        field(&format!("volumeMounts[{}]", name_of(m))),
+                        "a mount of a volume inject adds; rename the mount and its volume".into(),
+                    ));
+                }
                 let path = m.get("mountPath").and_then(Value::as_str).unwrap_or_default();
                 if mounts.iter().any(|x| x.get("mountPath").and_then(Value::as_str) == Some(path)) {
                     return Err(err(
