@@ -221,3 +221,16 @@ fn a_mount_named_like_an_inject_volume_is_refused() {
         "{err}"
     );
 }
+
+/// Found by the inject target: a GPU container and the reference daemon of
+/// one name; converting the reference removed both, the workload with it.
+/// The API server refuses such a Pod; now inject does too, naming it.
+#[test]
+fn two_containers_of_one_name_are_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/inject");
+    assert!(std::fs::read(root.join("regression-duplicate-container-names")).unwrap()[1] >= 0x80);
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: trainer\n    \
+               resources: {limits: {nvidia.com/gpu: 8}}\n  - name: trainer\n    command: [tcpgpudmarxd]\n";
+    let err = tcpx_rxdm::inject::command::transform(pod, &Default::default()).unwrap_err().to_string();
+    assert!(err.starts_with("Pod/p: spec.containers[trainer]: a second container of this name"), "{err}");
+}

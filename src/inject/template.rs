@@ -194,6 +194,19 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
     if gpu_count == 0 {
         return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
     }
+    // Containers are told apart by name (the record, the reference daemon),
+    // as the API server requires: two of one name would be changed as one.
+    let mut names = std::collections::BTreeSet::new();
+    for list in LISTS {
+        for c in spec.get(list).and_then(Value::as_sequence).into_iter().flatten() {
+            if !names.insert(name_of(c)) {
+                return Err(err(
+                    format!("spec.{list}[{}]", name_of(c)),
+                    "a second container of this name; container names must be unique in a Pod".into(),
+                ));
+            }
+        }
+    }
     let reference: Option<Reference> = migrate::find(spec, object, at)?;
     let carried = reference.as_ref().map(|r| r.carried.clone()).unwrap_or_default();
     let flags = DaemonFlags::new(opts, &carried)?;
