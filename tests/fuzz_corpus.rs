@@ -234,3 +234,23 @@ fn two_containers_of_one_name_are_refused() {
     let err = tcpx_rxdm::inject::command::transform(pod, &Default::default()).unwrap_err().to_string();
     assert!(err.starts_with("Pod/p: spec.containers[trainer]: a second container of this name"), "{err}");
 }
+
+/// `fuzz/` builds exactly the targets `cargo test` replays: one binary per
+/// target in `fuzz/Cargo.toml`, each handing its bytes to the function of
+/// the same name.
+#[test]
+fn the_fuzz_crate_builds_every_target() {
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap();
+    let bins: Vec<&str> = manifest
+        .split("[[bin]]")
+        .skip(1)
+        .map(|b| b.lines().find_map(|l| l.strip_prefix("name = ")).unwrap().trim_matches('"'))
+        .collect();
+    let names: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(bins, names);
+    for name in names {
+        let main = std::fs::read_to_string(fuzz.join(format!("fuzz_targets/{name}.rs"))).unwrap();
+        assert!(main.contains(&format!("tcpx_rxdm::fuzz_targets::{name}(data)")), "{name}: {main}");
+    }
+}
