@@ -9,7 +9,7 @@ use tcpx_rxdm::fuzz_targets::{self, TARGETS};
 #[test]
 fn every_corpus_file_passes_its_target() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
-    for target in TARGETS {
+    for (target, _) in TARGETS {
         let dir = root.join(target);
         let mut files: Vec<_> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -99,4 +99,158 @@ fn sock_diag_and_qstats_seeds_parse() {
         b = &b[2 + n..];
     }
     assert_eq!(queue_stats::parse_qstats(&replies).unwrap(), [(0, 1234), (9, 5 << 32)]);
+}
+
+/// The seeds of the outside inputs reach what their targets check: a review
+/// answered with a patch, an injected Pod left alone, a refusal let through
+/// as configured, a manifest injected, an env file read whole, requests and
+/// command lines that parse.
+#[test]
+fn seeds_of_the_outside_inputs_reach_their_checks() {
+    use tcpx_rxdm::fuzz_targets::grammar::options;
+    use tcpx_rxdm::inject::webhook::{review, OnError};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+    let read = |t: &str, n: &str| std::fs::read(root.join(t).join(n)).unwrap();
+    let answer = |name: &str, on_error| {
+        let seed = read("webhook", name);
+        review(&seed[1..], &options(seed[0]).0, on_error).unwrap()["response"].clone()
+    };
+    assert!(answer("pod", OnError::Refuse)["patch"].is_string());
+    let again = answer("injected_pod", OnError::Refuse);
+    assert_eq!((again["allowed"].as_bool(), again.get("patch")), (Some(true), None), "{again}");
+    let let_through = answer("refused_allowed", OnError::Allow);
+    assert!(let_through["warnings"][0].as_str().unwrap().contains("hostNetwork"), "{let_through}");
+
+    let seed = read("inject", "builtin");
+    let text = std::str::from_utf8(&seed[1..]).unwrap();
+    let (out, _) = tcpx_rxdm::inject::command::transform(text, &options(seed[0]).0).unwrap();
+    assert!(out.contains("tcpx-daemon"), "{out}");
+
+    let vars =
+        tcpx_rxdm::nccl::check::parse_env_file(&String::from_utf8(read("envfile", "generated")).unwrap());
+    assert_eq!(vars.unwrap().get("NCCL_GPUDIRECTTCPX_REPORT_LIFECYCLE").map(String::as_str), Some("1"));
+
+    use tcpx_rxdm::server::status::{parse_request, Ask};
+    assert_eq!(parse_request(&read("status", "status")), Ok(Ask::Status));
+    assert_eq!(parse_request(&read("status", "flows")), Ok(Ask::Flows));
+
+    let args = |name: &str| -> Vec<String> {
+        let seed = read("argv", name);
+        let words = seed.split(|&b| b == 0).map(|w| String::from_utf8(w.to_vec()).unwrap());
+        std::iter::once("tcpx-rxdm".to_string()).chain(words).collect()
+    };
+    use tcpx_rxdm::config::flags::Flags;
+    assert_eq!(Flags::parse_args(args("a3vm")).unwrap().gpu_nic_preset, "a3vm");
+    assert!(Flags::parse_args(args("node_wide")).unwrap().node_wide);
+    assert!(Flags::parse_args(args("node_wide_conflict")).is_err());
+}
+
+/// The Pods the webhook target builds from bytes reach both answers: Pods
+/// patched and Pods refused (bytes from a fixed pseudo-random sequence).
+#[test]
+fn the_pod_grammar_reaches_patches_and_refusals() {
+    use tcpx_rxdm::fuzz_targets::grammar::{pod, Bytes};
+    use tcpx_rxdm::inject::webhook::{review, OnError};
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let (mut patched, mut refused) = (0, 0);
+    for _ in 0..300 {
+        let bytes: Vec<u8> = (0..64)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        let object = pod(&mut Bytes::new(&bytes));
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": { "uid": "u", "kind": { "group": "", "version": "v1", "kind": "Pod" }, "object": object }
+        });
+        let r = review(body.to_string().as_bytes(), &Default::default(), OnError::Refuse).unwrap();
+        patched += usize::from(r["response"].get("patch").is_some());
+        refused += usize::from(r["response"]["allowed"] == false);
+    }
+    assert!(patched >= 20 && refused >= 20, "patched {patched}, refused {refused} of 300");
+}
+
+/// What the webhook target holds a patch to: it applies as the API server
+/// applies it, and leaves no Pod less valid than it was.
+#[test]
+fn the_webhook_checks_catch_a_bad_patch_and_an_invalid_pod() {
+    use serde_json::json;
+    use tcpx_rxdm::fuzz_targets::kube::{apply_patch, pod_problems};
+    let pod = json!({ "metadata": { "name": "p" }, "spec": { "containers": [{ "name": "c" }] } });
+    let mut p = pod.clone();
+    apply_patch(&mut p, &json!([{ "op": "add", "path": "/metadata/annotations", "value": { "a": "b" } }]))
+        .unwrap();
+    assert_eq!(p["metadata"]["annotations"]["a"], "b");
+    for bad in [
+        json!([{ "op": "replace", "path": "/metadata/annotations", "value": {} }]),
+        json!([{ "op": "remove", "path": "/status" }]),
+        json!([{ "op": "add", "path": "/status/phase", "value": "x" }]),
+        json!([{ "op": "move", "path": "/spec", "from": "/x" }]),
+    ] {
+        assert!(apply_patch(&mut pod.clone(), &bad).is_err(), "{bad}");
+    }
+    assert!(pod_problems(&pod).is_empty());
+    let broken = json!({ "spec": {
+        "hostPID": true, "shareProcessNamespace": true,
+        "containers": [{ "name": "c", "volumeMounts": [{ "name": "v", "mountPath": "/a" }] }, { "name": "c" }],
+    } });
+    let problems: Vec<_> = pod_problems(&broken).into_iter().collect();
+    assert_eq!(problems.len(), 3, "{problems:?}");
+}
+
+/// Found by the inject target: a GPU container mounting a volume named like
+/// one inject adds (`tcpx-libraries`, elsewhere) was injected, and injecting
+/// again dropped that mount (undoing removes those mounts), so a second run
+/// changed the Pod. Now such a mount is refused, naming it.
+#[test]
+fn a_mount_named_like_an_inject_volume_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/inject");
+    let data = std::fs::read(root.join("regression-mount-of-inject-volume")).unwrap();
+    assert!(data[1] >= 0x80, "a manifest built by the grammar");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: trainer\n    \
+               resources: {limits: {nvidia.com/gpu: 8}}\n    volumeMounts:\n    - {name: tcpx-libraries, mountPath: /opt}\n";
+    let err = tcpx_rxdm::inject::command::transform(pod, &Default::default()).unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "Pod/p: spec.containers[trainer].volumeMounts[tcpx-libraries]: a mount of a volume inject adds"
+        ),
+        "{err}"
+    );
+}
+
+/// Found by the inject target: a GPU container and the reference daemon of
+/// one name; converting the reference removed both, the workload with it.
+/// The API server refuses such a Pod; now inject does too, naming it.
+#[test]
+fn two_containers_of_one_name_are_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/inject");
+    assert!(std::fs::read(root.join("regression-duplicate-container-names")).unwrap()[1] >= 0x80);
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: trainer\n    \
+               resources: {limits: {nvidia.com/gpu: 8}}\n  - name: trainer\n    command: [tcpgpudmarxd]\n";
+    let err = tcpx_rxdm::inject::command::transform(pod, &Default::default()).unwrap_err().to_string();
+    assert!(err.starts_with("Pod/p: spec.containers[trainer]: a second container of this name"), "{err}");
+}
+
+/// `fuzz/` builds exactly the targets `cargo test` replays: one binary per
+/// target in `fuzz/Cargo.toml`, each handing its bytes to the function of
+/// the same name.
+#[test]
+fn the_fuzz_crate_builds_every_target() {
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap();
+    let bins: Vec<&str> = manifest
+        .split("[[bin]]")
+        .skip(1)
+        .map(|b| b.lines().find_map(|l| l.strip_prefix("name = ")).unwrap().trim_matches('"'))
+        .collect();
+    let names: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(bins, names);
+    for name in names {
+        let main = std::fs::read_to_string(fuzz.join(format!("fuzz_targets/{name}.rs"))).unwrap();
+        assert!(main.contains(&format!("tcpx_rxdm::fuzz_targets::{name}(data)")), "{name}: {main}");
+    }
 }

@@ -61,12 +61,10 @@ impl Routes {
         let Some(state) = self.state.get() else {
             return Response::text(503, "rule endpoints not started\n");
         };
-        let only = req.param("nic").map(str::to_string);
-        if let Some(n) = &only {
-            if !state.rules.nics.iter().any(|w| w.ifname == *n) {
-                return Response::text(404, format!("no managed NIC \"{}\"\n", n.escape_debug()));
-            }
-        }
+        let only = match flows_nic(req, state.rules.nics.iter().map(|w| w.ifname.as_str())) {
+            Ok(only) => only,
+            Err(text) => return Response::text(404, text),
+        };
         let turn =
             match tokio::time::timeout(DEBUG_FLOWS_WAIT, self.flows_turns.clone().acquire_owned()).await {
                 Ok(Ok(t)) => t,
@@ -76,6 +74,20 @@ impl Routes {
         let rx = flows_stream::spawn(state.rules.clone(), only, turn);
         Response::json_stream(rx)
     }
+}
+
+/// The NIC that `/debug/flows?nic=NAME` asks for, among the `managed` ones:
+/// `Ok(None)` for all of them; `Err`: the text of the 404 reply.
+pub(crate) fn flows_nic<'a>(
+    req: &Request,
+    managed: impl Iterator<Item = &'a str> + Clone,
+) -> Result<Option<String>, String> {
+    let Some(nic) = req.param("nic") else { return Ok(None) };
+    if managed.clone().any(|m| m == nic) {
+        return Ok(Some(nic));
+    }
+    let shown: String = nic.chars().take(64).collect();
+    Err(format!("no managed NIC {shown:?} (managed: {})\n", managed.collect::<Vec<_>>().join(", ")))
 }
 
 impl Handler for Routes {
@@ -115,5 +127,27 @@ impl Handler for Routes {
             },
             _ => Response::text(404, "not found\n"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flows_take_one_managed_nic_or_all() {
+        let managed = ["eth1", "eth-2"];
+        let ask = |target: &str| {
+            flows_nic(&Request::new(target, "127.0.0.1:1".parse().unwrap()), managed.into_iter())
+        };
+        assert_eq!(ask("/debug/flows"), Ok(None));
+        assert_eq!(ask("/debug/flows?nic=eth1"), Ok(Some("eth1".into())));
+        assert_eq!(ask("/debug/flows?nic=eth%2d2"), Ok(Some("eth-2".into())));
+        assert_eq!(
+            ask("/debug/flows?nic=eth9"),
+            Err("no managed NIC \"eth9\" (managed: eth1, eth-2)\n".into())
+        );
+        let long = ask(&format!("/debug/flows?nic={}", "x".repeat(5000))).unwrap_err();
+        assert!(long.len() < 200, "{long}");
     }
 }

@@ -172,6 +172,19 @@ pub fn inject(
         .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
         .map(|cs| cs.iter().filter(|c| is_gpu(c)).count())
         .sum();
+    // Containers are told apart by name (the record, the reference daemon),
+    // as the API server requires: two of one name would be changed as one.
+    let mut names = std::collections::BTreeSet::new();
+    for list in LISTS {
+        for c in spec.get(list).and_then(Value::as_sequence).into_iter().flatten() {
+            if !names.insert(name_of(c)) {
+                return Err(err(
+                    format!("spec.{list}[{}]", name_of(c)),
+                    "a second container of this name; container names must be unique in a Pod".into(),
+                ));
+            }
+        }
+    }
     let reference: Option<Reference> = migrate::find(spec, object, at)?;
     let carried = reference.as_ref().map(|r| r.carried.clone()).unwrap_or_default();
     let flags = DaemonFlags::new(opts, &carried)?;
@@ -267,6 +280,13 @@ pub fn inject(
                 kept.push(format!("{cn}:envFrom"));
             }
             for m in c.get("volumeMounts").and_then(Value::as_sequence).into_iter().flatten() {
+                // Undoing removes the GPU containers' mounts of these names.
+                if VOLUMES.contains(&name_of(m).as_str()) {
+                    return Err(err(
+                        field(&format!("volumeMounts[{}]", name_of(m))),
+                        "a mount of a volume inject adds; rename the mount and its volume".into(),
+                    ));
+                }
                 let path = m.get("mountPath").and_then(Value::as_str).unwrap_or_default();
                 if mounts.iter().any(|x| x.get("mountPath").and_then(Value::as_str) == Some(path)) {
                     return Err(err(

@@ -130,10 +130,12 @@ pub fn parse_answer(
     if kind == NLMSG_ERROR {
         let code = body.get(0..4).ok_or(DiagError::Malformed("short error"))?;
         let code = i32::from_ne_bytes(code.try_into().expect("4 bytes"));
-        return match -code {
-            0 => Err(DiagError::Malformed("ack without an answer")),
-            libc::ENOENT => Ok(None),
-            e => Err(DiagError::Sys(Errno::from_raw(e))),
+        // i32::MIN has no negation: no errno, a malformed answer.
+        return match code.checked_neg() {
+            Some(0) => Err(DiagError::Malformed("ack without an answer")),
+            Some(libc::ENOENT) => Ok(None),
+            Some(e) if e > 0 => Err(DiagError::Sys(Errno::from_raw(e))),
+            _ => Err(DiagError::Malformed("error code out of range")),
         };
     }
     if kind != SOCK_DIAG_BY_FAMILY || body.len() < DIAG_MSG {
@@ -324,6 +326,11 @@ mod tests {
         assert_eq!(parse_answer(&enoent, local, remote).unwrap(), None);
         enoent[16..20].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
         assert_eq!(parse_answer(&enoent, local, remote), Err(DiagError::Sys(Errno::EPERM)));
+        // Codes no errno negates to (found by the netlink fuzz target: i32::MIN overflowed).
+        for bad in [i32::MIN, 5] {
+            enoent[16..20].copy_from_slice(&bad.to_ne_bytes());
+            assert!(matches!(parse_answer(&enoent, local, remote), Err(DiagError::Malformed(_))), "{bad}");
+        }
         assert!(parse_answer(&enoent[..10], local, remote).is_err());
     }
 

@@ -65,13 +65,50 @@ pub struct Request {
 }
 
 impl Request {
-    /// Value of query parameter `name` (first occurrence), if present.
-    pub fn param(&self, name: &str) -> Option<&str> {
+    /// The request for `target` (`/path` or `/path?query`) from `peer`.
+    pub fn new(target: &str, peer: SocketAddr) -> Request {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        Request { path: path.to_string(), query: query.to_string(), peer }
+    }
+
+    /// Value of query parameter `name` (first occurrence), percent-decoded
+    /// (`%2D` is `-`; an escape that is not one stays as it is, and bytes
+    /// that are not UTF-8 become U+FFFD), if present.
+    pub fn param(&self, name: &str) -> Option<String> {
         self.query.split('&').find_map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (k == name).then_some(v)
+            (percent_decode(k) == name).then(|| percent_decode(v))
         })
     }
+}
+
+/// `%XX` escapes decoded; anything else kept.
+fn percent_decode(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The method and the target of a request head (its first line).
+pub(crate) fn request_line(head: &[u8]) -> (String, String) {
+    let end = head.iter().position(|&b| b == b'\r' || b == b'\n').unwrap_or(head.len());
+    let line = String::from_utf8_lossy(&head[..end]);
+    let mut parts = line.split(' ');
+    (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string())
 }
 
 /// Routes a GET request to a response.
@@ -201,11 +238,7 @@ async fn read_head(stream: &mut TcpStream, limits: Limits) -> std::io::Result<Op
         }
         Ok(Ok(true)) => {}
     }
-    let end = buf.iter().position(|&b| b == b'\r').unwrap_or(0);
-    let line = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let mut parts = line.split(' ');
-    let (method, target) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
-    Ok(Some((method, target)))
+    Ok(Some(request_line(&buf)))
 }
 
 async fn handle<H: Handler>(
@@ -217,12 +250,10 @@ async fn handle<H: Handler>(
     let Some((method, target)) = read_head(&mut stream, limits).await? else {
         return Ok(());
     };
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let resp = if method != "GET" {
         Response::text(405, "only GET is supported\n")
     } else {
-        let req = Request { path: path.to_string(), query: query.to_string(), peer };
-        handler.get(&req).await
+        handler.get(&Request::new(&target, peer)).await
     };
     write(&mut stream, resp, limits).await
 }
@@ -287,13 +318,23 @@ mod tests {
 
     #[test]
     fn query_params() {
-        let r = Request {
-            path: "/debug/flows".into(),
-            query: "a=1&nic=eth2&b".into(),
-            peer: "127.0.0.1:1".parse().unwrap(),
-        };
-        assert_eq!(r.param("nic"), Some("eth2"));
-        assert_eq!(r.param("b"), Some(""));
+        let peer = "127.0.0.1:1".parse().unwrap();
+        let r = Request::new("/debug/flows?a=1&nic=eth2&b&nic=eth3", peer);
+        assert_eq!(r.path, "/debug/flows");
+        assert_eq!(r.param("nic").as_deref(), Some("eth2"));
+        assert_eq!(r.param("b").as_deref(), Some(""));
         assert_eq!(r.param("c"), None);
+        // Escapes decode, in names and values; a broken one stays as sent.
+        let r = Request::new("/debug/flows?n%69c=eth%2D1%zz%4", peer);
+        assert_eq!(r.param("nic").as_deref(), Some("eth-1%zz%4"));
+        assert_eq!(Request::new("/debug/flows?nic=%FF", peer).param("nic").as_deref(), Some("\u{FFFD}"));
+        assert_eq!(Request::new("/metrics", peer).query, "");
+    }
+
+    #[test]
+    fn the_request_line_gives_method_and_target() {
+        assert_eq!(request_line(b"GET /a?b HTTP/1.1\r\nHost: x\r\n\r\n"), ("GET".into(), "/a?b".into()));
+        assert_eq!(request_line(b"POST /x\r\n\r\n"), ("POST".into(), "/x".into()));
+        assert_eq!(request_line(b"\r\n\r\n"), (String::new(), String::new()));
     }
 }

@@ -21,7 +21,7 @@ use super::ServerState;
 /// The socket file's name in `--uds_path`.
 pub const SOCKET: &str = "rxdm_status";
 /// Longest request line accepted.
-const MAX_REQUEST: u64 = 256;
+pub const MAX_REQUEST: u64 = 256;
 /// Status connections served at once (more wait in the backlog).
 const MAX_CONNECTIONS: usize = 4;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -72,41 +72,74 @@ pub fn spawn(listener: UnixListener, state: Arc<ServerState>, mut shutdown: watc
     });
 }
 
+/// What a status client asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    Status,
+    Flows,
+}
+
+/// The request in what a client sent: its first line, newline included, as
+/// read with a limit of [`MAX_REQUEST`] bytes. `Err`: the reply to send
+/// instead, one JSON line (`{"error": ...}`).
+pub fn parse_request(sent: &[u8]) -> Result<Ask, String> {
+    const WANTED: &str = "send \"status\" or \"flows\" and a newline";
+    let error = |message: String| format!("{}\n", json!({ "error": message }));
+    let shown = |text: &str| text.chars().take(64).collect::<String>();
+    let Some(line) = sent.strip_suffix(b"\n") else {
+        return Err(error(if sent.len() as u64 >= MAX_REQUEST {
+            format!("request line longer than {MAX_REQUEST} bytes: {WANTED}")
+        } else {
+            format!("incomplete request {:?} (no newline): {WANTED}", shown(&String::from_utf8_lossy(sent)))
+        }));
+    };
+    let Ok(text) = std::str::from_utf8(line) else {
+        return Err(error(format!("the request is not UTF-8 text: {WANTED}")));
+    };
+    match text.trim() {
+        "status" => Ok(Ask::Status),
+        "flows" => Ok(Ask::Flows),
+        other => Err(error(format!("unknown request {:?}: {WANTED}", shown(other)))),
+    }
+}
+
 async fn serve(stream: UnixStream, state: &ServerState) -> std::io::Result<()> {
     let (rd, mut wr) = stream.into_split();
-    let mut line = String::new();
+    let mut line = Vec::new();
     let mut reader = BufReader::new(rd.take(MAX_REQUEST));
-    let read = reader.read_line(&mut line);
-    let request = match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
-        Ok(Ok(_)) if line.ends_with('\n') => line.trim().to_string(),
-        Ok(Ok(_)) => String::new(),
+    let read = reader.read_until(b'\n', &mut line);
+    match tokio::time::timeout(REQUEST_TIMEOUT, read).await {
+        Ok(Ok(_)) => {}
         Ok(Err(e)) => return Err(e),
         Err(_) => {
             let e =
                 json!({ "error": "no request line within 5 s (send \"status\" or \"flows\" and a newline)" });
             return wr.write_all(format!("{e}\n").as_bytes()).await;
         }
+    }
+    let ask = match parse_request(&line) {
+        Ok(ask) => ask,
+        Err(reply) => return wr.write_all(reply.as_bytes()).await,
     };
-    match request.as_str() {
-        "status" => {
+    match ask {
+        Ask::Status => {
             let body = status_json(state).await;
             wr.write_all(format!("{body}\n").as_bytes()).await
         }
-        "flows" => {
+        Ask::Flows => {
             wr.write_all(b"{\"nics\":[").await?;
-            for (i, w) in state.rules.nics.iter().enumerate() {
+            // A NIC without a snapshot (its rule thread gone) is left out:
+            // the comma goes before every table but the first written.
+            let mut written = 0;
+            for w in state.rules.nics.iter() {
                 if let Some(s) = w.snapshot().await {
-                    let mut buf = if i > 0 { b",".to_vec() } else { Vec::new() };
+                    let mut buf = if written > 0 { b",".to_vec() } else { Vec::new() };
+                    written += 1;
                     serde_json::to_writer(&mut buf, &s).map_err(std::io::Error::other)?;
                     wr.write_all(&buf).await?;
                 }
             }
             wr.write_all(b"]}\n").await
-        }
-        other => {
-            let shown: String = other.chars().take(64).collect();
-            let e = json!({ "error": format!("unknown request \"{}\": send \"status\" or \"flows\" and a newline", shown.escape_debug()) });
-            wr.write_all(format!("{e}\n").as_bytes()).await
         }
     }
 }
@@ -211,3 +244,28 @@ pub async fn status_json(state: &ServerState) -> Value {
 #[path = "status_client.rs"]
 mod client;
 pub use client::{ask, ask_on, client_main, connect, flows_text, status_text};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(sent: &[u8]) -> String {
+        let reply = parse_request(sent).unwrap_err();
+        assert_eq!(reply.matches('\n').count(), 1, "one line: {reply:?}");
+        let v: Value = serde_json::from_str(&reply).unwrap();
+        v["error"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn requests_are_one_line_with_blanks_allowed() {
+        assert_eq!(parse_request(b"status\n"), Ok(Ask::Status));
+        assert_eq!(parse_request(b" flows \r\n"), Ok(Ask::Flows));
+        assert!(error_of(b"hello\n").starts_with("unknown request \"hello\""));
+        assert!(error_of(b"status").starts_with("incomplete request \"status\" (no newline)"));
+        assert!(error_of(&[b'x'; 256]).starts_with("request line longer than 256 bytes"));
+        // Bytes that are not text get a reply like any other bad request.
+        assert!(error_of(b"\xffstatus\n").starts_with("the request is not UTF-8 text"));
+        let long = format!("{}\n", "y".repeat(200));
+        assert!(error_of(long.as_bytes()).contains(&format!("\"{}\"", "y".repeat(64))));
+    }
+}

@@ -1,8 +1,5 @@
-//! Fuzz targets: every decoder that reads bytes from outside the daemon.
-//! Each takes arbitrary bytes, must never panic, and checks what its
-//! decoder promises. `fuzz/` drives them with libFuzzer (`cargo +nightly
-//! fuzz run <name>`); `tests/fuzz_corpus.rs` replays the committed corpora
-//! in `fuzz/corpus/<name>/` on stable in every `cargo test`.
+//! The byte decoders of the daemon's sockets and files: client frames and
+//! requests, topology textprotos, netlink replies, a takeover's state.
 
 use crate::types::pci::PciAddr;
 
@@ -15,26 +12,7 @@ use crate::types::status::StatusCode;
 use crate::wire::frame::{self, FrameError};
 use crate::wire::proto::{unix_socket_proto::Payload, UnixSocketProto};
 
-/// Byte 0 of a `netlink` input that picks the `sock_diag` answer parser.
-pub const SOCK_DIAG: u8 = 200;
-/// Byte 0 of a `netlink` input that picks the per-queue stats parser (its
-/// replies as the genl parsers take them).
-pub const QSTATS: u8 = 201;
-
-/// Target names, as `fuzz/` and the corpus folders call them.
-pub const TARGETS: [&str; 5] = ["frame", "request", "topology", "netlink", "handover"];
-
-/// Runs target `name` on `data`.
-pub fn run(name: &str, data: &[u8]) {
-    match name {
-        "frame" => frame(data),
-        "request" => request(data),
-        "topology" => topology(data),
-        "netlink" => netlink(data),
-        "handover" => handover(data),
-        other => panic!("no fuzz target {other}"),
-    }
-}
+use super::{QSTATS, SOCK_DIAG};
 
 /// The frame decoder: consumes exactly header + announced body, never more
 /// than it was given; incomplete input is never an error.
