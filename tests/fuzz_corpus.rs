@@ -254,3 +254,21 @@ fn the_fuzz_crate_builds_every_target() {
         assert!(main.contains(&format!("tcpx_rxdm::fuzz_targets::{name}(data)")), "{name}: {main}");
     }
 }
+
+/// Found by the webhook and inject targets: a list the user left empty
+/// (`containers: []` beside a GPU init container) was dropped when the
+/// injection was undone, so injecting again changed the Pod and the webhook
+/// patched it on every review. Undoing now drops only the lists it empties.
+#[test]
+fn an_empty_list_the_user_wrote_survives_injecting_again() {
+    use tcpx_rxdm::inject::command::transform;
+    use tcpx_rxdm::inject::Options;
+    let pod =
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  initContainers:\n  - name: trainer\n    \
+               resources:\n      limits:\n        nvidia.com/gpu: 8\n  containers: []\n";
+    let (once, _) = transform(pod, &Options::default()).unwrap();
+    assert!(once.contains("containers: []"), "{once}");
+    assert_eq!(transform(&once, &Options::default()).unwrap().0, once);
+    let undone = transform(&once, &Options { uninject: true, ..Options::default() }).unwrap().0;
+    assert_eq!(undone, pod);
+}
