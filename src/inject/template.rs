@@ -196,11 +196,25 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
         return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
     }
     // Containers are told apart by name (the record, the reference daemon),
-    // as the API server requires: two of one name would be changed as one.
+    // as the API server requires: two of one name would be changed as one,
+    // and a name that is no DNS label (a blank, a comma) would break the record.
     let mut names = std::collections::BTreeSet::new();
     for list in LISTS {
         for c in spec.get(list).and_then(Value::as_sequence).into_iter().flatten() {
-            if !names.insert(name_of(c)) {
+            let n = name_of(c);
+            let label = !n.is_empty()
+                && n.len() <= 63
+                && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !n.starts_with('-')
+                && !n.ends_with('-');
+            if !label {
+                return Err(err(
+                    format!("spec.{list}[{}]", n.escape_debug()),
+                    "not a container name Kubernetes takes (lowercase letters, digits and '-', at most 63)"
+                        .into(),
+                ));
+            }
+            if !names.insert(n) {
                 return Err(err(
                     format!("spec.{list}[{}]", name_of(c)),
                     "a second container of this name; container names must be unique in a Pod".into(),
