@@ -88,8 +88,7 @@ fn drop_empty(m: &mut Value, key: &str) {
 }
 
 /// Keeps the items of list `key` of mapping `m` that `keep` accepts. A list
-/// this empties goes; one that was empty already stays, as the user wrote it
-/// (injecting again must not change it).
+/// this empties goes; one the user left empty stays (injecting again keeps it).
 fn retain_list(m: &mut Value, key: &str, keep: impl FnMut(&Value) -> bool) {
     let Some(items) = m.get_mut(key).and_then(Value::as_sequence_mut) else { return };
     if items.is_empty() {
@@ -195,9 +194,8 @@ pub fn inject(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result
     if gpu_count == 0 {
         return Ok(format!("no container requests {GPU_RESOURCE}; unchanged"));
     }
-    // Containers are told apart by name (the record, the reference daemon),
-    // as the API server requires: two of one name would be changed as one,
-    // and a name that is no DNS label (a blank, a comma) would break the record.
+    // Containers are told apart by name (record, reference daemon): two of one
+    // name would change as one, a name no DNS label (a blank) breaks the record.
     let mut names = std::collections::BTreeSet::new();
     for list in LISTS {
         for c in spec.get(list).and_then(Value::as_sequence).into_iter().flatten() {
