@@ -254,3 +254,36 @@ fn the_fuzz_crate_builds_every_target() {
         assert!(main.contains(&format!("tcpx_rxdm::fuzz_targets::{name}(data)")), "{name}: {main}");
     }
 }
+
+/// Found by the webhook and inject targets: a list the user left empty
+/// (`containers: []` beside a GPU init container) was dropped when the
+/// injection was undone, so injecting again changed the Pod and the webhook
+/// patched it on every review. Undoing now drops only the lists it empties.
+#[test]
+fn an_empty_list_the_user_wrote_survives_injecting_again() {
+    use tcpx_rxdm::inject::command::transform;
+    use tcpx_rxdm::inject::Options;
+    let pod =
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  initContainers:\n  - name: trainer\n    \
+               resources:\n      limits:\n        nvidia.com/gpu: 8\n  containers: []\n";
+    let (once, _) = transform(pod, &Options::default()).unwrap();
+    assert!(once.contains("containers: []"), "{once}");
+    assert_eq!(transform(&once, &Options::default()).unwrap().0, once);
+    let undone = transform(&once, &Options { uninject: true, ..Options::default() }).unwrap().0;
+    assert_eq!(undone, pod);
+}
+
+/// Found by the webhook target: a GPU container whose name holds a blank
+/// went into the injection record, which is then no record inject reads:
+/// the injected Pod was refused on the next review. A container name that
+/// is no DNS label (the API server's rule) is now refused up front.
+#[test]
+fn a_container_name_that_is_no_dns_label_is_refused() {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: \"my trainer\"\n    \
+               resources: {limits: {nvidia.com/gpu: 8}}\n";
+    let err = tcpx_rxdm::inject::command::transform(pod, &Default::default()).unwrap_err().to_string();
+    assert!(
+        err.starts_with("Pod/p: spec.containers[my trainer]: not a container name Kubernetes takes"),
+        "{err}"
+    );
+}

@@ -50,6 +50,19 @@ fn drop_empty(m: &mut Value, key: &str) {
     }
 }
 
+/// Keeps the items of list `key` of mapping `m` that `keep` accepts. A list
+/// this empties goes; one the user left empty stays (injecting again keeps it).
+fn retain_list(m: &mut Value, key: &str, keep: impl FnMut(&Value) -> bool) {
+    let Some(items) = m.get_mut(key).and_then(Value::as_sequence_mut) else { return };
+    if items.is_empty() {
+        return;
+    }
+    items.retain(keep);
+    if items.is_empty() {
+        m.as_mapping_mut().map(|m| m.remove(key));
+    }
+}
+
 /// The variables that `Nccl::Inline` adds (the generator's, for the default machine).
 pub fn inline_names() -> Vec<String> {
     let flags = DaemonFlags::new(&Options::default(), &[]).expect("the default flags parse");
@@ -75,36 +88,23 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
     let names = env_names(rec.nccl);
     let Some(spec) = tpl.get_mut("spec").filter(|s| s.is_mapping()) else { return };
     for list in LISTS {
+        retain_list(spec, list, |c| name_of(c) != DAEMON);
         if let Some(cs) = spec.get_mut(list).and_then(Value::as_sequence_mut) {
-            cs.retain(|c| name_of(c) != DAEMON);
             for c in cs.iter_mut().filter(|c| is_gpu(c)) {
                 let cn = name_of(c);
                 let kept = |what: &str| rec.kept.contains(&format!("{cn}:{what}"));
-                if let Some(env) = c.get_mut("env").and_then(Value::as_sequence_mut) {
-                    env.retain(|e| {
-                        let n = e.get("name").and_then(Value::as_str).unwrap_or_default();
-                        !names.iter().any(|x| x == n) || kept(n)
-                    });
-                }
+                retain_list(c, "env", |e| {
+                    let n = e.get("name").and_then(Value::as_str).unwrap_or_default();
+                    !names.iter().any(|x| x == n) || kept(n)
+                });
                 if rec.nccl == Nccl::ConfigMap && !kept("envFrom") {
-                    if let Some(ef) = c.get_mut("envFrom").and_then(Value::as_sequence_mut) {
-                        ef.retain(|e| !is_our_configmap(e));
-                    }
+                    retain_list(c, "envFrom", |e| !is_our_configmap(e));
                 }
-                if let Some(ms) = c.get_mut("volumeMounts").and_then(Value::as_sequence_mut) {
-                    ms.retain(|m| !VOLUMES.contains(&name_of(m).as_str()));
-                }
-                for k in ["env", "envFrom", "volumeMounts"] {
-                    drop_empty(c, k);
-                }
+                retain_list(c, "volumeMounts", |m| !VOLUMES.contains(&name_of(m).as_str()));
             }
         }
-        drop_empty(spec, list);
     }
-    if let Some(vs) = spec.get_mut("volumes").and_then(Value::as_sequence_mut) {
-        vs.retain(|v| !VOLUMES.contains(&name_of(v).as_str()));
-    }
-    drop_empty(spec, "volumes");
+    retain_list(spec, "volumes", |v| !VOLUMES.contains(&name_of(v).as_str()));
     // Each field goes (or gets its old value back) only while it holds the
     // value inject gave it: one changed since is the author's.
     let spec = spec.as_mapping_mut().expect("a mapping");
@@ -172,12 +172,25 @@ pub fn inject(
         .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
         .map(|cs| cs.iter().filter(|c| is_gpu(c)).count())
         .sum();
-    // Containers are told apart by name (the record, the reference daemon),
-    // as the API server requires: two of one name would be changed as one.
+    // Containers are told apart by name (record, reference daemon): two of one
+    // name would change as one, a name no DNS label (a blank) breaks the record.
     let mut names = std::collections::BTreeSet::new();
     for list in LISTS {
         for c in spec.get(list).and_then(Value::as_sequence).into_iter().flatten() {
-            if !names.insert(name_of(c)) {
+            let n = name_of(c);
+            let label = !n.is_empty()
+                && n.len() <= 63
+                && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !n.starts_with('-')
+                && !n.ends_with('-');
+            if !label {
+                return Err(err(
+                    format!("spec.{list}[{}]", n.escape_debug()),
+                    "not a container name Kubernetes takes (lowercase letters, digits and '-', at most 63)"
+                        .into(),
+                ));
+            }
+            if !names.insert(n) {
                 return Err(err(
                     format!("spec.{list}[{}]", name_of(c)),
                     "a second container of this name; container names must be unique in a Pod".into(),
