@@ -299,6 +299,14 @@ pub fn pod_problems(tpl: &Value) -> BTreeSet<String> {
 /// RFC 6902 `add`, `replace` and `remove` (the operations the webhook
 /// writes), strict as the API server is: the parent must exist, and the
 /// member replaced or removed.
+/// One step of a JSON pointer: a key of a mapping or an index of a list.
+fn step<'a>(v: &'a mut Value, t: &str) -> Option<&'a mut Value> {
+    match v {
+        Value::Array(a) => a.get_mut(t.parse::<usize>().ok()?),
+        v => v.get_mut(t),
+    }
+}
+
 pub fn apply_patch(doc: &mut Value, patch: &Value) -> Result<(), String> {
     for op in patch.as_array().ok_or("not a list of operations")? {
         let path = op["path"].as_str().ok_or(format!("no path in {op}"))?;
@@ -308,15 +316,32 @@ pub fn apply_patch(doc: &mut Value, patch: &Value) -> Result<(), String> {
         let mut tokens: Vec<String> =
             path.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect();
         let last = tokens.pop().ok_or("the whole document is not patched")?;
-        let parent = tokens
-            .iter()
-            .try_fold(&mut *doc, |v, t| v.get_mut(t.as_str()))
-            .ok_or(format!("{path}: no parent"))?;
+        let mut parent = &mut *doc;
+        for t in &tokens {
+            parent = step(parent, t).ok_or(format!("{path}: no parent"))?;
+        }
+        let value = || op.get("value").cloned().ok_or(format!("{path}: no value"));
+        if let Value::Array(list) = parent {
+            // RFC 6902 on a list: an index (or `-`, the end) where to add,
+            // an existing index to replace or remove.
+            let i = if last == "-" {
+                list.len()
+            } else {
+                last.parse::<usize>().map_err(|_| format!("{path}: no index"))?
+            };
+            match op["op"].as_str() {
+                Some("add") if i <= list.len() => list.insert(i, value()?),
+                Some("replace") if i < list.len() => list[i] = value()?,
+                Some("remove") if i < list.len() => drop(list.remove(i)),
+                other => return Err(format!("{path}: operation {other:?} out of the list's bounds")),
+            }
+            continue;
+        }
         let obj = parent.as_object_mut().ok_or(format!("{path}: the parent is not a mapping"))?;
         match op["op"].as_str() {
-            Some("add") => drop(obj.insert(last, op.get("value").ok_or("add without a value")?.clone())),
+            Some("add") => drop(obj.insert(last, value()?)),
             Some("replace") => {
-                let v = op.get("value").ok_or("replace without a value")?.clone();
+                let v = value()?;
                 obj.insert(last, v).ok_or(format!("replace of the missing {path}"))?;
             }
             Some("remove") => drop(obj.remove(&last).ok_or(format!("remove of the missing {path}"))?),

@@ -9,6 +9,7 @@
 //! - [`record`]: that annotation (never trusted to remove what it names),
 //!   and what was done to a template.
 //! - [`daemon`]: the daemon container of each mode and its flags.
+//! - [`lists`]: the lists and mappings inject creates, empties and removes.
 //! - [`limits`]: the GPUs and containers a Pod may ask for.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
 //!   generated for when a manifest is written off the node.
@@ -27,6 +28,7 @@ pub mod command;
 pub mod daemon;
 pub mod kinds;
 pub mod limits;
+pub mod lists;
 pub mod machine;
 pub mod mig;
 pub mod migrate;
