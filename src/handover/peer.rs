@@ -136,8 +136,8 @@ impl Process {
     }
 }
 
-/// `getsockopt(SO_PEERPIDFD)`.
-fn peer_pidfd(sock: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+/// `getsockopt(SO_PEERPIDFD)`: a pidfd for the peer of a Unix socket.
+pub fn peer_pidfd(sock: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `fd` and `len` are valid for writes of the sizes given; the

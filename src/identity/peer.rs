@@ -1,39 +1,14 @@
 //! Identifying the process behind a Unix socket peer, with pidfds: the
 //! kernel calls the lease tracker is built on.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
 
-/// `SO_PEERPIDFD` from `<asm-generic/socket.h>` (Linux 6.5).
-const SO_PEERPIDFD: libc::c_int = 77;
 /// `PID_FS_MAGIC` from `<linux/magic.h>`: pidfds live on pidfs (Linux 6.9).
 const PID_FS_MAGIC: i64 = 0x5049_4446;
 
-/// `getsockopt(SO_PEERPIDFD)`: a pidfd for the peer of a Unix socket.
-pub(super) fn peer_pidfd(sock: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
-    let mut fd: libc::c_int = -1;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `fd` and `len` are valid for writes of the sizes given; the
-    // kernel writes at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_PEERPIDFD,
-            (&mut fd as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(Errno::last());
-    }
-    if fd < 0 {
-        return Err(Errno::EBADF);
-    }
-    // SAFETY: the kernel just installed `fd` in our table and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+pub(super) use crate::handover::peer::peer_pidfd;
 
 /// `pidfd_open(pid, 0)` (Linux 5.3).
 pub fn pidfd_open(pid: u32) -> Result<OwnedFd, Errno> {
