@@ -205,7 +205,16 @@ fn pidfd_ns(pidfd: BorrowedFd<'_>, cmd: libc::c_ulong) -> Result<OwnedFd, Errno>
 
 /// The GPUs that process `pid` (behind `pidfd`) holds open, read through `/proc/<pid>`.
 fn gpus_of_visible(pidfd: BorrowedFd<'_>, pid: u32, devices: &GpuDevices) -> u64 {
-    let open = match held::open_files_of_pid(pid) {
+    // `/proc/<pid>/fd` is its owner's (0500): a daemon of another user
+    // without CAP_DAC_READ_SEARCH (the systemd unit keeps only CAP_SYS_PTRACE)
+    // cannot list it, but may duplicate the descriptors through the pidfd.
+    let open = match held::open_files_of_pid(pid).or_else(|e| {
+        if e == Errno::EACCES {
+            held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN)
+        } else {
+            Err(e)
+        }
+    }) {
         Ok(open) => open,
         Err(e) => {
             tracing::debug!(pid, error = %e, "cannot read a client's open files");
