@@ -10,15 +10,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
+use common::tenant::{refused, rule, Agent, Cgroup, Reply, FRESH_DEV};
 use common::{encoded, require_root, Daemon};
-use prost::Message;
-use tcpx_rxdm::wire::client::{self, status_code};
 use tcpx_rxdm::wire::proto::UnixSocketProto;
 
 /// Tenant A's GPU (first in the sim topology: `/dev/nvidia0`) and B's (third: `/dev/nvidia2`).
@@ -27,232 +25,11 @@ const GPU_B: &str = "0000:0a:00.0";
 const PERMISSION_DENIED: i32 = 7;
 const RESOURCE_EXHAUSTED: i32 = 8;
 
-/// A cgroup v2 group of the test's own, removed at the end.
-struct Cgroup {
-    path: PathBuf,
-}
-
-impl Cgroup {
-    fn new(name: &str) -> Cgroup {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-        let root = mounts
-            .lines()
-            .find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
-            })
-            .expect("a cgroup2 mount");
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = PathBuf::from(root).join(format!("tcpx-test-{}-{n}-{name}", std::process::id()));
-        std::fs::create_dir(&path).unwrap();
-        Cgroup { path }
-    }
-
-    /// The path as `/proc/<pid>/cgroup` shows it (relative to the cgroup2 root).
-    fn name(&self) -> String {
-        format!("/{}", self.path.file_name().unwrap().to_string_lossy())
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.path).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-/// A client process driven over its stdin: `conn 4|6` opens a loopback TCP
-/// connection to itself and prints the accepted socket's ends; `req PATH HEX`
-/// sends one request on a new connection and prints the reply (`fd` when a
-/// file descriptor came).
-///
-/// At start it opens (read-only) and keeps open each path in `$HOLD`, as a
-/// CUDA process holds its GPUs' device nodes from `cuInit` on; one it cannot
-/// open is left out. `open PATH` and `close PATH` do the same later and print
-/// `opened`, `error N` or `closed`.
-const AGENT_PY: &str = r#"
-import os, socket, sys
-held = []
-files = {}
-def out(s):
-    sys.stdout.write(s + "\n"); sys.stdout.flush()
-def hold(path):
-    try:
-        files[path] = os.open(path, os.O_RDONLY)
-        return "opened"
-    except OSError as e:
-        return "error %d" % e.errno
-for path in os.environ.get("HOLD", "").split():
-    hold(path)
-for line in sys.stdin:
-    cmd = line.split()
-    if cmd[0] == "open":
-        out(hold(cmd[1]))
-    elif cmd[0] == "close":
-        os.close(files.pop(cmd[1])); out("closed")
-    elif cmd[0] == "conn":
-        six = cmd[1] == "6"
-        fam, host = (socket.AF_INET6, "::1") if six else (socket.AF_INET, "127.0.0.1")
-        l = socket.socket(fam); l.bind((host, 0)); l.listen(4)
-        c = socket.socket(fam); c.connect(l.getsockname()[:2])
-        s, peer = l.accept()
-        held += [l, c, s]
-        loc = s.getsockname()
-        out("conn %s %d %s %d" % (loc[0], loc[1], peer[0], peer[1]))
-    elif cmd[0] == "req":
-        u = socket.socket(socket.AF_UNIX); u.connect(cmd[1]); u.sendall(bytes.fromhex(cmd[2]))
-        msg, anc, flags, addr = u.recvmsg(4096, socket.CMSG_SPACE(4))
-        if anc:
-            held.append(anc); out("fd")
-        else:
-            while len(msg) < 2 or len(msg) < 2 + int.from_bytes(msg[:2], "big"):
-                more = u.recv(4096)
-                if not more: break
-                msg += more
-            out("reply " + msg.hex())
-        u.close()
-"#;
-
-/// The Python interpreter itself (not a wrapper script that would look
-/// around the client's filesystem before starting it).
-fn python() -> &'static str {
-    static PY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PY.get_or_init(|| {
-        let out = common::python3().args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    })
-}
-
-/// Setup that gives a client an empty `/dev` of its own.
-const FRESH_DEV: &str = "mount -t tmpfs tmpfs /dev";
-
-struct Agent {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-enum Reply {
-    Fd,
-    Message(UnixSocketProto),
-}
-
-impl Reply {
-    /// A client script's answer line: `fd`, or `reply HEX` (the whole frame).
-    fn parse(line: &str) -> Reply {
-        if line == "fd" {
-            return Reply::Fd;
-        }
-        let hex = line.strip_prefix("reply ").unwrap_or_else(|| panic!("reply line: {line:?}"));
-        let bytes: Vec<u8> =
-            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
-        Reply::Message(UnixSocketProto::decode(&bytes[2..]).unwrap())
-    }
-
-    fn code(&self) -> i32 {
-        match self {
-            Reply::Fd => 0,
-            Reply::Message(m) => status_code(m),
-        }
-    }
-
-    fn text(&self) -> String {
-        match self {
-            Reply::Fd => "fd".into(),
-            Reply::Message(m) => m.status.as_ref().map(|s| s.message.clone()).unwrap_or_default(),
-        }
-    }
-}
-
-impl Agent {
-    /// A client in cgroup `cg` whose `/dev` holds only `/dev/nvidia<minor>`,
-    /// which it holds open.
-    fn start(cg: &Cgroup, minor: u32) -> Agent {
-        let node = format!("/dev/nvidia{minor}");
-        Agent::planted(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node])
-    }
-
-    /// A client in cgroup `cg` and a mount namespace of its own, where
-    /// `setup` (shell, run as root there; [`FRESH_DEV`] gives it a `/dev` of
-    /// its own) planted what it wants, holding `hold` open.
-    fn planted(cg: &Cgroup, setup: &str, hold: &[&str]) -> Agent {
-        common::require_python3();
-        let script = r#"echo $$ > "$CG/cgroup.procs" && exec unshare -m --propagation private sh -c 'eval "$SETUP" && exec "$PY" -u -c "$AGENT_PY"'"#;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .env("CG", &cg.path)
-            .env("SETUP", setup)
-            .env("PY", python())
-            .env("HOLD", hold.join(" "))
-            .env("AGENT_PY", AGENT_PY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Agent { child, stdin, stdout }
-    }
-
-    fn ask(&mut self, line: &str) -> String {
-        writeln!(self.stdin, "{line}").unwrap();
-        let mut out = String::new();
-        assert!(self.stdout.read_line(&mut out).unwrap() > 0, "agent ended on {line:?}");
-        out.trim().to_string()
-    }
-
-    /// A loopback TCP connection of this client: (local end, remote end) of
-    /// the accepted socket, as a steering rule sees the flow.
-    fn conn(&mut self, v6: bool) -> (SocketAddr, SocketAddr) {
-        let a = self.ask(if v6 { "conn 6" } else { "conn 4" });
-        let f: Vec<&str> = a.split_whitespace().collect();
-        let addr = |ip: &str, port: &str| SocketAddr::new(ip.parse().unwrap(), port.parse().unwrap());
-        (addr(f[1], f[2]), addr(f[3], f[4]))
-    }
-
-    fn req(&mut self, path: &Path, msg: &UnixSocketProto) -> Reply {
-        let hex: String = encoded(msg).iter().map(|b| format!("{b:02x}")).collect();
-        Reply::parse(&self.ask(&format!("req {} {hex}", path.display())))
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The rule request for the flow whose local end is `local` (the packet's
-/// destination) and remote end `remote`.
-fn rule(local: SocketAddr, remote: SocketAddr, gpu: &str) -> UnixSocketProto {
-    let flow_type = if local.is_ipv6() { 5 } else { 1 };
-    let (src, dst) =
-        ((remote.ip().to_string(), remote.port() as i32), (local.ip().to_string(), local.port() as i32));
-    client::rule_request(flow_type, (&src.0, src.1), (&dst.0, dst.1), Some(gpu), None)
-}
-
 fn pool(gpu: &str) -> UnixSocketProto {
     UnixSocketProto {
         payload: Some(tcpx_rxdm::wire::proto::unix_socket_proto::Payload::RawBytes(gpu.as_bytes().to_vec())),
         status: None,
     }
-}
-
-fn refused(metrics: &str, endpoint: &str, reason: &str, mode: &str) -> f64 {
-    let series = format!(
-        "tcpx_rxdm_requests_refused_total{{endpoint=\"{endpoint}\",mode=\"{mode}\",reason=\"{reason}\"}}"
-    );
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{series} missing"))
 }
 
 /// Source ports of the booked rules.

@@ -11,18 +11,19 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::flows::{self, Found};
 use super::tenant::{GpuDevices, Tenant};
 use super::Client;
 use crate::config::flags::TenantIsolation;
 use crate::metrics::Metrics;
-use crate::netlink::sock_diag::SockDiag;
+use crate::types::flow::FlowSpec;
 use crate::types::status::StatusCode;
+use prometheus::IntCounter;
 
 /// Why a request is (or would be) refused; the metric's `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +86,29 @@ impl Denied {
     }
 }
 
+/// A rule request's flow after [`TenantPolicy::examine`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Examined {
+    /// The flow to steer: as sent, or repaired.
+    pub flow: FlowSpec,
+    /// The request named it with garbled IPv6 addresses; `flow` is the
+    /// connection's true 4-tuple.
+    pub repaired: bool,
+    /// What the lookup found (the repaired connection as `Exact`); `None`:
+    /// not looked up.
+    pub found: Option<Result<Found, String>>,
+}
+
+impl Examined {
+    /// The connections a garbled request fits, when it fits several.
+    pub fn ambiguous(&self) -> Option<&[FlowSpec]> {
+        match &self.found {
+            Some(Ok(Found::Ambiguous(all))) => Some(all),
+            _ => None,
+        }
+    }
+}
+
 /// The isolation policy and its state: the mode, the devices, the quota.
 pub struct TenantPolicy {
     pub mode: TenantIsolation,
@@ -93,6 +117,9 @@ pub struct TenantPolicy {
     /// Where cgroup v2 is mounted (for the `/proc/<pid>/cgroup` fallback).
     pub cgroup2: Option<PathBuf>,
     metrics: Option<Arc<Metrics>>,
+    /// The refusal counters of this mode, per checked endpoint and reason,
+    /// resolved once (no label hashing per refusal).
+    refused: Vec<(&'static str, [IntCounter; 5])>,
     /// Rules held per tenant (cgroup id).
     held: Mutex<HashMap<u64, u32>>,
     /// Tenants seen, by cgroup id: how to name them.
@@ -117,14 +144,16 @@ impl TenantPolicy {
         cgroup2: Option<PathBuf>,
         metrics: Option<Arc<Metrics>>,
     ) -> TenantPolicy {
+        let mut refused = Vec::new();
         if let (Some(m), false) = (&metrics, mode == TenantIsolation::Off) {
             for e in CHECKED_ENDPOINTS {
-                for r in Refusal::ALL {
-                    m.requests_refused.with_label_values(&[e, r.name(), mode.name()]);
-                }
+                let series =
+                    Refusal::ALL.map(|r| m.requests_refused.with_label_values(&[e, r.name(), mode.name()]));
+                refused.push((e, series));
             }
         }
         TenantPolicy {
+            refused,
             mode,
             max_rules,
             devices,
@@ -165,48 +194,52 @@ impl TenantPolicy {
         endpoint: &str,
         reason: Refusal,
         who: &Client,
-        message: String,
+        message: impl FnOnce() -> String,
     ) -> Result<(), Denied> {
         if !self.checks() {
             return Ok(());
         }
-        if let Some(m) = &self.metrics {
+        if let Some(c) = self.refused.iter().find(|(e, _)| *e == endpoint) {
+            c.1[reason.index()].inc();
+        } else if let Some(m) = &self.metrics {
             m.requests_refused.with_label_values(&[endpoint, reason.name(), self.mode.name()]).inc();
         }
+        let enforce = self.mode == TenantIsolation::Enforce;
         let now = self.epoch.elapsed().as_millis() as u64;
         let i = reason.index();
         let last = self.last_log[i].load(Ordering::Relaxed);
-        if (last == 0 || now >= last + 1000)
+        let log = (last == 0 || now >= last + 1000)
             && self.last_log[i]
                 .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            let unlogged = self.unlogged[i].swap(0, Ordering::Relaxed);
-            let tenant = who.tenant.as_ref().map_or_else(|| "unknown".to_string(), |t| t.name().to_string());
-            let pid = who.pid.map_or_else(|| "unknown".to_string(), |p| p.to_string());
-            match self.mode {
-                TenantIsolation::Enforce => tracing::warn!(
-                    endpoint, reason = reason.name(), %pid, %tenant, unlogged, "refused: {message}"
-                ),
-                _ => tracing::warn!(
-                    endpoint, reason = reason.name(), %pid, %tenant, unlogged,
-                    "would refuse (tenant_isolation=audit): {message}"
-                ),
-            }
-        } else {
+                .is_ok();
+        if !log {
             self.unlogged[i].fetch_add(1, Ordering::Relaxed);
+            // The message is built only when it is logged or sent.
+            return match enforce {
+                true => Err(Denied { reason, message: message() }),
+                false => Ok(()),
+            };
         }
-        match self.mode {
-            TenantIsolation::Enforce => Err(Denied { reason, message }),
-            _ => Ok(()),
+        let unlogged = self.unlogged[i].swap(0, Ordering::Relaxed);
+        let text = message();
+        let tenant = who.tenant.as_ref().map_or_else(|| "unknown".to_string(), |t| t.name().to_string());
+        let pid = who.pid.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+        if enforce {
+            tracing::warn!(endpoint, reason = reason.name(), %pid, %tenant, unlogged, "refused: {text}");
+            return Err(Denied { reason, message: text });
         }
+        tracing::warn!(
+            endpoint, reason = reason.name(), %pid, %tenant, unlogged,
+            "would refuse (tenant_isolation=audit): {text}"
+        );
+        Ok(())
     }
 
     /// The client's tenant, or the unidentified refusal.
     fn tenant<'a>(&self, endpoint: &str, who: &'a Client) -> Result<Option<&'a Tenant>, Denied> {
         match &who.tenant {
             Some(t) => Ok(Some(t)),
-            None => self.refuse(endpoint, Refusal::Unidentified, who, UNIDENTIFIED.into()).map(|_| None),
+            None => self.refuse(endpoint, Refusal::Unidentified, who, || UNIDENTIFIED.into()).map(|_| None),
         }
     }
 
@@ -226,40 +259,59 @@ impl TenantPolicy {
             return Ok(());
         }
         let minor = self.devices.minors.get(gpu).copied().unwrap_or(gpu as u32);
-        let msg = format!(
-            "GPU {name} is not this client's (tenant {}): its process does not hold /dev/nvidia{minor} \
-             open, as a process that initialised CUDA does for each GPU it may use",
-            t.name()
-        );
-        self.refuse(endpoint, Refusal::Gpu, who, msg)
+        self.refuse(endpoint, Refusal::Gpu, who, || {
+            format!(
+                "GPU {name} is not this client's (tenant {}): its process does not hold /dev/nvidia{minor} \
+                 open, as a process that initialised CUDA does for each GPU it may use",
+                t.name()
+            )
+        })
     }
 
-    /// May `who` steer the TCP connection whose local end is `local` and
-    /// remote end `remote`? Only if that socket exists in the client's
-    /// network namespace and belongs to the client's cgroup.
-    pub fn check_flow(
-        &self,
-        endpoint: &str,
-        who: &Client,
-        local: SocketAddr,
-        remote: SocketAddr,
-    ) -> Result<(), Denied> {
+    /// Looks the flow of a rule request up in the client's network
+    /// namespace where that matters: for an install's tenant check (audit,
+    /// enforce), and for an IPv6 flow in every mode, to repair it when the
+    /// request carries only the first half of each address (the NCCL
+    /// plugin's, see `identity::flows`). The rest is not looked up at all.
+    pub fn examine(&self, who: &Client, flow: FlowSpec, install: bool) -> Examined {
+        let exact = install && self.checks() && who.tenant.is_some();
+        if !exact && !flows::repairable(&flow) {
+            return Examined { flow, repaired: false, found: None };
+        }
+        let found = match who.netns() {
+            Some(ns) => flows::locate(ns, &flow, exact, who.tenant_id()),
+            None => Err("its network namespace could not be opened".to_string()),
+        };
+        match found {
+            Ok(Found::Repaired { flow: true_flow, cgroup }) => {
+                Examined { flow: true_flow, repaired: true, found: Some(Ok(Found::Exact { cgroup })) }
+            }
+            found => Examined { flow, repaired: false, found: Some(found) },
+        }
+    }
+
+    /// May `who` steer the flow `e` names (after any repair)? Only if that
+    /// TCP connection exists in the client's network namespace and belongs
+    /// to the client's cgroup.
+    pub fn check_flow(&self, endpoint: &str, who: &Client, e: &Examined) -> Result<(), Denied> {
         if !self.checks() {
             return Ok(());
         }
         let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
-        let found = match &t.net {
-            Some(ns) => socket_cgroup(ns, local, remote),
-            None => Err("its network namespace could not be opened".to_string()),
+        let why = match &e.found {
+            Some(Ok(Found::Exact { cgroup })) if *cgroup == t.cgroup_id => return Ok(()),
+            Some(Ok(Found::Exact { .. })) => "the connection belongs to another cgroup".to_string(),
+            Some(Ok(Found::Missing)) => {
+                "no such TCP connection in the client's network namespace".to_string()
+            }
+            Some(Ok(Found::Ambiguous(_))) => "several connections fit it".to_string(),
+            Some(Ok(Found::Repaired { .. })) | None => "it was not looked up".to_string(),
+            Some(Err(e)) => e.clone(),
         };
-        let why = match found {
-            Ok(Some(id)) if id == t.cgroup_id => return Ok(()),
-            Ok(Some(_)) => "the connection belongs to another cgroup".to_string(),
-            Ok(None) => "no such TCP connection in the client's network namespace".to_string(),
-            Err(e) => e,
-        };
-        let msg = format!("flow {remote} -> {local} is not this client's: {why} (tenant {})", t.name());
-        self.refuse(endpoint, Refusal::Flow, who, msg)
+        let flow = e.flow;
+        self.refuse(endpoint, Refusal::Flow, who, || {
+            format!("flow {} -> {} is not this client's: {why} (tenant {})", flow.src, flow.dst, t.name())
+        })
     }
 
     /// May `who` remove a rule installed by tenant `owner`?
@@ -275,11 +327,10 @@ impl TenantPolicy {
         }
         let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
         match owner {
-            Some(o) if o != t.cgroup_id => {
+            Some(o) if o != t.cgroup_id => self.refuse(endpoint, Refusal::Owner, who, || {
                 let owner = self.name_of(o).unwrap_or_else(|| format!("cgroup id {o}"));
-                let msg = format!("the rule for flow {flow} belongs to tenant {owner}, not to {}", t.name());
-                self.refuse(endpoint, Refusal::Owner, who, msg)
-            }
+                format!("the rule for flow {flow} belongs to tenant {owner}, not to {}", t.name())
+            }),
             _ => Ok(()),
         }
     }
@@ -305,12 +356,10 @@ impl TenantPolicy {
             }
             *n
         };
-        let name = self.name_of(id).unwrap_or_else(|| format!("cgroup id {id}"));
-        let msg = format!(
-            "tenant {name} holds {held} rules, the limit (--max_rules_per_tenant={})",
-            self.max_rules
-        );
-        self.refuse(endpoint, Refusal::Quota, who, msg)?;
+        self.refuse(endpoint, Refusal::Quota, who, || {
+            let name = self.name_of(id).unwrap_or_else(|| format!("cgroup id {id}"));
+            format!("tenant {name} holds {held} rules, the limit (--max_rules_per_tenant={})", self.max_rules)
+        })?;
         *self.held.lock().expect("tenant quota lock").entry(id).or_default() += 1;
         Ok(())
     }
@@ -346,36 +395,6 @@ impl TenantPolicy {
     /// Rules held by tenant `id`, as the quota counts them.
     pub fn rules_held(&self, id: u64) -> u32 {
         self.held.lock().expect("tenant quota lock").get(&id).copied().unwrap_or(0)
-    }
-}
-
-/// The cgroup id of the TCP socket `local`/`remote` in namespace `ns`,
-/// through one of the namespace's `sock_diag` sockets (no lock held while
-/// the kernel answers).
-fn socket_cgroup(
-    ns: &super::tenant::NetNs,
-    local: SocketAddr,
-    remote: SocketAddr,
-) -> Result<Option<u64>, String> {
-    let mut diag = match ns.take_diag() {
-        Some(d) => d,
-        None => {
-            let own = nix::sys::stat::stat("/proc/thread-self/ns/net").map(|s| s.st_ino).ok();
-            let diag = if own == Some(ns.inode) {
-                SockDiag::open()
-            } else {
-                SockDiag::open_in(std::os::fd::AsFd::as_fd(&ns.fd))
-            };
-            diag.map_err(|e| format!("cannot look into its network namespace: {e}"))?
-        }
-    };
-    match diag.find_tcp(local, remote) {
-        Ok(found) => {
-            ns.put_diag(diag);
-            Ok(found.map(|s| s.cgroup_id.unwrap_or(0)))
-        }
-        // A socket that failed is not given back.
-        Err(e) => Err(format!("the connection could not be looked up: {e}")),
     }
 }
 

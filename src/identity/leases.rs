@@ -23,7 +23,7 @@ use std::collections::HashSet;
 use std::num::NonZeroU32;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use foldhash::HashMap;
@@ -52,6 +52,9 @@ pub struct Lease {
     pub tenant: Option<Arc<Tenant>>,
     /// A duplicate of the watched pidfd, handed on by a takeover.
     pidfd: Option<OwnedFd>,
+    /// Its network namespace without a tenant (isolation off), opened when
+    /// a request first needs it (an IPv6 flow to repair).
+    net: OnceLock<Option<tenant::NetNs>>,
 }
 
 impl Lease {
@@ -63,6 +66,31 @@ impl Lease {
     /// False once the process has exited: then no rule may be booked for it.
     pub fn alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
+    }
+
+    /// Its network namespace: its tenant's, else opened now (once) from its
+    /// pidfd. `None` where neither can be had.
+    pub fn netns(&self) -> Option<&tenant::NetNs> {
+        if let Some(t) = &self.tenant {
+            return t.net.as_ref();
+        }
+        let open = || {
+            use std::os::fd::AsFd;
+            let net = tenant::open_net(self.pidfd.as_ref()?.as_fd(), self.pid.map(NonZeroU32::get));
+            // Opened after it exited: nothing pins it beyond this.
+            net.filter(|_| self.alive())
+        };
+        self.net.get_or_init(open).as_ref()
+    }
+
+    fn new(
+        id: NonZeroU32,
+        pid: Option<NonZeroU32>,
+        key: ProcKey,
+        tenant: Option<Arc<Tenant>>,
+        pidfd: Option<OwnedFd>,
+    ) -> Lease {
+        Lease { id, pid, key, alive: AtomicBool::new(true), tenant, pidfd, net: OnceLock::new() }
     }
 }
 
@@ -202,7 +230,7 @@ impl ClientTracker {
             t.next_id = t.next_id.checked_add(1).unwrap_or(1);
             let id = NonZeroU32::new(t.next_id).expect("ids start at 1");
             let keep = pidfd.try_clone().ok();
-            let lease = Arc::new(Lease { id, pid, key, alive: AtomicBool::new(true), tenant, pidfd: keep });
+            let lease = Arc::new(Lease::new(id, pid, key, tenant, keep));
             t.by_key.insert(key, lease.clone());
             if let Some(p) = pid {
                 t.by_pid.insert(p.get(), lease.clone());
@@ -298,6 +326,9 @@ impl ClientTracker {
         lease.alive.store(false, Ordering::Release);
         // Its flow checks' sockets pin its network namespace: they go now.
         if let Some(net) = lease.tenant.as_ref().and_then(|t| t.net.as_ref()) {
+            net.release();
+        }
+        if let Some(net) = lease.net.get().and_then(Option::as_ref) {
             net.release();
         }
         let alive = {

@@ -4,7 +4,6 @@
 
 use std::num::NonZeroU32;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::{ClientTracker, Lease, ProcKey};
@@ -75,14 +74,7 @@ impl ClientTracker {
                 None => None,
             };
             let keep = pidfd.try_clone().ok();
-            let lease = Arc::new(Lease {
-                id,
-                pid: NonZeroU32::new(w.pid),
-                key,
-                alive: AtomicBool::new(true),
-                tenant,
-                pidfd: keep,
-            });
+            let lease = Arc::new(Lease::new(id, NonZeroU32::new(w.pid), key, tenant, keep));
             watches.push((pidfd, lease));
         }
         let n = watches.len();

@@ -82,7 +82,8 @@ impl ClientTracker {
             Some(lease) => Client {
                 pid: lease.pid,
                 tenant: lease.tenant.clone(),
-                lease: self.policy.reclaim.then_some(lease),
+                lease: self.policy.reclaim.then(|| lease.clone()),
+                process: Some(lease),
             },
             None => Client::default(),
         }

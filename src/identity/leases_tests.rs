@@ -188,8 +188,13 @@ async fn the_flow_check_sockets_of_a_process_close_when_its_lease_ends() {
     assert_eq!(net.idle_diag(), 0, "no socket before the first flow check");
     let local = std::net::SocketAddr::from(([127, 0, 0, 1], ports[0]));
     let remote = std::net::SocketAddr::from(([127, 0, 0, 1], ports[1]));
+    let flow = crate::types::flow::FlowSpec { src: remote, dst: local };
+    let check = || {
+        let e = policy.examine(&client, flow, true);
+        policy.check_flow("rule_manager", &client, &e)
+    };
     for _ in 0..3 {
-        assert_eq!(policy.check_flow("rule_manager", &client, local, remote), Ok(()));
+        assert_eq!(check(), Ok(()));
     }
     assert_eq!(net.idle_diag(), 1, "one socket, used three times");
     drop(child.stdin.take());
@@ -197,6 +202,6 @@ async fn the_flow_check_sockets_of_a_process_close_when_its_lease_ends() {
     tokio::time::timeout(Duration::from_secs(5), exits.recv()).await.unwrap().unwrap();
     assert_eq!(net.idle_diag(), 0, "closed when the process's lease ended");
     // A check still under way then opens one for itself and closes it after.
-    let _ = policy.check_flow("rule_manager", &client, local, remote);
+    let _ = check();
     assert_eq!(net.idle_diag(), 0);
 }

@@ -14,12 +14,15 @@
 //!   namespace;
 //! - the [`access`] checks that keep tenants apart (`--tenant_isolation`):
 //!   which GPU and which flow a client may use, whose rule it may remove, how
-//!   many rules it may hold.
+//!   many rules it may hold;
+//! - the [`flows`] lookup behind the flow check, which also repairs the IPv6
+//!   flows the NCCL plugin names with half their address bytes.
 //!
 //! It may use `metrics` and the layers below; it knows nothing of the
 //! endpoints, the rule path or the daemon.
 
 pub mod access;
+pub mod flows;
 mod held;
 pub mod leases;
 mod peer;
@@ -31,7 +34,7 @@ use std::sync::Arc;
 
 use nix::sys::socket::{getsockopt, sockopt};
 
-pub use access::{Denied, Refusal, TenantPolicy};
+pub use access::{Denied, Examined, Refusal, TenantPolicy};
 pub use leases::{ClientCount, ClientTracker, IdentifyError, Lease, LeasePolicy};
 pub use peer::{pidfd_open, probe_peer_pidfd};
 pub use tenant::Tenant;
@@ -47,12 +50,24 @@ pub struct Client {
     pub lease: Option<Arc<Lease>>,
     /// Its tenant, when tenant isolation is on and the tenant could be told.
     pub tenant: Option<Arc<Tenant>>,
+    /// Its process's watch, whenever client processes are tracked (with or
+    /// without `--leases`): where its network namespace is found.
+    pub process: Option<Arc<Lease>>,
 }
 
 impl Client {
     /// The tenant's cgroup id, as rules record it.
     pub fn tenant_id(&self) -> Option<u64> {
         self.tenant.as_ref().map(|t| t.cgroup_id)
+    }
+
+    /// Its network namespace, where the daemon can open it: the one its
+    /// tenant was read with, else its process's (opened on first use).
+    pub fn netns(&self) -> Option<&tenant::NetNs> {
+        match &self.tenant {
+            Some(t) => t.net.as_ref(),
+            None => self.process.as_ref()?.netns(),
+        }
     }
 }
 

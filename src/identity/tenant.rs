@@ -171,11 +171,20 @@ pub fn identify(
         Some(p) => gpus_of_visible(pidfd, p, devices),
         None => gpus_of_hidden(pidfd, devices),
     };
-    let net_fd = pid
-        .and_then(|p| std::fs::File::open(format!("/proc/{p}/ns/net")).ok().map(OwnedFd::from))
-        .or_else(|| pidfd_ns(pidfd, PIDFD_GET_NET_NAMESPACE).ok());
-    let net = net_fd.and_then(|fd| Some(NetNs::new(nix::sys::stat::fstat(fd.as_fd()).ok()?.st_ino, fd)));
+    let net = open_net(pidfd, pid);
     Some(Tenant { cgroup_id, cgroup, gpus, net })
+}
+
+/// The network namespace of the process behind `pidfd` (`pid`: its pid in
+/// the daemon's namespace, where visible): `/proc/<pid>/ns/net`, else
+/// `PIDFD_GET_NET_NAMESPACE` (Linux 6.11).
+pub fn open_net(pidfd: BorrowedFd<'_>, pid: Option<u32>) -> Option<NetNs> {
+    let fd = pid
+        .and_then(|p| std::fs::File::open(format!("/proc/{p}/ns/net")).ok().map(OwnedFd::from))
+        .or_else(|| pidfd_ns(pidfd, PIDFD_GET_NET_NAMESPACE).ok())?;
+    let inode = nix::sys::stat::fstat(fd.as_fd()).ok()?.st_ino;
+    // Read by pid: only if the process is still there did the pid name it.
+    (pid.is_none() || held::still_there(pidfd)).then(|| NetNs::new(inode, fd))
 }
 
 /// The cgroup v2 id of the process behind `pidfd` (`PIDFD_GET_INFO`).

@@ -77,6 +77,11 @@ impl Metrics {
                 "Requests refused by tenant isolation, by endpoint and reason; mode=\"audit\": served, but would have been refused.",
                 &["endpoint", "reason", "mode"],
             ),
+            ipv6_flows_repaired: counter(
+                "tcpx_rxdm_ipv6_flows_repaired_total",
+                "IPv6 rule requests named with only the first 8 bytes of each address (the NCCL plugin's) whose connection was found: the rule steers its true addresses; op install or uninstall.",
+                &["op"],
+            ),
             registered_apps: reg(
                 &r,
                 IntGauge::new("tcpx_rxdm_registered_applications", "Registered client applications.")
@@ -187,6 +192,9 @@ impl Metrics {
         for op in ["add_rule", "del_rule"] {
             m.nic_op_latency.with_label_values(&[op]);
         }
+        for op in [RuleOp::Install, RuleOp::Uninstall] {
+            m.ipv6_flows_repaired.with_label_values(&[op.name()]);
+        }
         for kind in POOL_KINDS {
             for code in ALL_CODES {
                 m.pool_requests.with_label_values(&[kind, code.name()]);
@@ -277,6 +285,7 @@ mod tests {
             r#"tcpx_rxdm_nic_op_failures_total{errno="EBUSY",nic="eth2",op="add_rule"} 0"#,
             r#"tcpx_rxdm_restore_failures_total{nic="host"} 0"#,
             "tcpx_rxdm_lease_rules_reclaimed_total 0",
+            r#"tcpx_rxdm_ipv6_flows_repaired_total{op="uninstall"} 0"#,
             r#"tcpx_rxdm_link_events_total{kind="reset",nic="eth1"} 0"#,
             r#"tcpx_rxdm_connections{endpoint="rule_manager"} 0"#,
             "tcpx_rxdm_lease_clients 0",

@@ -87,6 +87,8 @@ pub struct Metrics {
     pub pool_requests: IntCounterVec,
     /// Requests refused (or, in audit mode, that would be) by tenant isolation.
     pub requests_refused: IntCounterVec,
+    /// Garbled IPv6 rule requests repaired to their connection, by `op`.
+    pub ipv6_flows_repaired: IntCounterVec,
     pub registered_apps: IntGauge,
     pub connections: IntGaugeVec,
     pub connections_total: IntCounterVec,

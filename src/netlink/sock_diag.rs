@@ -12,6 +12,11 @@
 //! listener's). The messages are built and parsed here by hand over byte
 //! buffers, with layout tests against the kernel's structs; a lookup is one
 //! `send` and one `recv` on a socket the caller keeps.
+//!
+//! [`SockDiag::by_ports`] is the one dump: every IPv6 TCP connection with a
+//! given local and remote port (the kernel compares the ports while it walks
+//! its connection table, so only those come back). It serves the repair of
+//! flows named with half their address bytes (see `identity::flows`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -29,6 +34,13 @@ const NO_COOKIE: u32 = !0;
 /// `TCP_LISTEN` from `<net/tcp_states.h>`.
 const TCP_LISTEN: u8 = 10;
 const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+/// `TCP_TIME_WAIT` and `TCP_NEW_SYN_RECV`: no connection a process holds.
+const TCP_TIME_WAIT: u8 = 6;
+const TCP_NEW_SYN_RECV: u8 = 12;
+/// The states a dump asks for: every state a socket a process holds can be
+/// in (not listeners, time-wait or half-open request sockets).
+const HELD_STATES: u32 = !((1 << TCP_LISTEN) | (1 << TCP_TIME_WAIT) | (1 << TCP_NEW_SYN_RECV)) & 0x1fff;
 
 /// `struct nlmsghdr`.
 const NLMSG_HDR: usize = 16;
@@ -96,6 +108,111 @@ pub fn lookup_request(local: SocketAddr, remote: SocketAddr, seq: u32) -> [u8; N
     m
 }
 
+/// The dump request for every IPv6 TCP connection whose local port is
+/// `local_port` and remote port `remote_port`, sequence number `seq`.
+pub fn ports_request(local_port: u16, remote_port: u16, seq: u32) -> [u8; NLMSG_HDR + REQ_V2] {
+    let mut m = [0u8; NLMSG_HDR + REQ_V2];
+    m[0..4].copy_from_slice(&((NLMSG_HDR + REQ_V2) as u32).to_ne_bytes());
+    m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    m[6..8].copy_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    let r = &mut m[NLMSG_HDR..];
+    r[0] = libc::AF_INET6 as u8;
+    r[1] = libc::IPPROTO_TCP as u8;
+    r[4..8].copy_from_slice(&HELD_STATES.to_ne_bytes());
+    let id = &mut r[8..];
+    id[0..2].copy_from_slice(&local_port.to_be_bytes());
+    id[2..4].copy_from_slice(&remote_port.to_be_bytes());
+    id[40..44].copy_from_slice(&NO_COOKIE.to_ne_bytes());
+    id[44..48].copy_from_slice(&NO_COOKIE.to_ne_bytes());
+    m
+}
+
+/// A connection a dump reported: its two ends as the kernel keeps them
+/// (IPv6, v4-mapped for IPv4 on a dual-stack socket) and the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connection {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub socket: TcpSocket,
+}
+
+/// One `inet_diag_msg` (the body after its `nlmsghdr`).
+fn parse_msg(body: &[u8]) -> Result<Connection, DiagError> {
+    if body.len() < DIAG_MSG {
+        return Err(DiagError::Malformed("not an inet_diag_msg"));
+    }
+    let (fam, state) = (body[0], body[1]);
+    let id = &body[4..4 + SOCKID];
+    let sport = u16::from_be_bytes([id[0], id[1]]);
+    let dport = u16::from_be_bytes([id[2], id[3]]);
+    let local = addr_of(&id[4..20], fam, sport).ok_or(DiagError::Malformed("unknown address family"))?;
+    let remote = addr_of(&id[20..36], fam, dport).ok_or(DiagError::Malformed("unknown address family"))?;
+    let inode = u32::from_ne_bytes(body[DIAG_MSG - 4..DIAG_MSG].try_into().expect("4 bytes"));
+    let mut cgroup_id = None;
+    let mut attrs = &body[DIAG_MSG..];
+    while attrs.len() >= 4 {
+        let alen = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let atype = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
+        if alen < 4 || alen > attrs.len() {
+            break;
+        }
+        if atype == INET_DIAG_CGROUP_ID && alen >= 12 {
+            cgroup_id = Some(u64::from_ne_bytes(attrs[4..12].try_into().expect("8 bytes")));
+        }
+        attrs = &attrs[alen.div_ceil(4) * 4..];
+        if attrs.len() < 4 {
+            break;
+        }
+    }
+    Ok(Connection { local, remote, socket: TcpSocket { state, cgroup_id, inode } })
+}
+
+/// Parses one buffer of a dump's answer into `out`: `true` once the dump
+/// is done. Messages of another sequence number (an abandoned request) are
+/// skipped; listeners and sockets of other ports are left out.
+pub fn parse_dump(
+    buf: &[u8],
+    seq: u32,
+    ports: (u16, u16),
+    out: &mut Vec<Connection>,
+) -> Result<bool, DiagError> {
+    let mut rest = buf;
+    while rest.len() >= NLMSG_HDR {
+        let len = u32::from_ne_bytes(rest[0..4].try_into().expect("4 bytes")) as usize;
+        let kind = u16::from_ne_bytes(rest[4..6].try_into().expect("2 bytes"));
+        let mseq = u32::from_ne_bytes(rest[8..12].try_into().expect("4 bytes"));
+        if len < NLMSG_HDR || len > rest.len() {
+            return Err(DiagError::Malformed("bad length"));
+        }
+        let body = &rest[NLMSG_HDR..len];
+        rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+        if mseq != seq {
+            continue;
+        }
+        match kind {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let code = body.get(0..4).ok_or(DiagError::Malformed("short error"))?;
+                let code = i32::from_ne_bytes(code.try_into().expect("4 bytes"));
+                return match code.checked_neg() {
+                    Some(0) => Ok(true),
+                    Some(e) if e > 0 => Err(DiagError::Sys(Errno::from_raw(e))),
+                    _ => Err(DiagError::Malformed("error code out of range")),
+                };
+            }
+            SOCK_DIAG_BY_FAMILY => {
+                let c = parse_msg(body)?;
+                if c.socket.state != TCP_LISTEN && (c.local.port(), c.remote.port()) == ports {
+                    out.push(c);
+                }
+            }
+            _ => return Err(DiagError::Malformed("not an inet_diag_msg")),
+        }
+    }
+    Ok(false)
+}
+
 fn addr_of(bytes: &[u8], fam: u8, port: u16) -> Option<SocketAddr> {
     let ip = match fam as i32 {
         libc::AF_INET => IpAddr::from(<[u8; 4]>::try_from(&bytes[..4]).ok()?),
@@ -138,39 +255,17 @@ pub fn parse_answer(
             _ => Err(DiagError::Malformed("error code out of range")),
         };
     }
-    if kind != SOCK_DIAG_BY_FAMILY || body.len() < DIAG_MSG {
+    if kind != SOCK_DIAG_BY_FAMILY {
         return Err(DiagError::Malformed("not an inet_diag_msg"));
     }
-    let (fam, state) = (body[0], body[1]);
-    let id = &body[4..4 + SOCKID];
-    let sport = u16::from_be_bytes([id[0], id[1]]);
-    let dport = u16::from_be_bytes([id[2], id[3]]);
+    let c = parse_msg(body)?;
     // An IPv4 flow on a dual-stack (IPv6) socket comes back v4-mapped
     // (`::ffff:a.b.c.d`): both sides are compared in their IPv4 form.
-    let found_local = addr_of(&id[4..20], fam, sport).map(canonical);
-    let found_remote = addr_of(&id[20..36], fam, dport).map(canonical);
-    let same = found_local == Some(canonical(local)) && found_remote == Some(canonical(remote));
-    if state == TCP_LISTEN || !same {
+    let same = canonical(c.local) == canonical(local) && canonical(c.remote) == canonical(remote);
+    if c.socket.state == TCP_LISTEN || !same {
         return Ok(None);
     }
-    let inode = u32::from_ne_bytes(body[DIAG_MSG - 4..DIAG_MSG].try_into().expect("4 bytes"));
-    let mut cgroup_id = None;
-    let mut attrs = &body[DIAG_MSG..];
-    while attrs.len() >= 4 {
-        let alen = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
-        let atype = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
-        if alen < 4 || alen > attrs.len() {
-            break;
-        }
-        if atype == INET_DIAG_CGROUP_ID && alen >= 12 {
-            cgroup_id = Some(u64::from_ne_bytes(attrs[4..12].try_into().expect("8 bytes")));
-        }
-        attrs = &attrs[alen.div_ceil(4) * 4..];
-        if attrs.len() < 4 {
-            break;
-        }
-    }
-    Ok(Some(TcpSocket { state, cgroup_id, inode }))
+    Ok(Some(c.socket))
 }
 
 /// A `NETLINK_SOCK_DIAG` socket of one network namespace (the one of the
@@ -219,7 +314,37 @@ impl SockDiag {
         remote: SocketAddr,
     ) -> Result<Option<TcpSocket>, DiagError> {
         self.seq = self.seq.wrapping_add(1);
-        let req = lookup_request(local, remote, self.seq);
+        self.send(&lookup_request(local, remote, self.seq))?;
+        let mut buf = [0u8; 512];
+        loop {
+            let got = self.recv(&mut buf)?;
+            // An answer to an earlier, abandoned request: skip it.
+            if got.len() >= NLMSG_HDR
+                && u32::from_ne_bytes(got[8..12].try_into().expect("4 bytes")) != self.seq
+            {
+                continue;
+            }
+            return parse_answer(got, local, remote);
+        }
+    }
+
+    /// Every IPv6 TCP connection (IPv4 ones on dual-stack sockets included,
+    /// v4-mapped) whose local port is `local_port` and remote port
+    /// `remote_port`, listeners left out.
+    pub fn by_ports(&mut self, local_port: u16, remote_port: u16) -> Result<Vec<Connection>, DiagError> {
+        self.seq = self.seq.wrapping_add(1);
+        self.send(&ports_request(local_port, remote_port, self.seq))?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let got = self.recv(&mut buf)?;
+            if parse_dump(got, self.seq, (local_port, remote_port), &mut out)? {
+                return Ok(out);
+            }
+        }
+    }
+
+    fn send(&self, req: &[u8]) -> Result<(), DiagError> {
         // SAFETY: sockaddr_nl is plain data: all zeroes is a valid value.
         let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         kernel.nl_family = libc::AF_NETLINK as u16;
@@ -237,169 +362,25 @@ impl SockDiag {
         if sent < 0 {
             return Err(Errno::last().into());
         }
-        let mut buf = [0u8; 512];
+        Ok(())
+    }
+
+    /// One datagram of the kernel's answer into `buf`.
+    fn recv<'b>(&self, buf: &'b mut [u8]) -> Result<&'b [u8], DiagError> {
         loop {
             // SAFETY: `buf` is valid for writes of its length.
             let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                match Errno::last() {
-                    Errno::EINTR => continue,
-                    e => return Err(e.into()),
-                }
+            if n >= 0 {
+                return Ok(&buf[..n as usize]);
             }
-            let got = &buf[..n as usize];
-            // An answer to an earlier, abandoned request: skip it.
-            if got.len() >= NLMSG_HDR
-                && u32::from_ne_bytes(got[8..12].try_into().expect("4 bytes")) != self.seq
-            {
-                continue;
+            match Errno::last() {
+                Errno::EINTR => continue,
+                e => return Err(e.into()),
             }
-            return parse_answer(got, local, remote);
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::net::{TcpListener, TcpStream};
-
-    #[test]
-    fn layouts_match_the_kernel_structs() {
-        // struct inet_diag_sockid: 2 + 2 + 16 + 16 + 4 + 8.
-        assert_eq!(SOCKID, 48);
-        // struct inet_diag_req_v2: 4 bytes of u8s, u32 states, sockid.
-        assert_eq!(REQ_V2, 56);
-        // struct inet_diag_msg: 4 bytes of u8s, sockid, 5 × u32.
-        assert_eq!(DIAG_MSG, 72);
-        let local: SocketAddr = "10.0.0.1:5000".parse().unwrap();
-        let remote: SocketAddr = "10.0.0.2:40001".parse().unwrap();
-        let m = lookup_request(local, remote, 7);
-        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()), 72);
-        assert_eq!(u16::from_ne_bytes(m[4..6].try_into().unwrap()), SOCK_DIAG_BY_FAMILY);
-        assert_eq!(
-            u16::from_ne_bytes(m[6..8].try_into().unwrap()),
-            libc::NLM_F_REQUEST as u16,
-            "no DUMP flag"
-        );
-        assert_eq!(u32::from_ne_bytes(m[8..12].try_into().unwrap()), 7);
-        assert_eq!(m[16], libc::AF_INET as u8);
-        assert_eq!(m[17], libc::IPPROTO_TCP as u8);
-        // The socket id: ports big-endian, local first.
-        assert_eq!(&m[24..26], &5000u16.to_be_bytes());
-        assert_eq!(&m[26..28], &40001u16.to_be_bytes());
-        assert_eq!(&m[28..32], &[10, 0, 0, 1]);
-        assert_eq!(&m[44..48], &[10, 0, 0, 2]);
-        assert_eq!(&m[64..72], &[0xff; 8], "no cookie");
-    }
-
-    #[test]
-    fn answers_that_name_another_tuple_or_a_listener_are_not_the_socket() {
-        let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
-        let remote: SocketAddr = "127.0.0.1:40001".parse().unwrap();
-        let answer = |state: u8, remote_port: u16| {
-            let mut b = vec![0u8; NLMSG_HDR + DIAG_MSG + 12];
-            let len = b.len() as u32;
-            b[0..4].copy_from_slice(&len.to_ne_bytes());
-            b[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-            let body = &mut b[NLMSG_HDR..];
-            body[0] = libc::AF_INET as u8;
-            body[1] = state;
-            body[4..6].copy_from_slice(&5000u16.to_be_bytes());
-            body[6..8].copy_from_slice(&remote_port.to_be_bytes());
-            body[8..12].copy_from_slice(&[127, 0, 0, 1]);
-            body[24..28].copy_from_slice(&[127, 0, 0, 1]);
-            body[DIAG_MSG..DIAG_MSG + 2].copy_from_slice(&12u16.to_ne_bytes());
-            body[DIAG_MSG + 2..DIAG_MSG + 4].copy_from_slice(&INET_DIAG_CGROUP_ID.to_ne_bytes());
-            body[DIAG_MSG + 4..DIAG_MSG + 12].copy_from_slice(&99u64.to_ne_bytes());
-            b
-        };
-        let found = parse_answer(&answer(1, 40001), local, remote).unwrap().unwrap();
-        assert_eq!((found.state, found.cgroup_id), (1, Some(99)));
-        assert_eq!(parse_answer(&answer(TCP_LISTEN, 40001), local, remote).unwrap(), None);
-        assert_eq!(parse_answer(&answer(1, 40002), local, remote).unwrap(), None);
-        let mut enoent = vec![0u8; NLMSG_HDR + 20];
-        let n = enoent.len() as u32;
-        enoent[0..4].copy_from_slice(&n.to_ne_bytes());
-        enoent[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
-        enoent[16..20].copy_from_slice(&(-libc::ENOENT).to_ne_bytes());
-        assert_eq!(parse_answer(&enoent, local, remote).unwrap(), None);
-        enoent[16..20].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
-        assert_eq!(parse_answer(&enoent, local, remote), Err(DiagError::Sys(Errno::EPERM)));
-        // Codes no errno negates to (found by the netlink fuzz target: i32::MIN overflowed).
-        for bad in [i32::MIN, 5] {
-            enoent[16..20].copy_from_slice(&bad.to_ne_bytes());
-            assert!(matches!(parse_answer(&enoent, local, remote), Err(DiagError::Malformed(_))), "{bad}");
-        }
-        assert!(parse_answer(&enoent[..10], local, remote).is_err());
-    }
-
-    /// The cgroup v2 id of this process: the inode of its cgroup's folder.
-    fn own_cgroup_id() -> Option<u64> {
-        use std::os::unix::fs::MetadataExt;
-        let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-        let root = mounts.lines().find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
-        })?;
-        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-        let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-        std::fs::metadata(format!("{root}{path}")).ok().map(|m| m.ino())
-    }
-
-    #[test]
-    fn finds_a_loopback_connection_and_its_cgroup() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        let mut diag = SockDiag::open().unwrap();
-        // From the server's side: local is the listener's address, remote the client's.
-        let local = server.local_addr().unwrap();
-        let found = diag.find_tcp(local, peer).unwrap().expect("the accepted socket");
-        assert_eq!(found.state, 1, "established");
-        if let Some(id) = own_cgroup_id() {
-            assert_eq!(found.cgroup_id, Some(id), "the socket's cgroup is this process's");
-        }
-        // The client's end, seen the other way round.
-        assert!(diag.find_tcp(client.local_addr().unwrap(), local).unwrap().is_some());
-        // A tuple nobody holds; and one that only the listener's port matches.
-        let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert_eq!(diag.find_tcp(local, nobody).unwrap(), None);
-        drop((client, server));
-    }
-
-    #[test]
-    fn finds_an_ipv4_connection_on_a_dual_stack_socket() {
-        // A listener on [::] without IPV6_V6ONLY takes IPv4 connections as
-        // v4-mapped IPv6 sockets; the flow is still named in IPv4, as packets carry it.
-        let Ok(listener) = TcpListener::bind("[::]:0") else { return };
-        let port = listener.local_addr().unwrap().port();
-        let client = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        assert!(peer.ip().to_string().starts_with("::ffff:"), "a dual-stack socket: {peer}");
-        let local = SocketAddr::from(([127, 0, 0, 1], port));
-        let remote = client.local_addr().unwrap();
-        let mut diag = SockDiag::open().unwrap();
-        let found = diag.find_tcp(local, remote).unwrap().expect("the accepted dual-stack socket");
-        assert_eq!(found.state, 1, "established");
-        // Asked in its mapped form, it is the same socket.
-        let mapped = |a: SocketAddr| match a.ip() {
-            IpAddr::V4(v4) => SocketAddr::new(IpAddr::V6(v4.to_ipv6_mapped()), a.port()),
-            IpAddr::V6(_) => a,
-        };
-        assert_eq!(diag.find_tcp(mapped(local), mapped(remote)).unwrap(), Some(found));
-        // And another port still finds nothing.
-        assert_eq!(diag.find_tcp(local, SocketAddr::from(([127, 0, 0, 1], 1))).unwrap(), None);
-        drop(server);
-    }
-
-    #[test]
-    fn finds_an_ipv6_connection() {
-        let Ok(listener) = TcpListener::bind("[::1]:0") else { return };
-        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, peer) = listener.accept().unwrap();
-        let mut diag = SockDiag::open().unwrap();
-        let found = diag.find_tcp(server.local_addr().unwrap(), peer).unwrap();
-        assert!(found.is_some_and(|s| s.state == 1));
-    }
-}
+#[path = "sock_diag_tests.rs"]
+mod tests;

@@ -257,7 +257,12 @@ mod tests {
     }
 
     fn owner(lease: u32) -> Owner {
-        Owner { pid: NonZeroU32::new(1000 + lease), lease: NonZeroU32::new(lease), tenant: None }
+        Owner {
+            pid: NonZeroU32::new(1000 + lease),
+            lease: NonZeroU32::new(lease),
+            tenant: None,
+            repaired: false,
+        }
     }
 
     #[test]

@@ -145,6 +145,9 @@ pub struct Owner {
     pub lease: Option<NonZeroU32>,
     /// The cgroup id of its tenant (tenant isolation on, tenant known).
     pub tenant: Option<u64>,
+    /// Its request named the flow with garbled IPv6 addresses; the rule
+    /// steers the connection's true ones (see `identity::flows`).
+    pub repaired: bool,
 }
 
 /// A steered flow as we keep it.

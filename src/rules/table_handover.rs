@@ -33,6 +33,7 @@ impl NicRules {
                 lease: e.owner.lease.map_or(0, NonZeroU32::get),
                 tenant: e.owner.tenant,
                 pending_delete: e.pending_delete,
+                repaired: e.owner.repaired,
             }
             .pack(&mut rules);
         }
@@ -71,6 +72,7 @@ impl NicRules {
                 pid: NonZeroU32::new(r.owner_pid),
                 lease: NonZeroU32::new(r.lease),
                 tenant: r.tenant,
+                repaired: r.repaired,
             };
             let key = FlowKey::from(&flow);
             let entry =
@@ -117,8 +119,12 @@ mod tests {
         let queues = vec![vec![1, 2], vec![3, 4, 5]];
         let mut t = NicRules::new(64, &queues);
         for i in 0..40 {
-            let owner =
-                Owner { pid: NonZeroU32::new(100 + i), lease: NonZeroU32::new(i % 4), tenant: Some(7) };
+            let owner = Owner {
+                pid: NonZeroU32::new(100 + i),
+                lease: NonZeroU32::new(i % 4),
+                tenant: Some(7),
+                repaired: i % 3 == 0,
+            };
             assert!(matches!(t.reserve(flow(i), (i % 2) as usize, None, owner), Reserve::New(_)));
         }
         for i in (0..40).step_by(3) {

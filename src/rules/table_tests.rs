@@ -116,7 +116,8 @@ fn foreign_slots_stay_out_of_use() {
 
 #[test]
 fn pending_deletes_and_owners() {
-    let lease = |n| Owner { pid: NonZeroU32::new(100 + n), lease: NonZeroU32::new(n), tenant: None };
+    let lease =
+        |n| Owner { pid: NonZeroU32::new(100 + n), lease: NonZeroU32::new(n), tenant: None, repaired: false };
     let mut t = NicRules::new(8, &[vec![8]]);
     for p in 0..4u16 {
         let _ = t.reserve(flow(p), 0, None, lease(1 + u32::from(p % 2)));

@@ -215,7 +215,11 @@ pub fn flows_text(v: &Value) -> String {
             out += &format!("\tDest port: {dport} mask: 0x0\n");
             out += &format!("\tAction: Direct to queue {}\n", r["queue"]);
             let pid = r["pid"].as_u64().map(|p| format!(", client pid {p}")).unwrap_or_default();
-            out += &format!("\tGPU: {}{pid}\n\n", r["gpu"].as_str().unwrap_or("?"));
+            out += &format!("\tGPU: {}{pid}\n", r["gpu"].as_str().unwrap_or("?"));
+            if r["repaired"] == true {
+                out += "\tRepaired: the request named only the first 8 bytes of each address\n";
+            }
+            out += "\n";
         }
         if let Some(e) = n["nic_error"].as_str() {
             out += &format!("(the NIC's own list could not be read: {e})\n");

@@ -145,7 +145,12 @@ pub struct Requester {
 
 impl From<Client> for Requester {
     fn from(c: Client) -> Requester {
-        let owner = Owner { pid: c.pid, lease: c.lease.as_ref().map(|l| l.id()), tenant: c.tenant_id() };
+        let owner = Owner {
+            pid: c.pid,
+            lease: c.lease.as_ref().map(|l| l.id()),
+            tenant: c.tenant_id(),
+            repaired: false,
+        };
         Requester { owner, client: c }
     }
 }

@@ -8,9 +8,11 @@ use std::time::Instant;
 
 use super::{GpuSlot, Handoff, Job, Requester, RulePath, SocketReply};
 use crate::endpoint::Reply;
+use crate::identity::Examined;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
+use crate::types::flow::TCP_V6_FLOW;
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 
@@ -32,7 +34,7 @@ pub enum RuleStart {
     /// For NIC `nic`'s thread, which writes the reply to the client itself.
     Handed { nic: usize, job: Job },
     /// Needs the general path (an uninstall that asks every NIC): [`uninstall_everywhere`].
-    General(UnixSocketProto),
+    General(RuleRequest),
 }
 
 /// Starts a rule request on `conn`, received at `started`, so that its
@@ -52,23 +54,28 @@ pub fn start_rule(
         rules.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
         RuleStart::Answered(reply)
     };
-    let req = match &msg.payload {
+    let mut req = match &msg.payload {
         Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(req) {
             Ok(req) => req,
             Err(f) => return answered(f.code, Reply::Close(frame::error(f.code, f.message))),
         },
         _ => return answered(StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
     };
+    let mut who = who;
+    let examined = match repair(rules, &mut req, &mut who, op) {
+        Ok(e) => e,
+        Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
+    };
     let (nic, gpu) = match resolve(rules, &req) {
         Ok((pci, slot)) => {
             if install {
-                if let Err(f) = check_install(rules, &who, &req, pci, slot) {
+                if let Err(f) = check_install(rules, &who, &examined, pci, slot) {
                     return answered(f.code, Reply::Message(frame::error(f.code, f.message)));
                 }
             }
             (slot.nic, slot.index)
         }
-        Err(_) if !install => return RuleStart::General(msg),
+        Err(_) if !install => return RuleStart::General(req),
         Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
     };
     let to = SocketReply { conn: conn.clone(), op, started };
@@ -82,20 +89,14 @@ pub fn start_rule(
 
 /// An uninstall whose NIC the request does not tell ([`RuleStart::General`]),
 /// answered on the runtime: every NIC is asked (the NIC threads do the NIC work).
-pub async fn uninstall_everywhere(rules: &RulePath, msg: UnixSocketProto, who: Requester) -> Reply {
+pub async fn uninstall_everywhere(rules: &RulePath, req: RuleRequest, who: Requester) -> Reply {
     let started = Instant::now();
-    let (code, reply) = match msg.payload {
-        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(&req) {
-            Ok(req) => match uninstall_rule(rules, &req, who).await {
-                Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
-                Err(f) => {
-                    tracing::debug!(code = f.code.name(), error = %f.message, "uninstall failed");
-                    (f.code, Reply::Message(frame::error(f.code, f.message)))
-                }
-            },
-            Err(f) => (f.code, Reply::Close(frame::error(f.code, f.message))),
-        },
-        _ => (StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
+    let (code, reply) = match uninstall_rule(rules, &req, who).await {
+        Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
+        Err(f) => {
+            tracing::debug!(code = f.code.name(), error = %f.message, "uninstall failed");
+            (f.code, Reply::Message(frame::error(f.code, f.message)))
+        }
     };
     rules.metrics.rule_done(RuleOp::Uninstall, code, started.elapsed().as_secs_f64());
     reply
@@ -117,12 +118,48 @@ fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(PciAddr, GpuSlot), Ru
     })
 }
 
+/// Looks the request's flow up where that matters ([`TenantPolicy::examine`]):
+/// a garbled IPv6 flow that fits one connection of the client is steered as
+/// that connection (and counted); one that fits several is refused in every
+/// mode, naming them.
+///
+/// [`TenantPolicy::examine`]: crate::identity::TenantPolicy::examine
+fn repair(
+    rules: &RulePath,
+    req: &mut RuleRequest,
+    who: &mut Requester,
+    op: RuleOp,
+) -> Result<Examined, RuleFailure> {
+    let install = op == RuleOp::Install;
+    let e = rules.tenants.examine(&who.client, req.flow, install);
+    if e.repaired {
+        tracing::debug!(op = op.name(), sent = %req.flow, steered = %e.flow, "IPv6 flow repaired");
+        rules.metrics.ipv6_flows_repaired.with_label_values(&[op.name()]).inc();
+        req.flow = e.flow;
+        who.owner.repaired = true;
+    } else if let Some(all) = e.ambiguous() {
+        let list: Vec<String> = all.iter().map(|f| format!("{} -> {}", f.src, f.dst)).collect();
+        return Err(RuleFailure::new(
+            StatusCode::FailedPrecondition,
+            format!(
+                "flow {} -> {} names only the first 8 bytes of each address, and {} connections of this \
+                 client fit it: {}; the daemon does not guess (try again on a new connection)",
+                req.flow.src,
+                req.flow.dst,
+                all.len(),
+                list.join(", ")
+            ),
+        ));
+    }
+    Ok(e)
+}
+
 /// Tenant checks of an install: the GPU must be the client's, and the
-/// flow its own TCP connection (the flow's destination is the local end).
+/// flow (repaired, where it was) its own TCP connection.
 fn check_install(
     rules: &RulePath,
     who: &Requester,
-    req: &RuleRequest,
+    examined: &Examined,
     pci: PciAddr,
     slot: GpuSlot,
 ) -> Result<(), RuleFailure> {
@@ -131,8 +168,15 @@ fn check_install(
         return Ok(());
     }
     t.check_gpu(ENDPOINT_INSTALL, &who.client, slot.ordinal, &pci)
-        .and_then(|_| t.check_flow(ENDPOINT_INSTALL, &who.client, req.flow.dst, req.flow.src))
+        .and_then(|_| t.check_flow(ENDPOINT_INSTALL, &who.client, examined))
         .map_err(|d| RuleFailure::new(d.code(), d.message))
+}
+
+/// Whether `msg` asks about an IPv6 flow (an uninstall of one is looked up
+/// to be repaired, so its client is identified in every mode).
+pub fn names_ipv6_flow(msg: &UnixSocketProto) -> bool {
+    matches!(&msg.payload, Some(Payload::FlowSteerRuleRequest(r))
+        if r.flow_steer_ntuple.as_ref().and_then(|n| n.flow_type) == Some(TCP_V6_FLOW as i32))
 }
 
 /// Uninstall of an unknown flow is "Ok."; without a resolvable NIC, every NIC is asked.

@@ -32,6 +32,8 @@ pub mod handover {
         pub lease: u32,
         pub tenant: Option<u64>,
         pub pending_delete: bool,
+        /// The rule steers a repaired IPv6 flow (flag bit 3; older daemons ignore it).
+        pub repaired: bool,
     }
 
     fn ip16(ip: IpAddr) -> [u8; 16] {
@@ -53,8 +55,10 @@ pub mod handover {
         /// Appends the record to `out`.
         pub fn pack(&self, out: &mut Vec<u8>) {
             let v6 = self.flow.src.is_ipv6();
-            let flags =
-                u8::from(v6) | u8::from(self.pending_delete) << 1 | u8::from(self.tenant.is_some()) << 2;
+            let flags = u8::from(v6)
+                | u8::from(self.pending_delete) << 1
+                | u8::from(self.tenant.is_some()) << 2
+                | u8::from(self.repaired) << 3;
             out.extend_from_slice(&[flags, 0, 0, 0]);
             for v in [self.loc, self.queue, self.gpu, self.owner_pid, self.lease] {
                 out.extend_from_slice(&v.to_le_bytes());
@@ -99,6 +103,7 @@ pub mod handover {
                 lease: u32_at(b, 20),
                 tenant: (b[0] & 4 != 0).then(|| u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"))),
                 pending_delete: b[0] & 2 != 0,
+                repaired: b[0] & 8 != 0,
             }
         }
     }
@@ -120,6 +125,7 @@ pub mod handover {
                     lease: 3,
                     tenant: Some(u64::MAX - 1),
                     pending_delete: true,
+                    repaired: false,
                 },
                 Record {
                     flow: flow("[fd00::1]:1", "[fd00:0:0:1::2]:65535"),
@@ -130,6 +136,7 @@ pub mod handover {
                     lease: 0,
                     tenant: None,
                     pending_delete: false,
+                    repaired: true,
                 },
             ];
             let mut bytes = Vec::new();

@@ -8,6 +8,7 @@
 
 pub mod netns;
 pub mod sysfs;
+pub mod tenant;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -60,6 +60,7 @@ impl SimNic {
                         lease: 0,
                         tenant: None,
                         pending_delete: false,
+                        repaired: false,
                     }
                     .pack(&mut rules);
                 }

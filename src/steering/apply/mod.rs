@@ -83,6 +83,9 @@ pub struct BookedRule {
     pub tenant: Option<u64>,
     /// The NIC refused to delete it; the daemon is retrying.
     pub pending_delete: bool,
+    /// Its request named the flow with only the first 8 bytes of each IPv6
+    /// address (the NCCL plugin's); the rule steers the connection's true ones.
+    pub repaired: bool,
 }
 
 /// The booked rules of one NIC, copied on its thread (no NIC call, no formatting).

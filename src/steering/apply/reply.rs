@@ -47,6 +47,7 @@ pub(super) fn booked_rule(gpu_names: &[String], f: &FlowSpec, e: &RuleEntry) -> 
         lease: e.owner.lease.is_some(),
         tenant: e.owner.tenant,
         pending_delete: e.pending_delete,
+        repaired: e.owner.repaired,
     }
 }
 

@@ -370,8 +370,9 @@ impl Conn {
             return;
         }
         let install = self.endpoint == Endpoint::RuleManager;
-        // Uninstalls need to know who asks only for the tenant checks.
-        let who = if install || cx.state.tenants.checks() {
+        // Uninstalls need to know who asks only for the tenant checks and to
+        // repair an IPv6 flow (looked up in the client's network namespace).
+        let who = if install || cx.state.tenants.checks() || request::names_ipv6_flow(&msg) {
             match &self.requester {
                 Some(r) => r.clone(),
                 None => match Requester::of(&cx.state.clients, self.shared.sock()) {
@@ -406,12 +407,12 @@ impl Conn {
                 self.handed = true;
                 cx.pending[nic].push(job);
             }
-            RuleStart::General(msg) => {
+            RuleStart::General(req) => {
                 self.shared.begin();
                 self.handed = true;
                 let (state, conn) = (cx.state.clone(), self.shared.clone());
                 cx.runtime.spawn(async move {
-                    let msg = match request::uninstall_everywhere(&state, msg, who).await {
+                    let msg = match request::uninstall_everywhere(&state, req, who).await {
                         Reply::Message(m) | Reply::Close(m) => m,
                         Reply::Fd(_) => {
                             frame::error(StatusCode::Internal, "no file descriptor is served here")

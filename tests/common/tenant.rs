@@ -1,0 +1,294 @@
+//! Tenants for the integration tests: cgroup v2 groups of the test's own
+//! and client processes ([`Agent`]) in them, each in a mount namespace of
+//! its own (and, optionally, a network namespace), driven over stdin.
+//! Root only.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use prost::Message;
+use tcpx_rxdm::wire::client::{self, status_code};
+use tcpx_rxdm::wire::proto::UnixSocketProto;
+
+use super::encoded;
+
+/// A cgroup v2 group of the test's own, removed at the end.
+pub struct Cgroup {
+    pub path: PathBuf,
+}
+
+impl Cgroup {
+    pub fn new(name: &str) -> Cgroup {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
+            })
+            .expect("a cgroup2 mount");
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = PathBuf::from(root).join(format!("tcpx-test-{}-{n}-{name}", std::process::id()));
+        std::fs::create_dir(&path).unwrap();
+        Cgroup { path }
+    }
+
+    /// The path as `/proc/<pid>/cgroup` shows it (relative to the cgroup2 root).
+    pub fn name(&self) -> String {
+        format!("/{}", self.path.file_name().unwrap().to_string_lossy())
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A client process driven over its stdin: `conn 4|6` opens a loopback TCP
+/// connection to itself and prints the accepted socket's ends; `listen ADDR`
+/// listens on an IPv6 address (prints `port N`), `accept` takes the next
+/// connection (prints its ends like `conn`), `dial ADDR PORT [FROM_PORT]`
+/// connects to one (prints `dialed PORT`, its own port); `req PATH HEX`
+/// sends one request on a new connection and prints the reply (`fd` when a
+/// file descriptor came).
+///
+/// At start it opens (read-only) and keeps open each path in `$HOLD`, as a
+/// CUDA process holds its GPUs' device nodes from `cuInit` on; one it cannot
+/// open is left out. `open PATH` and `close PATH` do the same later and print
+/// `opened`, `error N` or `closed`.
+const AGENT_PY: &str = r#"
+import os, socket, sys
+held = []
+files = {}
+def out(s):
+    sys.stdout.write(s + "\n"); sys.stdout.flush()
+def hold(path):
+    try:
+        files[path] = os.open(path, os.O_RDONLY)
+        return "opened"
+    except OSError as e:
+        return "error %d" % e.errno
+for path in os.environ.get("HOLD", "").split():
+    hold(path)
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "open":
+        out(hold(cmd[1]))
+    elif cmd[0] == "close":
+        os.close(files.pop(cmd[1])); out("closed")
+    elif cmd[0] == "conn":
+        six = cmd[1] == "6"
+        fam, host = (socket.AF_INET6, "::1") if six else (socket.AF_INET, "127.0.0.1")
+        l = socket.socket(fam); l.bind((host, 0)); l.listen(4)
+        c = socket.socket(fam); c.connect(l.getsockname()[:2])
+        s, peer = l.accept()
+        held += [l, c, s]
+        loc = s.getsockname()
+        out("conn %s %d %s %d" % (loc[0], loc[1], peer[0], peer[1]))
+    elif cmd[0] == "listen":
+        l = socket.socket(socket.AF_INET6); l.bind((cmd[1], 0)); l.listen(8)
+        held.append(l); listener = l
+        out("port %d" % l.getsockname()[1])
+    elif cmd[0] == "accept":
+        s, peer = listener.accept()
+        held.append(s)
+        loc = s.getsockname()
+        out("conn %s %d %s %d" % (loc[0], loc[1], peer[0], peer[1]))
+    elif cmd[0] == "dial":
+        c = socket.socket(socket.AF_INET6)
+        if len(cmd) > 3:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); c.bind(("::", int(cmd[3])))
+        c.connect((cmd[1], int(cmd[2])))
+        held.append(c)
+        out("dialed %d" % c.getsockname()[1])
+    elif cmd[0] == "req":
+        u = socket.socket(socket.AF_UNIX); u.connect(cmd[1]); u.sendall(bytes.fromhex(cmd[2]))
+        msg, anc, flags, addr = u.recvmsg(4096, socket.CMSG_SPACE(4))
+        if anc:
+            held.append(anc); out("fd")
+        else:
+            while len(msg) < 2 or len(msg) < 2 + int.from_bytes(msg[:2], "big"):
+                more = u.recv(4096)
+                if not more: break
+                msg += more
+            out("reply " + msg.hex())
+        u.close()
+"#;
+
+/// The Python interpreter itself (not a wrapper script that would look
+/// around the client's filesystem before starting it).
+pub fn python() -> &'static str {
+    static PY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let out = super::python3().args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+}
+
+/// Setup that gives a client an empty `/dev` of its own.
+pub const FRESH_DEV: &str = "mount -t tmpfs tmpfs /dev";
+
+pub struct Agent {
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+pub enum Reply {
+    Fd,
+    Message(UnixSocketProto),
+}
+
+impl Reply {
+    /// A client script's answer line: `fd`, or `reply HEX` (the whole frame).
+    pub fn parse(line: &str) -> Reply {
+        if line == "fd" {
+            return Reply::Fd;
+        }
+        let hex = line.strip_prefix("reply ").unwrap_or_else(|| panic!("reply line: {line:?}"));
+        let bytes: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        Reply::Message(UnixSocketProto::decode(&bytes[2..]).unwrap())
+    }
+
+    pub fn code(&self) -> i32 {
+        match self {
+            Reply::Fd => 0,
+            Reply::Message(m) => status_code(m),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        match self {
+            Reply::Fd => "fd".into(),
+            Reply::Message(m) => m.status.as_ref().map(|s| s.message.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+impl Agent {
+    /// A client in cgroup `cg` whose `/dev` holds only `/dev/nvidia<minor>`,
+    /// which it holds open.
+    pub fn start(cg: &Cgroup, minor: u32) -> Agent {
+        let node = format!("/dev/nvidia{minor}");
+        Agent::planted(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node])
+    }
+
+    /// A client in cgroup `cg` and a mount namespace of its own, where
+    /// `setup` (shell, run as root there; [`FRESH_DEV`] gives it a `/dev` of
+    /// its own) planted what it wants, holding `hold` open.
+    pub fn planted(cg: &Cgroup, setup: &str, hold: &[&str]) -> Agent {
+        Agent::spawn(cg, setup, hold, None)
+    }
+
+    /// [`Agent::start`] in network namespace `netns` (a name under `/run/netns`).
+    pub fn start_in(cg: &Cgroup, minor: u32, netns: &str) -> Agent {
+        let node = format!("/dev/nvidia{minor}");
+        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], Some(netns))
+    }
+
+    fn spawn(cg: &Cgroup, setup: &str, hold: &[&str], netns: Option<&str>) -> Agent {
+        super::require_python3();
+        // The cgroup is joined first: `ip netns exec` mounts a /sys of its own.
+        let script = r#"echo $$ > "$CG/cgroup.procs" && exec $NETNS_EXEC unshare -m --propagation private sh -c 'eval "$SETUP" && exec "$PY" -u -c "$AGENT_PY"'"#;
+        let netns_exec = netns.map(|ns| format!("ip netns exec {ns}")).unwrap_or_default();
+        let mut child = Command::new("sh")
+            .env("NETNS_EXEC", netns_exec)
+            .arg("-c")
+            .arg(script)
+            .env("CG", &cg.path)
+            .env("SETUP", setup)
+            .env("PY", python())
+            .env("HOLD", hold.join(" "))
+            .env("AGENT_PY", AGENT_PY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Agent { child, stdin, stdout }
+    }
+
+    pub fn ask(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").unwrap();
+        let mut out = String::new();
+        assert!(self.stdout.read_line(&mut out).unwrap() > 0, "agent ended on {line:?}");
+        out.trim().to_string()
+    }
+
+    /// A loopback TCP connection of this client: (local end, remote end) of
+    /// the accepted socket, as a steering rule sees the flow.
+    pub fn conn(&mut self, v6: bool) -> (SocketAddr, SocketAddr) {
+        let a = self.ask(if v6 { "conn 6" } else { "conn 4" });
+        ends(&a)
+    }
+
+    /// Listens on IPv6 address `ip`: the port.
+    pub fn listen(&mut self, ip: &str) -> u16 {
+        let a = self.ask(&format!("listen {ip}"));
+        a.strip_prefix("port ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("listen: {a}"))
+    }
+
+    /// The next connection to the listener: (local end, remote end).
+    pub fn accept(&mut self) -> (SocketAddr, SocketAddr) {
+        let a = self.ask("accept");
+        ends(&a)
+    }
+
+    /// Connects to `[ip]:port`, from `from` where given: its own port.
+    pub fn dial(&mut self, ip: &str, port: u16, from: Option<u16>) -> u16 {
+        let from = from.map(|p| format!(" {p}")).unwrap_or_default();
+        let a = self.ask(&format!("dial {ip} {port}{from}"));
+        a.strip_prefix("dialed ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("dial: {a}"))
+    }
+
+    pub fn req(&mut self, path: &Path, msg: &UnixSocketProto) -> Reply {
+        let hex: String = encoded(msg).iter().map(|b| format!("{b:02x}")).collect();
+        Reply::parse(&self.ask(&format!("req {} {hex}", path.display())))
+    }
+}
+
+/// The two ends in a `conn LOCAL LPORT REMOTE RPORT` line.
+fn ends(line: &str) -> (SocketAddr, SocketAddr) {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert!(f.len() == 5 && f[0] == "conn", "a connection line: {line}");
+    let addr = |ip: &str, port: &str| SocketAddr::new(ip.parse().unwrap(), port.parse().unwrap());
+    (addr(f[1], f[2]), addr(f[3], f[4]))
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The rule request for the flow whose local end is `local` (the packet's
+/// destination) and remote end `remote`.
+pub fn rule(local: SocketAddr, remote: SocketAddr, gpu: &str) -> UnixSocketProto {
+    let flow_type = if local.is_ipv6() { 5 } else { 1 };
+    let (src, dst) =
+        ((remote.ip().to_string(), remote.port() as i32), (local.ip().to_string(), local.port() as i32));
+    client::rule_request(flow_type, (&src.0, src.1), (&dst.0, dst.1), Some(gpu), None)
+}
+
+pub fn refused(metrics: &str, endpoint: &str, reason: &str, mode: &str) -> f64 {
+    let series = format!(
+        "tcpx_rxdm_requests_refused_total{{endpoint=\"{endpoint}\",mode=\"{mode}\",reason=\"{reason}\"}}"
+    );
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing"))
+}
