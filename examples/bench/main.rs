@@ -5,6 +5,8 @@
 //! ```text
 //! cargo build --release && cargo run --release --example bench -- [--rounds 3]
 //!     [--clients 1,8,64,256] [--requests 20000] [--write-doc docs/PERFORMANCE.md]
+//!     [--tenants_only] [--tenant_modes off,audit,enforce] [--tenant_loads fake,loopback]
+//!     [--tenant_clients 1,64] [--tenant_requests 8000]
 //! ```
 //!
 //! What it measures, in one run:
@@ -22,7 +24,13 @@
 //!   it, `/healthz`, `queue_ids_by_gpu` and installs on another NIC, SIGTERM
 //!   to the shutdown log line and to the exit (`stall.rs`);
 //! - builds side by side: `--also <other daemon binary>` (repeatable) adds
-//!   daemons to the same interleaved rounds.
+//!   daemons to the same interleaved rounds;
+//! - tenant checks (`tenants.rs`): one daemon per `--tenant_isolation` mode
+//!   (`--tenant_modes`) against each other and the floor, interleaved, in two
+//!   loads (`--tenant_loads`): flows that do not exist, and real loopback TCP
+//!   connections of the benchmark's own, with the simulated GPUs' device-node
+//!   stand-ins (`/dev/nvidia<N>`) created and held open when run as root.
+//!   `--tenants_only` runs only this section.
 
 mod doc;
 mod floor;
@@ -30,6 +38,7 @@ mod load;
 mod reference;
 mod stall;
 mod stats;
+mod tenants;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write as _};
@@ -113,6 +122,25 @@ struct Args {
     /// Printed, not written to the document.
     #[arg(long)]
     also: Vec<PathBuf>,
+    /// Tenant checks: `--tenant_isolation` modes, one daemon each (comma-separated).
+    #[arg(long = "tenant_modes", alias = "tenant-modes", value_delimiter = ',',
+          default_values = ["off", "audit", "enforce"], value_parser = ["off", "audit", "enforce"])]
+    tenant_modes: Vec<String>,
+    /// Tenant checks: loads (comma-separated): flows that do not exist, real loopback connections.
+    #[arg(long = "tenant_loads", alias = "tenant-loads", value_delimiter = ',',
+          default_values = ["fake", "loopback"], value_parser = ["fake", "loopback"])]
+    tenant_loads: Vec<String>,
+    /// Tenant checks: client counts (comma-separated).
+    #[arg(long = "tenant_clients", alias = "tenant-clients", value_delimiter = ',',
+          default_values_t = [1usize, 64], value_parser = positive)]
+    tenant_clients: Vec<usize>,
+    /// Tenant checks: requests per round, per load, per client count, per server
+    /// (loopback: at most (fd hard limit − 1000) / 2; 0 skips the section).
+    #[arg(long = "tenant_requests", alias = "tenant-requests", default_value_t = 8_000)]
+    tenant_requests: usize,
+    /// Run only the tenant checks.
+    #[arg(long = "tenants_only", alias = "tenants-only")]
+    tenants_only: bool,
     /// Internal: serve the floor on this socket path (the benchmark starts itself so).
     #[arg(long, hide = true)]
     serve_floor: Option<PathBuf>,
@@ -443,6 +471,9 @@ fn main() {
     let started = Instant::now();
     let header = header(&a);
     println!("{header}");
+    if a.tenants_only {
+        std::process::exit(if tenants_section(&a) { 0 } else { 1 });
+    }
 
     let mut r = Report {
         header,
@@ -622,9 +653,19 @@ fn main() {
             }
         }
     }
+    if a.tenant_requests > 0 && !tenants_section(&a) {
+        std::process::exit(1);
+    }
     if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() || matches!(r.stall, Some(Err(_))) {
         std::process::exit(1);
     }
+}
+
+/// The tenant checks, with the simulated GPUs' stand-ins held open (and the
+/// ones created removed) around them; false on errors.
+fn tenants_section(a: &Args) -> bool {
+    let stand_ins = tenants::StandIns::hold();
+    tenants::run(a, &stand_ins)
 }
 
 /// The rule-path targets against what this run measured.
@@ -698,6 +739,7 @@ fn watchdog(secs: u64) {
         for &pid in CHILDREN.lock().unwrap().iter() {
             sigterm(pid);
         }
+        tenants::remove_stand_ins();
         std::process::exit(1);
     });
 }
