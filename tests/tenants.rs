@@ -149,6 +149,9 @@ fn audit_serves_what_enforce_would_refuse_and_counts_it() {
     assert!(matches!(a.req(&d.sock(&format!("get_gpu_fd_{GPU_B}")), &pool(GPU_B)), Reply::Fd));
     let (lb, rb) = b.conn(false);
     assert_eq!(a.req(&d.sock("rx_rule_manager"), &rule(lb, rb, GPU_A)).code(), 0);
+    // An IPv4 flow is checked right after the reply, off the request's path.
+    let flow_refused = || refused(&d.http_get("/metrics").1, "rule_manager", "flow", "audit");
+    common::wait_until(Duration::from_secs(5), || flow_refused() == 1.0);
     let (_, m) = d.http_get("/metrics");
     assert_eq!(refused(&m, "gpu_fd", "gpu", "audit"), 1.0);
     assert_eq!(refused(&m, "rule_manager", "flow", "audit"), 1.0);

@@ -219,6 +219,7 @@ impl Startup<'_> {
         let mut nic_threads = Vec::new();
         let stopping = Arc::new(AtomicBool::new(false));
         let tenants = Arc::new(self.tenant_policy());
+        tenants.defer_flow_checks();
         for (ni, (n, p)) in topo.nics.iter().zip(&node.primed).enumerate() {
             for (gi, g) in n.gpus.iter().enumerate() {
                 let pool = node.pools.iter().find(|(pci, _)| *pci == g.pci).map(|(_, p)| Arc::downgrade(p));

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::fmt::Display;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::flows::{self, Found};
@@ -124,6 +125,9 @@ pub struct TenantPolicy {
     held: Mutex<HashMap<u64, u32>>,
     /// Tenants seen, by cgroup id: how to name them.
     names: Mutex<HashMap<u64, String>>,
+    /// Audit mode's IPv4 flow checks, run off the request's path
+    /// ([`Self::defer_flow_checks`]).
+    later: OnceLock<SyncSender<Later>>,
     /// Per reason: when a line was last logged (ms since `epoch`), and how many were not.
     last_log: [AtomicU64; 5],
     unlogged: [AtomicU64; 5],
@@ -153,6 +157,7 @@ impl TenantPolicy {
             }
         }
         TenantPolicy {
+            later: OnceLock::new(),
             refused,
             mode,
             max_rules,
@@ -273,8 +278,10 @@ impl TenantPolicy {
     /// enforce), and for an IPv6 flow in every mode, to repair it when the
     /// request carries only the first half of each address (the NCCL
     /// plugin's, see `identity::flows`). The rest is not looked up at all.
-    pub fn examine(&self, who: &Client, flow: FlowSpec, install: bool) -> Examined {
-        let exact = install && self.checks() && who.tenant.is_some();
+    /// `check`: the flow is to be checked now (an install whose check is
+    /// not deferred).
+    pub fn examine(&self, who: &Client, flow: FlowSpec, check: bool) -> Examined {
+        let exact = check && self.checks() && who.tenant.is_some();
         if !exact && !flows::repairable(&flow) {
             return Examined { flow, repaired: false, found: None };
         }
@@ -397,6 +404,11 @@ impl TenantPolicy {
         self.held.lock().expect("tenant quota lock").get(&id).copied().unwrap_or(0)
     }
 }
+
+#[path = "access_later.rs"]
+mod later;
+use later::Later;
+pub use later::LATER_QUEUE;
 
 #[cfg(test)]
 #[path = "access_tests.rs"]

@@ -101,3 +101,31 @@ fn refusals_are_logged_at_most_once_a_second_per_reason() {
     }
     assert_eq!(p.unlogged[Refusal::Gpu.index()].load(Ordering::Relaxed), 99);
 }
+
+#[test]
+fn audit_checks_ipv4_flows_after_the_reply_and_still_counts_each() {
+    let m = Arc::new(Metrics::new());
+    let devices = GpuDevices { minors: vec![0], simulated: true };
+    let p = Arc::new(TenantPolicy::new(TenantIsolation::Audit, 0, devices, None, Some(m.clone())));
+    let v4 = FlowSpec { src: "10.0.0.2:40001".parse().unwrap(), dst: "10.0.0.1:5000".parse().unwrap() };
+    let v6 = FlowSpec { src: "[fd00::2]:40001".parse().unwrap(), dst: "[fd00::1]:5000".parse().unwrap() };
+    assert!(!p.checks_flow_later(&v4), "not before the thread is started");
+    p.defer_flow_checks();
+    assert!(p.checks_flow_later(&v4));
+    assert!(!p.checks_flow_later(&v6), "IPv6 is looked up at once, to be repaired");
+    // A client whose namespace is unknown: each check is a refusal, counted later.
+    let a = client(10, 0b1);
+    for _ in 0..3 {
+        p.check_flow_later("rule_manager", &a, v4);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while refused(&m, "rule_manager", Refusal::Flow, "audit") < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(refused(&m, "rule_manager", Refusal::Flow, "audit"), 3);
+    // Enforce never defers.
+    let (e, _) = policy(TenantIsolation::Enforce, 0);
+    let e = Arc::new(e);
+    e.defer_flow_checks();
+    assert!(!e.checks_flow_later(&v4));
+}

@@ -52,6 +52,10 @@ pub const REQ_V2: usize = 8 + SOCKID;
 /// rqueue, wqueue, uid, inode.
 pub const DIAG_MSG: usize = 4 + SOCKID + 20;
 
+/// Lookups [`SockDiag::find_many`] takes at once, at most: their answers
+/// fit a netlink socket's default receive buffer.
+pub const MANY: usize = 64;
+
 /// A TCP socket the kernel reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpSocket {
@@ -380,6 +384,9 @@ impl SockDiag {
         }
     }
 }
+
+#[path = "sock_diag_many.rs"]
+mod many;
 
 #[cfg(test)]
 #[path = "sock_diag_tests.rs"]

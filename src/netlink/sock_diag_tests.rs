@@ -214,3 +214,26 @@ fn a_dump_answer_keeps_held_sockets_of_the_ports_and_ends_at_done() {
     bad[0..4].copy_from_slice(&9999u32.to_ne_bytes());
     assert!(parse_dump(&bad, 9, (5000, 40001), &mut Vec::new()).is_err());
 }
+
+#[test]
+fn many_lookups_at_once_answer_each_as_one_would() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, peer) = listener.accept().unwrap();
+    let local = server.local_addr().unwrap();
+    let mut diag = SockDiag::open().unwrap();
+    let tuples: Vec<(SocketAddr, SocketAddr)> = (0..MANY)
+        .map(|i| match i % 5 {
+            0 => (local, peer),
+            _ => (local, SocketAddr::from(([10, 9, (i >> 8) as u8, i as u8], 1000 + i as u16))),
+        })
+        .collect();
+    let many = diag.find_many(&tuples);
+    assert_eq!(many.len(), MANY);
+    for (i, (got, t)) in many.iter().zip(&tuples).enumerate() {
+        let one = diag.find_tcp(t.0, t.1).unwrap();
+        assert_eq!(got.as_ref().unwrap(), &one, "lookup {i}");
+        assert_eq!(one.is_some(), i % 5 == 0, "lookup {i}");
+    }
+    assert!(diag.find_many(&[]).is_empty());
+}

@@ -131,7 +131,8 @@ fn repair(
     op: RuleOp,
 ) -> Result<Examined, RuleFailure> {
     let install = op == RuleOp::Install;
-    let e = rules.tenants.examine(&who.client, req.flow, install);
+    let check = install && !rules.tenants.checks_flow_later(&req.flow);
+    let e = rules.tenants.examine(&who.client, req.flow, check);
     if e.repaired {
         tracing::debug!(op = op.name(), sent = %req.flow, steered = %e.flow, "IPv6 flow repaired");
         rules.metrics.ipv6_flows_repaired.with_label_values(&[op.name()]).inc();
@@ -168,7 +169,13 @@ fn check_install(
         return Ok(());
     }
     t.check_gpu(ENDPOINT_INSTALL, &who.client, slot.ordinal, &pci)
-        .and_then(|_| t.check_flow(ENDPOINT_INSTALL, &who.client, examined))
+        .and_then(|_| match t.checks_flow_later(&examined.flow) {
+            true => {
+                t.check_flow_later(ENDPOINT_INSTALL, &who.client, examined.flow);
+                Ok(())
+            }
+            false => t.check_flow(ENDPOINT_INSTALL, &who.client, examined),
+        })
         .map_err(|d| RuleFailure::new(d.code(), d.message))
 }
 
