@@ -21,6 +21,9 @@ args=(
   "--metrics_address=$TCPX_HTTP"
   # The job may run several steps: stay up until the epilog stops us.
   --nomonitor_shutdown
+  # The job's own daemon serves only the job (nodes are exclusive): one
+  # tenant, nothing to keep apart. TCPX_EXTRA_ARGS may say otherwise.
+  --tenant_isolation=off
 )
 if [ -n "$TCPX_SOCKET_GROUP" ]; then
   args+=("--socket_group=$TCPX_SOCKET_GROUP")

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::flows::{self, Found};
-use super::tenant::{GpuDevices, Tenant};
+use super::tenant::{GpuDevices, NetNs, Tenant};
 use super::Client;
 use crate::config::flags::TenantIsolation;
 use crate::metrics::Metrics;
@@ -285,9 +285,16 @@ impl TenantPolicy {
         if !exact && !flows::repairable(&flow) {
             return Examined { flow, repaired: false, found: None };
         }
-        let found = match who.netns() {
-            Some(ns) => flows::locate(ns, &flow, exact, who.tenant_id()),
-            None => Err("its network namespace could not be opened".to_string()),
+        let found = match (who.netns(), self.checks()) {
+            (Some(ns), _) => flows::locate(ns, &flow, exact, who.tenant_id()),
+            // With isolation off (a daemon in the workload's Pod or job), a
+            // client whose namespace cannot be had is looked for in the
+            // daemon's own, which a Pod's containers share.
+            (None, false) => match own_netns() {
+                Some(ns) => flows::locate(ns, &flow, false, None),
+                None => Err("no network namespace could be opened".to_string()),
+            },
+            (None, true) => Err("its network namespace could not be opened".to_string()),
         };
         match found {
             Ok(Found::Repaired { flow: true_flow, cgroup }) => {
@@ -403,6 +410,17 @@ impl TenantPolicy {
     pub fn rules_held(&self, id: u64) -> u32 {
         self.held.lock().expect("tenant quota lock").get(&id).copied().unwrap_or(0)
     }
+}
+
+/// The daemon's own network namespace (its main thread's), opened once.
+fn own_netns() -> Option<&'static NetNs> {
+    static OWN: OnceLock<Option<NetNs>> = OnceLock::new();
+    OWN.get_or_init(|| {
+        let fd: std::os::fd::OwnedFd = std::fs::File::open("/proc/self/ns/net").ok()?.into();
+        let inode = nix::sys::stat::fstat(std::os::fd::AsFd::as_fd(&fd)).ok()?.st_ino;
+        Some(NetNs::new(inode, fd))
+    })
+    .as_ref()
 }
 
 #[path = "access_later.rs"]

@@ -107,13 +107,18 @@ impl DaemonFlags {
             Flag::new("uds_path", "/run/tcpx"),
             Flag::new("setup_param", "--verbose 128 2 0"),
         ];
+        // A daemon in the Pod serves only the Pod: one tenant, nothing to
+        // keep apart (IPv6 flows are still repaired).
+        let own = || Flag::new("tenant_isolation", "off");
         match opts.mode {
             Mode::NativeSidecar => {
+                list.push(own());
                 list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
                 // The kubelet ends the daemon; clients coming and going must not.
                 list.push(Flag { name: "nomonitor_shutdown".into(), value: None });
             }
             Mode::Sidecar => {
+                list.push(own());
                 list.push(Flag::new("shutdown_file", "terminated"));
                 list.push(Flag { name: "shutdown_when_all_clients_exited".into(), value: None });
                 list.push(Flag::new("wait_time_before_exit", "30"));
@@ -303,6 +308,7 @@ pub fn device_annotation() -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::flags::TenantIsolation;
 
     fn args(opts: &Options) -> Vec<String> {
         let f = DaemonFlags::new(opts, &[]).unwrap();
@@ -319,10 +325,23 @@ mod tests {
         };
         let a = args(&opts);
         assert_eq!(a[2], "--uds_path=/run/x");
-        assert_eq!(a[5], "--monitor_shutdown", "{a:?}");
+        assert_eq!(a[6], "--monitor_shutdown", "{a:?}");
         assert!(!a.iter().any(|w| w == "--nomonitor_shutdown"), "{a:?}");
-        assert_eq!(a.last().unwrap(), "--tenant_isolation=enforce");
+        assert_eq!(a[4], "--tenant_isolation=enforce", "{a:?}");
         assert_eq!(a.iter().filter(|w| w.starts_with("--uds_path")).count(), 1);
+    }
+
+    #[test]
+    fn a_daemon_in_the_pod_runs_without_tenant_checks_unless_told() {
+        for mode in [Mode::NativeSidecar, Mode::Sidecar] {
+            let opts = Options { mode, ..Options::default() };
+            let f = DaemonFlags::new(&opts, &[]).unwrap();
+            assert_eq!(f.parsed.tenant_isolation, TenantIsolation::Off, "{mode:?}");
+            let opts = Options { mode, daemon_flags: vec!["--tenant_isolation=enforce".into()], ..opts };
+            let a = args(&opts);
+            assert_eq!(a.iter().filter(|w| w.starts_with("--tenant_isolation")).count(), 1, "{a:?}");
+            assert!(a.contains(&"--tenant_isolation=enforce".to_string()), "{a:?}");
+        }
     }
 
     #[test]
