@@ -179,6 +179,18 @@ fn check_install(
         .map_err(|d| RuleFailure::new(d.code(), d.message))
 }
 
+/// Whether `msg` is a well-formed request for an IPv6 flow, which may need
+/// a repair (see [`crate::identity::flows`]) and so a walk of the kernel's
+/// connection table.
+pub fn may_need_repair(msg: &UnixSocketProto) -> bool {
+    match &msg.payload {
+        Some(Payload::FlowSteerRuleRequest(r)) => {
+            names_ipv6_flow(msg) && flow::parse(r).is_ok_and(|r| crate::identity::flows::repairable(&r.flow))
+        }
+        _ => false,
+    }
+}
+
 /// Whether `msg` asks about an IPv6 flow (an uninstall of one is looked up
 /// to be repaired, so its client is identified in every mode).
 pub fn names_ipv6_flow(msg: &UnixSocketProto) -> bool {
