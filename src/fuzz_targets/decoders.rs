@@ -12,7 +12,7 @@ use crate::types::status::StatusCode;
 use crate::wire::frame::{self, FrameError};
 use crate::wire::proto::{unix_socket_proto::Payload, UnixSocketProto};
 
-use super::{QSTATS, SOCK_DIAG};
+use super::{QSTATS, SOCK_DIAG, SOCK_DIAG_DUMP};
 
 /// The frame decoder: consumes exactly header + announced body, never more
 /// than it was given; incomplete input is never an error.
@@ -97,6 +97,16 @@ pub fn netlink(data: &[u8]) {
             if let Ok(Some(s)) = sock_diag::parse_answer(rest, local, remote) {
                 assert_ne!(s.state, 10, "a listener is not the socket");
             }
+            return;
+        }
+        // The dump by ports: only held sockets of those ports, never a
+        // listener; no more connections than messages.
+        SOCK_DIAG_DUMP => {
+            let mut found = Vec::new();
+            let _ = sock_diag::parse_dump(rest, 7, (5000, 40001), &mut found);
+            assert!(found.iter().all(|c| (c.local.port(), c.remote.port()) == (5000, 40001)));
+            assert!(found.iter().all(|c| c.socket.state != 10), "a listener is not a connection");
+            assert!(found.len() <= rest.len() / sock_diag::DIAG_MSG);
             return;
         }
         // Per-queue receive counters: each queue once, in order.

@@ -25,6 +25,9 @@ pub const SOCK_DIAG: u8 = 200;
 /// Byte 0 of a `netlink` input that picks the per-queue stats parser (its
 /// replies as the genl parsers take them).
 pub const QSTATS: u8 = 201;
+/// Byte 0 of a `netlink` input that picks the `sock_diag` dump parser (the
+/// IPv6 repair's lookup by ports).
+pub const SOCK_DIAG_DUMP: u8 = 202;
 
 /// A fuzz target: any bytes in, a panic when a promise is broken.
 pub type Target = fn(&[u8]);

@@ -411,7 +411,9 @@ impl Conn {
                         let handle = tokio::runtime::Handle::current();
                         match handle.block_on(request::uninstall_everywhere(&state, req, who)) {
                             Reply::Message(m) | Reply::Close(m) => m,
-                            Reply::Fd(_) => frame::error(StatusCode::Internal, "no file descriptor is served here"),
+                            Reply::Fd(_) => {
+                                frame::error(StatusCode::Internal, "no file descriptor is served here")
+                            }
                         }
                     }
                 };
