@@ -102,6 +102,41 @@ pub async fn uninstall_everywhere(rules: &RulePath, req: RuleRequest, who: Reque
     reply
 }
 
+/// [`start_rule`] on the runtime's blocking pool, for a request that may
+/// take a while (an IPv6 flow to repair); the caller called
+/// `Handoff::begin` first. The answer reaches `conn` as from a NIC thread.
+pub fn start_rule_blocking(
+    rt: &tokio::runtime::Handle,
+    rules: Arc<RulePath>,
+    msg: UnixSocketProto,
+    install: bool,
+    who: Requester,
+    conn: Arc<Handoff>,
+    started: Instant,
+) {
+    rt.spawn_blocking(move || match start_rule(&rules, msg, install, who.clone(), &conn, started) {
+        RuleStart::Answered(reply) => answer_handed(&conn, reply),
+        RuleStart::Handed { nic, job } => rules.nics[nic].submit(&mut vec![job]),
+        RuleStart::General(req) => {
+            let reply = tokio::runtime::Handle::current().block_on(uninstall_everywhere(&rules, req, who));
+            answer_handed(&conn, reply);
+        }
+    });
+}
+
+/// Writes `reply` to a connection whose request was handed off its thread.
+pub fn answer_handed(conn: &Handoff, reply: Reply) {
+    let msg = match reply {
+        Reply::Message(m) | Reply::Close(m) => m,
+        Reply::Fd(_) => frame::error(StatusCode::Internal, "no file descriptor is served here"),
+    };
+    let bytes = frame::encode(&msg).unwrap_or_else(|e| {
+        frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
+            .expect("a short reply fits")
+    });
+    conn.answer(&bytes);
+}
+
 /// The target GPU: the named one, else the first GPU of the NIC that owns `dst`.
 fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(PciAddr, GpuSlot), RuleFailure> {
     if let Some(gpu) = req.gpu {

@@ -395,34 +395,11 @@ impl Conn {
         };
         if request::may_need_repair(&msg) {
             // A garbled IPv6 flow is repaired by a walk of the kernel's
-            // connection table (a fraction of a millisecond): on the
-            // runtime's blocking pool, not on this thread that serves others.
+            // connection table: not on this thread, which serves others.
             self.shared.begin();
             self.handed = true;
-            let (state, conn, now) = (cx.state.clone(), self.shared.clone(), cx.now);
-            cx.runtime.spawn_blocking(move || {
-                let reply = match request::start_rule(&state, msg, install, who.clone(), &conn, now) {
-                    RuleStart::Answered(Reply::Message(m) | Reply::Close(m)) => m,
-                    RuleStart::Answered(Reply::Fd(_)) => {
-                        frame::error(StatusCode::Internal, "no file descriptor is served here")
-                    }
-                    RuleStart::Handed { nic, job } => return state.nics[nic].submit(&mut vec![job]),
-                    RuleStart::General(req) => {
-                        let handle = tokio::runtime::Handle::current();
-                        match handle.block_on(request::uninstall_everywhere(&state, req, who)) {
-                            Reply::Message(m) | Reply::Close(m) => m,
-                            Reply::Fd(_) => {
-                                frame::error(StatusCode::Internal, "no file descriptor is served here")
-                            }
-                        }
-                    }
-                };
-                let bytes = frame::encode(&reply).unwrap_or_else(|e| {
-                    frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
-                        .expect("a short reply fits")
-                });
-                conn.answer(&bytes);
-            });
+            let (state, conn) = (cx.state.clone(), self.shared.clone());
+            request::start_rule_blocking(&cx.runtime, state, msg, install, who, conn, cx.now);
             return;
         }
         match request::start_rule(&cx.state, msg, install, who.clone(), &self.shared, cx.now) {
@@ -444,17 +421,8 @@ impl Conn {
                 self.handed = true;
                 let (state, conn) = (cx.state.clone(), self.shared.clone());
                 cx.runtime.spawn(async move {
-                    let msg = match request::uninstall_everywhere(&state, req, who).await {
-                        Reply::Message(m) | Reply::Close(m) => m,
-                        Reply::Fd(_) => {
-                            frame::error(StatusCode::Internal, "no file descriptor is served here")
-                        }
-                    };
-                    let bytes = frame::encode(&msg).unwrap_or_else(|e| {
-                        frame::encode(&frame::error(StatusCode::Internal, format!("reply not sent: {e}")))
-                            .expect("a short reply fits")
-                    });
-                    conn.answer(&bytes);
+                    let reply = request::uninstall_everywhere(&state, req, who).await;
+                    request::answer_handed(&conn, reply);
                 });
             }
         }
