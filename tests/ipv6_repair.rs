@@ -60,28 +60,16 @@ fn plugin_rule(local: SocketAddr, remote: SocketAddr, gpu: &str) -> UnixSocketPr
 
 /// The booked rules: (src, dst, repaired).
 fn booked(d: &Daemon) -> Vec<(String, String, bool)> {
-    let flows = d.flows();
-    flows["nics"]
-        .as_array()
-        .unwrap()
+    let text = |v: &serde_json::Value| v.as_str().unwrap().to_string();
+    d.flows_of_all_nics("rules")
         .iter()
-        .flat_map(|n| n["rules"].as_array().unwrap().clone())
-        .map(|r| {
-            (r["src"].as_str().unwrap().into(), r["dst"].as_str().unwrap().into(), r["repaired"] == true)
-        })
+        .map(|r| (text(&r["src"]), text(&r["dst"]), r["repaired"] == true))
         .collect()
 }
 
-/// What the simulated NIC itself holds: its rules' flows, as `src->dst`.
+/// What the simulated NICs themselves hold: each rule as JSON text.
 fn on_nic(d: &Daemon) -> Vec<String> {
-    let flows = d.flows();
-    flows["nics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["nic_rules"].as_array().cloned().unwrap_or_default())
-        .map(|r| r.to_string())
-        .collect()
+    d.flows_of_all_nics("nic_rules").iter().map(|r| r.to_string()).collect()
 }
 
 fn repaired(d: &Daemon, op: &str) -> f64 {

@@ -34,14 +34,7 @@ fn pool(gpu: &str) -> UnixSocketProto {
 
 /// Source ports of the booked rules.
 fn booked(d: &Daemon) -> Vec<String> {
-    let flows = d.flows();
-    flows["nics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["rules"].as_array().unwrap().clone())
-        .map(|r| r["src"].as_str().unwrap().to_string())
-        .collect()
+    d.flows_of_all_nics("rules").iter().map(|r| r["src"].as_str().unwrap().to_string()).collect()
 }
 
 #[test]

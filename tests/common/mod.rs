@@ -214,6 +214,14 @@ impl Daemon {
         serde_json::from_str(&body).unwrap()
     }
 
+    /// Every NIC's `list` of `/debug/flows` (`rules`: the booked ones;
+    /// `nic_rules`: what the NICs themselves hold), in one list.
+    pub fn flows_of_all_nics(&self, list: &str) -> Vec<serde_json::Value> {
+        let flows = self.flows();
+        let nics = flows["nics"].as_array().expect("a nics list").clone();
+        nics.iter().flat_map(|n| n[list].as_array().cloned().unwrap_or_default()).collect()
+    }
+
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
