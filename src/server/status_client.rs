@@ -289,7 +289,22 @@ pub fn client_main(flags: &Flags, what: Option<&str>, json: bool) -> u8 {
 
 #[cfg(test)]
 mod tests {
-    use super::in_my_cgroup;
+    use super::{flows_text, in_my_cgroup};
+
+    #[test]
+    fn a_repaired_rule_says_so_under_its_filter() {
+        let rule = |loc: u32, repaired: bool| {
+            serde_json::json!({"loc": loc, "queue": 3, "gpu": "0000:04:00.0", "flow_type": "tcp6",
+                "src": "[fd00::2]:40001", "dst": "[fd00::1]:5000", "pid": 7, "repaired": repaired})
+        };
+        let v = serde_json::json!({"nics": [{"ifname": "eth1", "capacity": 10,
+            "rules": [rule(0, true), rule(1, false)], "nic_rules": []}]});
+        let text = flows_text(&v);
+        let filters: Vec<&str> = text.split("Filter: ").skip(1).collect();
+        assert!(filters[0].contains("Repaired: "), "{text}");
+        assert!(!filters[1].contains("Repaired"), "{text}");
+        assert!(filters[0].contains("Src IP addr: fd00::2 mask: ::"), "{text}");
+    }
 
     #[test]
     fn mine_means_the_same_cgroup_and_says_when_it_cannot_tell() {
