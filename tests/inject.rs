@@ -431,3 +431,29 @@ fn a_record_undoes_only_what_inject_sets_and_only_while_it_holds_inject_s_value(
         );
     }
 }
+
+/// A converted reference daemon's flags stay when the output is injected
+/// again: the reference is gone by then, so they are read back from inject's
+/// own daemon container.
+#[test]
+fn flags_carried_from_a_reference_daemon_survive_injecting_again() {
+    let pod = "apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  containers:
+  - name: trainer
+    image: t
+    resources: {limits: {nvidia.com/gpu: 8}}
+  - name: rxdm
+    image: tcpgpudmarxd-dev:v2.0.9
+    command: [/tcpgpudmarxd/build/app/tcpgpudmarxd, --rx_pool_size=1073741824, --setup_param, '\\\"--verbose 128 4 0 \\\"']
+";
+    for mode in [Mode::NativeSidecar, Mode::Sidecar] {
+        let once = run(pod, &opts(mode, Nccl::File));
+        assert!(once.contains("--rx_pool_size=1073741824"), "{mode:?}: carried\n{once}");
+        assert!(once.contains("128 4 0"), "{mode:?}: carried\n{once}");
+        let twice = run(&once, &opts(mode, Nccl::File));
+        assert_eq!(docs(&twice), docs(&once), "{mode:?}: injecting again changed the Pod");
+    }
+}

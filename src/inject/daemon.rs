@@ -99,14 +99,17 @@ pub struct DaemonFlags {
 /// Flags the guide's command line holds, in its order.
 const CORE: [&str; 4] = ["gpu_nic_preset", "gpu_shmem_type", "uds_path", "setup_param"];
 
+/// Inject's values for [`CORE`], in its order: the guide's.
+const CORE_DEFAULTS: [&str; 4] = ["a3vm", "fd", "/run/tcpx", "--verbose 128 2 0"];
+
+/// Whether `--name=value` is what inject writes anyway for a Pod's daemon.
+pub fn is_default(name: &str, value: &str) -> bool {
+    CORE.iter().zip(CORE_DEFAULTS).any(|(n, v)| *n == name && v == value)
+}
+
 impl DaemonFlags {
     pub fn new(opts: &Options, carried: &[String]) -> Result<DaemonFlags, InjectError> {
-        let mut list = vec![
-            Flag::new("gpu_nic_preset", "a3vm"),
-            Flag::new("gpu_shmem_type", "fd"),
-            Flag::new("uds_path", "/run/tcpx"),
-            Flag::new("setup_param", "--verbose 128 2 0"),
-        ];
+        let mut list: Vec<Flag> = CORE.iter().zip(CORE_DEFAULTS).map(|(n, v)| Flag::new(n, v)).collect();
         // A daemon in the Pod serves only the Pod: one tenant, nothing to
         // keep apart (IPv6 flows are still repaired).
         let own = || Flag::new("tenant_isolation", "off");

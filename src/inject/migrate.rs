@@ -50,6 +50,39 @@ fn unquote(v: &str) -> String {
     v.trim_matches(|c: char| c == '\\' || c == '"' || c == '\'' || c.is_whitespace()).to_string()
 }
 
+/// The flags of inject's own daemon container in `spec` among those a
+/// conversion carries ([`CARRIED`]), as `--name=value` words. Injecting a
+/// template again first undoes the earlier injection, which removed the
+/// reference daemon long ago: these keep what was carried from it (and any
+/// such flag set since), so that injecting twice changes nothing. Values
+/// inject writes anyway are left out, so a new mode's own defaults apply.
+pub fn own_carried(spec: &Value) -> Vec<String> {
+    let own = ["initContainers", "containers"]
+        .iter()
+        .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
+        .flatten()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(super::DAEMON));
+    let Some(c) = own else { return Vec::new() };
+    let mut argv: Vec<String> = strings(c.get("command"));
+    argv.extend(strings(c.get("args")));
+    let mut kept = Vec::new();
+    let mut it = argv.into_iter().skip_while(|w| !w.starts_with('-'));
+    while let Some(w) = it.next() {
+        let Some(flag) = w.strip_prefix("--") else { continue };
+        let (n, v) = match flag.split_once('=') {
+            Some((n, v)) => (n.to_string(), v.to_string()),
+            // A flag of its own (`--nomonitor_shutdown`) takes no value.
+            None if CARRIED.contains(&flag) => (flag.to_string(), it.next().unwrap_or_default()),
+            None => continue,
+        };
+        let v = if n == "setup_param" { unquote(&v) } else { v };
+        if CARRIED.contains(&n.as_str()) && !super::daemon::is_default(&n, &v) {
+            kept.push(format!("--{n}={v}"));
+        }
+    }
+    kept
+}
+
 /// Finds the reference daemon; refuses two, or flags without an equivalent.
 pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, InjectError> {
     let mut found: Vec<(&str, &Value)> = Vec::new();

@@ -103,11 +103,13 @@ pub fn remove(tpl: &mut Value, rec: &Record) {
 /// Adds TCPX to the template. `object` and `at` (the template's path, e.g.
 /// `spec.template.`) name fields in errors. Returns what was done; `None`
 /// when no container requests GPUs (nothing done).
+/// `kept`: flags of an earlier injection to keep ([`migrate::own_carried`]).
 pub fn inject(
     tpl: &mut Value,
     opts: &Options,
     object: &str,
     at: &str,
+    kept: &[String],
 ) -> Result<Option<String>, InjectError> {
     let err = |field: String, why: String| InjectError::field(object, format!("{at}{field}"), why);
     let spec = match tpl.get_mut("spec") {
@@ -167,7 +169,7 @@ pub fn inject(
         }
     }
     let reference: Option<Reference> = migrate::find(spec, object, at)?;
-    let carried = reference.as_ref().map(|r| r.carried.clone()).unwrap_or_default();
+    let carried = reference.as_ref().map_or_else(|| kept.to_vec(), |r| r.carried.clone());
     let flags = DaemonFlags::new(opts, &carried)?;
     let uds = flags.uds_path();
     let nccl = match opts.nccl {
@@ -399,6 +401,11 @@ pub fn apply(
         }
         None => None,
     };
+    // A Pod moved to the node-wide daemon has no daemon of its own to keep flags for.
+    let kept = match (&prior, opts.mode) {
+        (Some(_), m) if m != Mode::Node => tpl.get("spec").map(migrate::own_carried).unwrap_or_default(),
+        _ => Vec::new(),
+    };
     if let Some(r) = &prior {
         remove(tpl, r);
     }
@@ -408,7 +415,7 @@ pub fn apply(
             None => (Outcome::NotInjected, "not injected; unchanged".into()),
         });
     }
-    let what = inject(tpl, opts, object, at)?;
+    let what = inject(tpl, opts, object, at, &kept)?;
     Ok(match (what, prior) {
         (None, None) => (Outcome::NoGpu, format!("no container requests {GPU_RESOURCE}; nothing injected")),
         (None, Some(r)) => (

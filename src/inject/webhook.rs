@@ -372,7 +372,7 @@ fn change_pod(pod: &mut Value, opts: &Options, name: &str) -> Result<Change, Inj
     match record::record(pod) {
         None => {
             let before = pod.clone();
-            match template::inject(pod, opts, name, "")? {
+            match template::inject(pod, opts, name, "", &[])? {
                 Some(_) if *pod != before => {}
                 line => return Ok(Change::Unchanged(line.unwrap_or_else(|| "no GPU container".into()))),
             }
