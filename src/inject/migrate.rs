@@ -51,7 +51,7 @@ fn unquote(v: &str) -> String {
 }
 
 /// The flags of inject's own daemon container in `spec` among those a
-/// conversion carries ([`CARRIED`]), as `--name=value` words. Injecting a
+/// conversion carries (`CARRIED`), as `--name=value` words. Injecting a
 /// template again first undoes the earlier injection, which removed the
 /// reference daemon long ago: these keep what was carried from it (and any
 /// such flag set since), so that injecting twice changes nothing. Values
