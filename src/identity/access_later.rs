@@ -92,10 +92,12 @@ impl TenantPolicy {
     /// Checks `flow` for `who` after the reply (see [`Self::defer_flow_checks`]).
     pub fn check_flow_later(&self, endpoint: &'static str, who: &Client, flow: FlowSpec) {
         let job = Later { endpoint, client: who.clone(), flow };
-        let job = match self.later.get().map(|tx| tx.try_send(job)) {
-            Some(Ok(())) => return,
-            Some(Err(TrySendError::Full(job) | TrySendError::Disconnected(job))) => job,
-            None => Later { endpoint, client: who.clone(), flow },
+        let job = match self.later.get() {
+            Some(tx) => match tx.try_send(job) {
+                Ok(()) => return,
+                Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => job,
+            },
+            None => job,
         };
         let e = self.examine(&job.client, job.flow, true);
         let _ = self.check_flow(endpoint, &job.client, &e);

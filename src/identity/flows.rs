@@ -106,10 +106,7 @@ pub fn locate(ns: &NetNs, flow: &FlowSpec, exact: bool, own: Option<u64>) -> Res
     if !exact && !repair {
         return Ok(Found::Missing);
     }
-    let mut diag = match ns.take_diag() {
-        Some(d) => d,
-        None => open_in(ns).map_err(|e| format!("cannot look into its network namespace: {e}"))?,
-    };
+    let mut diag = diag_of(ns)?;
     let looked = (|| -> Result<Found, DiagError> {
         if let Some(s) = diag.find_tcp(flow.dst, flow.src)? {
             return Ok(Found::Exact { cgroup: s.cgroup_id.unwrap_or(0) });
@@ -133,15 +130,9 @@ pub fn locate(ns: &NetNs, flow: &FlowSpec, exact: bool, own: Option<u64>) -> Res
 /// Exact lookups of many flows in namespace `ns` at once (no repair: for
 /// IPv4 flows), in the order given.
 pub fn locate_many(ns: &NetNs, flows: &[FlowSpec]) -> Vec<Result<Found, String>> {
-    let mut diag = match ns.take_diag() {
-        Some(d) => d,
-        None => match open_in(ns) {
-            Ok(d) => d,
-            Err(e) => {
-                let why = format!("cannot look into its network namespace: {e}");
-                return flows.iter().map(|_| Err(why.clone())).collect();
-            }
-        },
+    let mut diag = match diag_of(ns) {
+        Ok(d) => d,
+        Err(why) => return flows.iter().map(|_| Err(why.clone())).collect(),
     };
     let mut out = Vec::with_capacity(flows.len());
     let mut failed = false;
@@ -163,6 +154,14 @@ pub fn locate_many(ns: &NetNs, flows: &[FlowSpec]) -> Vec<Result<Found, String>>
         ns.put_diag(diag);
     }
     out
+}
+
+/// An idle `sock_diag` socket of `ns`, or a new one.
+fn diag_of(ns: &NetNs) -> Result<SockDiag, String> {
+    match ns.take_diag() {
+        Some(d) => Ok(d),
+        None => open_in(ns).map_err(|e| format!("cannot look into its network namespace: {e}")),
+    }
 }
 
 /// A new `sock_diag` socket in `ns`: opened right here when this thread is
