@@ -33,6 +33,9 @@ fn main() -> ExitCode {
         println!("tcpx-rxdm {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
+    // The channel from a daemon that started this one (SIGUSR2), if any:
+    // taken before any thread or child can be started.
+    tcpx_rxdm::handover::channel::claim();
     init_logging(&flags);
     tcpx_rxdm::endpoint::memory::fix_mmap_threshold();
     // Services start with a soft fd limit of 1024; every client connection is one fd.

@@ -61,7 +61,8 @@ fn lock_pid(uds: &Path) -> Result<Option<u32>, std::io::Error> {
     Ok(text.trim().parse().ok())
 }
 
-/// Children of `pid` started as successors (their last argument is `--takeover`).
+/// Children of `pid` started as successors (their last argument is
+/// `--takeover`, or `--takeover=auto` as a daemon starts them now).
 fn successors(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     let mut out = Vec::new();
@@ -69,7 +70,8 @@ fn successors(pid: u32) -> Vec<u32> {
         let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
         for c in children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
             let cmdline = std::fs::read(format!("/proc/{c}/cmdline")).unwrap_or_default();
-            if cmdline.split(|b| *b == 0).rfind(|a| !a.is_empty()) == Some(b"--takeover") {
+            let last = cmdline.split(|b| *b == 0).rfind(|a| !a.is_empty());
+            if last.is_some_and(|a| a == b"--takeover" || a.starts_with(b"--takeover=")) {
                 out.push(c);
             }
         }

@@ -242,15 +242,21 @@ fn twenty_takeovers_under_load_lose_nothing() {
     );
 }
 
-/// Speaks the handover protocol by hand: sends `hello`, returns the offer.
+/// Speaks the handover protocol by hand as a peer allowed to take the
+/// daemon's descriptors (this test's process): proves it, sends `hello`,
+/// returns the offer.
 fn ask_by_hand(
     folder: &Path,
     hello: &tcpx_rxdm::handover::Hello,
 ) -> Result<tcpx_rxdm::handover::Offer, String> {
-    let mut s = UnixStream::connect(folder.join(tcpx_rxdm::handover::SOCKET)).map_err(|e| e.to_string())?;
-    tcpx_rxdm::handover::set_timeouts(&s, Duration::from_secs(10)).unwrap();
-    tcpx_rxdm::handover::send(&mut s, "hello", hello).map_err(|e| e.to_string())?;
-    tcpx_rxdm::handover::recv(&mut s, "offer").map_err(|e| e.to_string())
+    use tcpx_rxdm::handover::{self, proof, Challenge, Process};
+    let mut s = UnixStream::connect(folder.join(handover::SOCKET)).map_err(|e| e.to_string())?;
+    handover::set_timeouts(&s, Duration::from_secs(10)).unwrap();
+    let challenge: Challenge = handover::recv(&mut s, "challenge").map_err(|e| e.to_string())?;
+    let daemon = Process::of_peer(std::os::fd::AsFd::as_fd(&s)).map_err(|e| e.to_string())?;
+    let hello = handover::Hello { proof: proof::answer(&daemon, challenge.fd).unwrap(), ..hello.clone() };
+    handover::send(&mut s, "hello", &hello).map_err(|e| e.to_string())?;
+    handover::recv(&mut s, "offer").map_err(|e| e.to_string())
 }
 
 /// The daemon still serves as before: an install and its removal answer OK,
@@ -270,21 +276,33 @@ fn a_failed_takeover_leaves_the_old_daemon_serving() {
     assert_eq!(common::raw_exchange(&folder.join("rx_rule_manager"), &rule(100)), frame::OK_FRAME);
     assert_eq!(check_tables(&old), 1);
 
-    // Another protocol version: refused before anything pauses.
-    let hello = tcpx_rxdm::handover::Hello { version: 99, pid: 1, fingerprint: Default::default() };
+    // Another protocol version: refused before anything pauses, without the
+    // daemon's own version; its log has both.
+    let hello = tcpx_rxdm::handover::Hello { version: 99, pid: 1, ..Default::default() };
     let offer = ask_by_hand(&folder, &hello).unwrap();
-    let refused = format!("{:?}", offer.answer);
-    assert!(refused.contains("Refused") && refused.contains("version 99"), "{refused}");
+    use tcpx_rxdm::handover::offer::Answer;
+    let Some(Answer::Refused(why)) = offer.answer else { panic!("{offer:?}") };
+    assert_eq!(why, "the running daemon speaks another version of the takeover protocol");
+    let logged = old.wait_for_log("takeover refused", Duration::from_secs(2)).unwrap();
+    assert!(logged.contains("protocol version 99 asked, this daemon speaks"), "{logged}");
     still_serves(&old, &folder, 101, 1);
 
-    // Flags that change what is served: the new daemon exits 1 naming the difference.
+    // Flags that change what is served: the new daemon exits 1 naming the
+    // setting; only the serving daemon's log has its value.
     let mut other = daemon(&folder, &["--takeover", "--tenant_isolation=off"], &[]);
     let st = other.wait_exit(Duration::from_secs(20));
     assert_eq!(st.code(), Some(1));
+    let line = other.wait_for_log("another --tenant_isolation", Duration::from_secs(2));
+    assert!(line.is_some(), "{}", other.log().join("\n"));
+    assert!(!line.unwrap().contains("audit"), "the refusal quoted the daemon's value");
     assert!(
-        other.wait_for_log("tenant_isolation differs", Duration::from_secs(2)).is_some(),
+        old.wait_for_log(
+            r#"tenant_isolation differs: this daemon has "audit", the other "off""#,
+            Duration::from_secs(2)
+        )
+        .is_some(),
         "{}",
-        other.log().join("\n")
+        old.log().join("\n")
     );
     still_serves(&old, &folder, 102, 1);
 

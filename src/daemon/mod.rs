@@ -203,16 +203,23 @@ pub async fn run(
         (Err(e), None) => Err(e),
     };
     if let Some(taking) = taking {
-        // Adopted: answer, and serve once the old daemon has committed.
+        // Adopted: answer, and once the old daemon has committed, serve
+        // (what it holds armed, the sockets listened on anew, the lock file
+        // naming it, the gate open) before saying so: there is no moment
+        // when neither serves.
         let from = taking.from;
         let since = taking.started;
-        if let Err(why) = taking.commit().await {
-            tracing::error!("takeover failed: {why}");
-            std::process::exit(EXIT_FAILURE.into());
-        }
+        let committed = match taking.await_commit().await {
+            Ok(c) => c,
+            Err(why) => {
+                tracing::error!("takeover failed: {why}");
+                std::process::exit(EXIT_FAILURE.into());
+            }
+        };
         takeover::committed(&mut node.dir, node.tuning.as_mut());
         let state = node.state.clone().expect("set by startup");
         state.gate.resume();
+        committed.serving().await;
         tracing::info!(
             "took over from pid {from}: {handed_rules} rules, {} clients, {handed_pools} pools in {:.1} ms",
             state.clients.subscribe().borrow().alive,
@@ -266,7 +273,7 @@ pub async fn run(
 
     let grace = Duration::from_secs(flags.wait_time_before_exit);
     let busy = Arc::new(AtomicBool::new(false));
-    let mut successors = takeover::give::accept(handover, busy.clone());
+    let mut successors = takeover::admit::accept(handover, busy.clone());
     // A takeover under way, as a task of its own: the loop stays responsive.
     let mut session: Option<takeover::give::Session> = None;
     let reason = loop {
@@ -283,7 +290,7 @@ pub async fn run(
                 break StopReason::AllClientsExited(grace)
             }
             ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &config.topology, &metrics) => break StopReason::Nic(ev),
-            Some(conn) = successors.recv() => {
+            Some(successor) = successors.recv() => {
                 let giver = takeover::handout::Giver {
                     config: &config,
                     backends: &backends,
@@ -292,7 +299,7 @@ pub async fn run(
                     http: http_fd.as_ref().map(|f| f.as_fd()),
                     takeovers,
                 };
-                session = Some(takeover::give::Session::start(conn, &giver));
+                session = Some(takeover::give::Session::start(successor, &giver));
             }
             outcome = async { session.as_mut().expect("guarded").finished().await }, if session.is_some() => {
                 session = None;
@@ -309,7 +316,24 @@ pub async fn run(
                     std::process::exit(0);
                 }
             }
-            _ = usr2.recv() => takeover::spawn_successor(exe.as_deref()),
+            _ = usr2.recv() => {
+                // The successor takes the one takeover slot from its start.
+                if busy.swap(true, Ordering::AcqRel) {
+                    tracing::warn!("SIGUSR2: a takeover is under way; no successor started");
+                } else if let Some(child) = takeover::admit::start_child(exe.as_deref()) {
+                    let giver = takeover::handout::Giver {
+                        config: &config,
+                        backends: &backends,
+                        node: &node,
+                        claims: &claims,
+                        http: http_fd.as_ref().map(|f| f.as_fd()),
+                        takeovers,
+                    };
+                    session = Some(takeover::give::Session::start(child, &giver));
+                } else {
+                    busy.store(false, Ordering::Release);
+                }
+            }
         }
     };
     // A takeover under way ends first: this daemon serves on (the new one is

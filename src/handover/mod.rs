@@ -1,22 +1,30 @@
 //! The takeover's wire: how a daemon about to take over and the daemon
-//! serving talk over the folder's handover socket.
+//! serving talk, over a channel the serving daemon opened to a successor it
+//! started itself ([`channel`]) or over the folder's handover socket.
 //!
-//! Five messages in this order, each framed as a 4-byte big-endian length
-//! and a `tcpx_rxdm.handover` protobuf:
-//! 1. new → old [`Hello`]: version, pid and what it would serve;
+//! Messages in this order, each framed as a 4-byte big-endian length and a
+//! `tcpx_rxdm.handover` protobuf:
+//! 0. old → new [`Challenge`] (handover socket only): a descriptor of the old
+//!    daemon holding a secret, which the new one reads with `pidfd_getfd`
+//!    ([`proof`]);
+//! 1. new → old [`Hello`]: version, pid, what it would serve, and the secret;
 //! 2. old → new [`Offer`]: refused with a reason, or the whole [`State`],
 //!    followed by its fds (SCM_RIGHTS, at most [`FDS_PER_MESSAGE`] per
 //!    `sendmsg`, each chunk carried by one byte);
 //! 3. new → old [`Verdict`]: adopted, or failed with a reason;
-//! 4. old → new [`Commit`]: the old daemon will stop for good;
-//! 5. new → old [`Serving`]: the commit arrived; only now may the old one go.
+//! 4. old → new [`Commit`]: the old daemon will stop for good once answered;
+//! 5. new → old [`Serving`]: the new daemon serves already; only now may the
+//!    old one go.
 //!
 //! What each side does around them lives in the daemon (`daemon::takeover`);
-//! this module is only the transport, the peer check, the fd list and the
-//! peer's process ([`peer`]). It may use `wire` and the layers below.
+//! this module is only the transport, the proof, the inherited channel, the
+//! fd list and the peer's process ([`peer`]). It may use `wire` and the
+//! layers below.
 
+pub mod channel;
 pub mod fds;
 pub mod peer;
+pub mod proof;
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -25,14 +33,23 @@ use std::time::Duration;
 
 use prost::Message;
 
-pub use crate::wire::handover::{offer, verdict, Commit, Hello, Offer, Serving, State, Verdict};
+pub use crate::wire::handover::{offer, verdict, Challenge, Commit, Hello, Offer, Serving, State, Verdict};
 pub use fds::{FdList, FdSet, FDS_PER_MESSAGE};
 pub use peer::Process;
 
-/// The protocol version both daemons must speak (2: the commit is answered).
-pub const VERSION: u32 = 2;
+/// The protocol version both daemons must speak (2: the commit is answered;
+/// 3: a successor on the handover socket proves itself first, and answers
+/// the commit once it serves).
+pub const VERSION: u32 = 3;
 /// The handover socket's name in the socket folder (owner only).
 pub const SOCKET: &str = ".rxdm-handover";
+/// The whole answer to a peer on the handover socket that did not prove it
+/// may take the daemon's descriptors: the same words whatever it sent.
+pub const UNPROVEN: &str = "not allowed to take over: run the new daemon as the running daemon's user \
+     with its capabilities, or with CAP_SYS_PTRACE, where it can see the running daemon's process";
+/// The largest hello accepted before the peer has proved itself (a real one,
+/// topology and all, is a few KiB).
+pub const MAX_HELLO: usize = 64 << 10;
 /// The largest message accepted (a State with 100 000 rules per NIC on
 /// eight NICs is about 40 MiB).
 pub const MAX_MESSAGE: usize = 256 << 20;
@@ -54,6 +71,15 @@ pub enum HandoverError {
     },
     #[error("{0}")]
     Protocol(String),
+    #[error("the running daemon refused: {0}")]
+    Refused(String),
+}
+
+impl HandoverError {
+    /// Whether the other daemon answered with a refusal (it serves on).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, HandoverError::Refused(_))
+    }
 }
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> HandoverError {
@@ -100,32 +126,41 @@ pub fn peer_pid(s: &UnixStream) -> Option<u32> {
     u32::try_from(cred.pid()).ok().filter(|&p| p > 0)
 }
 
-/// Refuses a peer that is not this daemon's own user.
-pub fn check_peer(s: &UnixStream) -> Result<(), HandoverError> {
-    let (uid, own) = (peer_uid(s)?, nix::unistd::geteuid().as_raw());
-    if uid != own {
-        return Err(HandoverError::Protocol(format!(
-            "the peer runs as uid {uid}, this daemon as uid {own}: only the same user may take over"
-        )));
-    }
-    Ok(())
+/// Where two daemons' fingerprints first differ: the key and each side's
+/// value. Its `Display` shows both values, for this daemon's log only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    pub key: String,
+    pub ours: Option<String>,
+    pub theirs: Option<String>,
 }
 
-/// The first difference between two daemons' fingerprints, named.
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |v: &Option<String>| {
+            v.as_ref().map_or("(none)".to_string(), |v| format!("\"{}\"", v.escape_debug()))
+        };
+        write!(
+            f,
+            "{} differs: this daemon has {}, the other {}",
+            self.key,
+            show(&self.ours),
+            show(&self.theirs)
+        )
+    }
+}
+
+/// The first difference between two daemons' fingerprints.
 pub fn fingerprint_differs(
     ours: &std::collections::HashMap<String, String>,
     theirs: &std::collections::HashMap<String, String>,
-) -> Option<String> {
+) -> Option<Difference> {
     let mut keys: Vec<&String> = ours.keys().chain(theirs.keys()).collect();
     keys.sort();
     keys.dedup();
     keys.into_iter().find_map(|k| {
         let (a, b) = (ours.get(k), theirs.get(k));
-        (a != b).then(|| {
-            let show =
-                |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("\"{}\"", v.escape_debug()));
-            format!("{k} differs: this daemon has {}, the other {}", show(a), show(b))
-        })
+        (a != b).then(|| Difference { key: k.clone(), ours: a.cloned(), theirs: b.cloned() })
     })
 }
 
@@ -143,9 +178,7 @@ pub fn recv_offer(s: &mut UnixStream) -> Result<(State, Vec<OwnedFd>), HandoverE
             let fds = fds::recv_fds(s, st.fd_count as usize)?;
             Ok((*st, fds))
         }
-        Some(offer::Answer::Refused(why)) => {
-            Err(HandoverError::Protocol(format!("the running daemon refused: {why}")))
-        }
+        Some(offer::Answer::Refused(why)) => Err(HandoverError::Refused(why)),
         None => Err(HandoverError::Protocol("an empty offer".into())),
     }
 }
@@ -159,8 +192,12 @@ mod tests {
     fn messages_and_fds_cross_and_bad_frames_are_refused() {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         set_timeouts(&b, Duration::from_secs(5)).unwrap();
-        let hello =
-            Hello { version: VERSION, pid: 42, fingerprint: HashMap::from([("a".into(), "1".into())]) };
+        let hello = Hello {
+            version: VERSION,
+            pid: 42,
+            fingerprint: HashMap::from([("a".into(), "1".into())]),
+            proof: vec![7; 32],
+        };
         send(&mut a, "hello", &hello).unwrap();
         assert_eq!(recv::<Hello>(&mut b, "hello").unwrap(), hello);
         // More fds than one message may carry (two chunks), with their order kept;
@@ -194,15 +231,16 @@ mod tests {
         };
         assert_eq!(fingerprint_differs(&m(&[("a", "1")]), &m(&[("a", "1")])), None);
         let d = fingerprint_differs(&m(&[("a", "1"), ("b", "2")]), &m(&[("a", "1"), ("b", "3")])).unwrap();
-        assert_eq!(d, "b differs: this daemon has \"2\", the other \"3\"");
+        assert_eq!(d.key, "b");
+        assert_eq!(d.to_string(), "b differs: this daemon has \"2\", the other \"3\"");
         let d = fingerprint_differs(&m(&[("a", "1")]), &m(&[("a", "1"), ("c", "x")])).unwrap();
-        assert!(d.starts_with("c differs: this daemon has (none)"), "{d}");
+        assert_eq!((d.ours, d.theirs.as_deref()), (None, Some("x")));
     }
 
     #[test]
-    fn only_the_same_user_passes() {
+    fn the_peer_is_named_by_its_credentials() {
         let (a, _b) = UnixStream::pair().unwrap();
-        check_peer(&a).unwrap();
         assert_eq!(peer_pid(&a), Some(std::process::id()));
+        assert_eq!(peer_uid(&a).unwrap(), nix::unistd::geteuid().as_raw());
     }
 }

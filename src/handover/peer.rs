@@ -51,6 +51,11 @@ impl Process {
         Ok(Process { pidfd: unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) } })
     }
 
+    /// The same process, held by a second pidfd.
+    pub fn dup(&self) -> std::io::Result<Process> {
+        Ok(Process { pidfd: self.pidfd.try_clone()? })
+    }
+
     /// This process.
     pub fn own() -> Result<Process, Errno> {
         Process::of_pid(std::process::id())
@@ -125,6 +130,32 @@ impl Process {
             Ok(()) | Err(Errno::ESRCH) => self.wait_exit(limit),
             Err(_) => false,
         }
+    }
+
+    /// Its descriptor `fd`, duplicated into this process (`pidfd_getfd`, close
+    /// on exec). The kernel allows it only under a ptrace attach check with
+    /// this process's real credentials.
+    pub fn take_fd(&self, fd: u32) -> Result<OwnedFd, Errno> {
+        // SAFETY: a plain syscall on a pidfd we own, with integer arguments;
+        // on success it returns a new fd that nothing else owns.
+        let r = unsafe {
+            libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd as libc::c_int, 0 as libc::c_uint)
+        };
+        if r < 0 {
+            return Err(Errno::last());
+        }
+        // SAFETY: `r` was just returned by the kernel and is owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(r as libc::c_int) })
+    }
+
+    /// Its cgroup (the v2 path), for the log: read through its pid, and kept
+    /// only if the pidfd still names a live process afterwards (else the pid
+    /// may have named another one).
+    pub fn cgroup(&self) -> Option<String> {
+        let pid = self.pid_here()?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let path = text.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
+        (self.pid_here() == Some(pid) && !self.exited()).then_some(path)
     }
 
     /// Whether `other` is the same process, both still running.
@@ -208,6 +239,8 @@ mod tests {
         assert_eq!(me.pid_here(), Some(std::process::id()));
         assert_eq!(me.own_pid(), Some(std::process::id()));
         assert!(!me.exited());
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert_eq!(me.cgroup().as_deref(), cgroup.lines().find_map(|l| l.strip_prefix("0::")));
         // The peer of a socket pair is this process, held the same way.
         let (a, _b) = UnixStream::pair().unwrap();
         assert!(Process::of_peer(a.as_fd()).unwrap().is(&me));
@@ -228,5 +261,7 @@ mod tests {
         assert_eq!(held.pid_here(), None);
         assert_eq!(held.own_pid(), None);
         assert_eq!(held.signal(Signal::SIGTERM), Err(Errno::ESRCH));
+        assert_eq!(held.cgroup(), None);
+        assert_eq!(held.take_fd(0).unwrap_err(), Errno::ESRCH);
     }
 }

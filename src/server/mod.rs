@@ -8,6 +8,7 @@
 //! daemon assembles it.
 
 pub(crate) mod conn;
+mod folder_access;
 pub(crate) mod handlers;
 pub(crate) mod http;
 pub(crate) mod socket_dir;

@@ -20,6 +20,9 @@ use tokio::net::UnixListener;
 
 use crate::host::shared_dir::{proc_fd_path, Created, Entry, Kind, OpenError, SharedDir};
 
+pub use super::folder_access::dir_mode_for;
+use super::folder_access::warn_if_unreachable;
+
 pub const LOCK_FILE: &str = ".rxdm.lock";
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +47,11 @@ pub enum SocketDirError {
     },
     #[error("another tcpx-rxdm{holder} already serves {dir}; refusing to start a second one")]
     Locked { dir: PathBuf, holder: String },
+    #[error(
+        "the lock handed over is {why}, not the lock of {path}: the process that answered does not \
+         hold this folder"
+    )]
+    NotTheLock { path: PathBuf, why: &'static str },
     #[error("locking {path}: {err}")]
     Lock {
         path: PathBuf,
@@ -109,49 +117,6 @@ pub fn resolve_group(group: &str) -> Result<Gid, SocketDirError> {
     match Group::from_name(group) {
         Ok(Some(g)) => Ok(g.gid),
         _ => Err(SocketDirError::UnknownGroup(group.to_string())),
-    }
-}
-
-/// The mode a folder for sockets of mode `socket_mode` gets: every class that
-/// may use the sockets (read or write bit) gets search and list (`r-x`); the
-/// owner gets `rwx`. Write is never handed on: it would let a client delete
-/// or replace the daemon's sockets. `0660` → `0750`, `0666` → `0755`, `0600` → `0700`.
-pub fn dir_mode_for(socket_mode: u32) -> u32 {
-    crate::types::mode::granted_to_socket_users(socket_mode, 0o700, 0o5)
-}
-
-/// Which clients the socket mode admits but the folder's own mode keeps out
-/// (they need search permission on it); `None` when all can reach the sockets.
-pub fn unreachable_by(
-    dir_mode: u32,
-    dir_gid: u32,
-    socket_mode: u32,
-    socket_gid: u32,
-) -> Option<&'static str> {
-    let others_in = dir_mode & 0o001 != 0;
-    if socket_mode & 0o060 != 0 && !(others_in || (dir_gid == socket_gid && dir_mode & 0o010 != 0)) {
-        return Some("the socket group");
-    }
-    if socket_mode & 0o006 != 0 && !others_in {
-        return Some("other users");
-    }
-    None
-}
-
-/// Warns when an existing folder's mode stops clients the sockets are meant for.
-fn warn_if_unreachable(dir: &SharedDir, socket_mode: u32, gid: Option<Gid>) {
-    let Ok(m) = nix::sys::stat::fstat(dir.fd()) else { return };
-    let socket_gid = gid.map(|g| g.as_raw()).unwrap_or_else(|| nix::unistd::getegid().as_raw());
-    if let Some(who) = unreachable_by(m.st_mode & 0o7777, m.st_gid, socket_mode, socket_gid) {
-        tracing::warn!(
-            path = %dir.path().display(),
-            mode = format!("{:04o}", m.st_mode & 0o7777),
-            gid = m.st_gid,
-            socket_mode = format!("{socket_mode:04o}"),
-            socket_gid,
-            "{who} cannot reach the sockets: the folder lacks search (x) permission for them; \
-             change its mode or group, or let the daemon create it"
-        );
     }
 }
 
@@ -272,7 +237,12 @@ impl SocketDir {
 
     /// The folder as the daemon this one takes over from held it: its lock
     /// (the same open file, so the lock is already ours) and its listeners,
-    /// which [`Self::bind`] hands out instead of binding anew.
+    /// which [`Self::bind`] hands out instead of binding anew. The lock must
+    /// be this folder's lock file and the very open file that holds it: an
+    /// exclusive `flock` through it succeeds only on the holder's open file,
+    /// so a process that answered without holding the folder is found out
+    /// here. The lock file is written only once this daemon serves
+    /// ([`Self::record_holder`]).
     pub fn adopt(
         dir: &Path,
         mode: u32,
@@ -283,11 +253,19 @@ impl SocketDir {
         let folder =
             SharedDir::open(dir).map_err(|err| SocketDirError::OpenDir { path: dir.to_path_buf(), err })?;
         let path = folder.join(LOCK_FILE);
-        let mut lock = Flock::lock(File::from(lock), FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, err)| SocketDirError::Lock { path, err })?;
-        let _ = lock.set_len(0);
-        let _ = lock.rewind();
-        let _ = write!(*lock, "{}", std::process::id());
+        let held = nix::sys::stat::fstat(&lock)
+            .map_err(|e| SocketDirError::OpenLock { path: path.clone(), err: e.into() })?;
+        match folder.entry(LOCK_FILE) {
+            Ok(Some(e)) if e.kind.is_plain() && e.is(&held) => {}
+            _ => return Err(SocketDirError::NotTheLock { path, why: "another file" }),
+        }
+        let lock = match Flock::lock(File::from(lock), FlockArg::LockExclusiveNonblock) {
+            Ok(l) => l,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(SocketDirError::NotTheLock { path, why: "not the open file that holds it" })
+            }
+            Err((_, err)) => return Err(SocketDirError::Lock { path, err }),
+        };
         Ok(SocketDir::with_lock(folder, mode, gid, lock, listeners, Vec::new()))
     }
 

@@ -23,15 +23,6 @@ fn kind_at(p: &Path) -> Option<Kind> {
     Some(Kind::of(&st))
 }
 
-#[test]
-fn folder_mode_follows_the_socket_mode_without_write() {
-    assert_eq!(dir_mode_for(0o660), 0o750);
-    assert_eq!(dir_mode_for(0o600), 0o700);
-    assert_eq!(dir_mode_for(0o666), 0o755);
-    assert_eq!(dir_mode_for(0o640), 0o750);
-    assert_eq!(dir_mode_for(0o602), 0o705);
-}
-
 #[tokio::test]
 async fn an_adopted_folder_keeps_the_lock_and_serves_the_same_listeners() {
     let tmp = tempfile::tempdir().unwrap();
@@ -58,16 +49,22 @@ async fn an_adopted_folder_keeps_the_lock_and_serves_the_same_listeners() {
 }
 
 #[test]
-fn reachability() {
-    // Group-only sockets in a 0700 folder: the group is kept out.
-    assert_eq!(unreachable_by(0o700, 5, 0o660, 5), Some("the socket group"));
-    // 0750 of the right group: fine; of another group: kept out.
-    assert_eq!(unreachable_by(0o750, 5, 0o660, 5), None);
-    assert_eq!(unreachable_by(0o750, 6, 0o660, 5), Some("the socket group"));
-    // o+x lets everyone search.
-    assert_eq!(unreachable_by(0o711, 6, 0o660, 5), None);
-    assert_eq!(unreachable_by(0o750, 5, 0o666, 5), Some("other users"));
-    assert_eq!(unreachable_by(0o700, 0, 0o600, 0), None);
+fn only_the_open_file_that_holds_the_folders_lock_is_adopted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = SocketDir::lock(tmp.path(), 0o660, None).unwrap();
+    // Another file altogether.
+    let other = tempfile::tempfile().unwrap();
+    let err = SocketDir::adopt(tmp.path(), 0o660, None, other.into(), HashMap::new()).err().unwrap();
+    assert!(err.to_string().contains("is another file, not the lock of"), "{err}");
+    // The folder's lock file, opened anew: not the open file that holds the lock.
+    let reopened =
+        std::fs::OpenOptions::new().read(true).write(true).open(tmp.path().join(LOCK_FILE)).unwrap();
+    let err = SocketDir::adopt(tmp.path(), 0o660, None, reopened.into(), HashMap::new()).err().unwrap();
+    assert!(err.to_string().contains("not the open file that holds it"), "{err}");
+    // The holder's own open file: adopted.
+    let held = first.handover().0.unwrap().try_clone_to_owned().unwrap();
+    let mut second = SocketDir::adopt(tmp.path(), 0o660, None, held, HashMap::new()).unwrap();
+    second.disarm();
 }
 
 #[tokio::test]

@@ -5,7 +5,8 @@
 //! `TCPX_RXDM_TEST_TAKEOVER_FAULT=[old:|new:]STEP:ACTION` (no side: the new
 //! daemon). The new daemon's steps: `hello` (hello sent, offer not read),
 //! `state` (the state is here, nothing decoded), `adopted` (adopted sent,
-//! commit not read), `commit` (commit read, serving not sent). The old
+//! commit not read), `commit` (commit read, nothing armed, not serving yet),
+//! `serving` (serving: its gate is open, the answer not sent). The old
 //! daemon's: `adopted` (adopted read, commit not sent), `commit` (commit
 //! sent, serving not read). Actions: `exit` (status 3), `kill` (SIGKILL to
 //! itself), `panic`, `stall` (sleeps an hour). A bare `exit` or `stall` is
@@ -18,6 +19,7 @@ pub(super) enum Step {
     State,
     Adopted,
     Commit,
+    Serving,
 }
 
 /// Which daemon.
@@ -65,6 +67,7 @@ fn parse(spec: &str) -> Option<(Side, Step, &str)> {
         "state" => Step::State,
         "adopted" => Step::Adopted,
         "commit" => Step::Commit,
+        "serving" => Step::Serving,
         _ => return None,
     };
     matches!(action, "exit" | "kill" | "panic" | "stall").then_some((side, step, action))
@@ -81,6 +84,7 @@ mod tests {
         assert_eq!(parse("adopted:kill"), Some((Side::New, Step::Adopted, "kill")));
         assert_eq!(parse("new:hello:panic"), Some((Side::New, Step::Hello, "panic")));
         assert_eq!(parse("old:commit:kill"), Some((Side::Old, Step::Commit, "kill")));
+        assert_eq!(parse("new:serving:kill"), Some((Side::New, Step::Serving, "kill")));
         assert_eq!(parse("old:later:kill"), None);
         assert_eq!(parse("new:commit:explode"), None);
     }

@@ -1,6 +1,6 @@
-//! The serving daemon's side: answer a takeover on the handover socket —
-//! pause, hand everything over, and either hand over for good (exit) or
-//! serve on. The session runs as a task of its own, so the daemon's main
+//! The serving daemon's side: answer a successor let in by `admit` (one it
+//! started, or a proven peer of the handover socket) — pause, hand
+//! everything over, and either hand over for good (exit) or serve on. The session runs as a task of its own, so the daemon's main
 //! loop answers signals, NIC failures and the shutdown file meanwhile; a
 //! reason to stop aborts the session first.
 
@@ -10,90 +10,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::UnixListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::handover::{self, verdict, Commit, Hello, Offer, Process, Serving, Verdict, VERSION};
 use crate::server::socket_dir::SocketDir;
 use crate::server::ServerState;
 
+use super::admit::{Candidate, Peer, Via};
 use super::fault::{self, Side, Step};
 use super::handout::{Context, Giver, Handout};
 use super::paused::Paused;
 
-/// How long a new daemon that answered `failed` may take to exit by itself.
+/// How long a new daemon that answered `failed` may take to exit by itself
+/// (and a successor this daemon started, refused, to end).
 const FAILED_EXIT: Duration = Duration::from_secs(2);
-
-/// Takeovers asked on the handover socket: one at a time reaches the
-/// daemon; one that comes while another runs is refused at once.
-pub(in crate::daemon) struct Successors {
-    rx: mpsc::Receiver<UnixStream>,
-    task: JoinHandle<()>,
-}
-
-impl Successors {
-    pub async fn recv(&mut self) -> Option<UnixStream> {
-        self.rx.recv().await
-    }
-
-    /// Accepts no more (handed over: the successor answers from now on).
-    pub fn stop(&mut self) {
-        self.task.abort();
-        self.rx.close();
-    }
-}
-
-/// Accepts on the handover socket; `busy` is set while a takeover runs.
-pub(in crate::daemon) fn accept(listener: UnixListener, busy: Arc<AtomicBool>) -> Successors {
-    let (tx, rx) = mpsc::channel(1);
-    let task = tokio::spawn(async move {
-        let mut backoff = crate::endpoint::accept_backoff::AcceptBackoff::new("handover");
-        loop {
-            let s = match listener.accept().await {
-                Ok((s, _)) => {
-                    backoff.succeeded();
-                    s
-                }
-                Err(e) => {
-                    // Out of descriptors, say: the socket stays served once they free up.
-                    tokio::time::sleep(backoff.failed(&e)).await;
-                    continue;
-                }
-            };
-            let Ok(s) = s.into_std() else { continue };
-            if s.set_nonblocking(false).is_err() {
-                continue;
-            }
-            if busy.swap(true, Ordering::AcqRel) {
-                tokio::task::spawn_blocking(move || {
-                    // Its hello first, so that it reads the refusal rather than a broken pipe.
-                    let mut s = s;
-                    let _ = handover::set_timeouts(&s, Duration::from_secs(2));
-                    let _ = handover::recv::<Hello>(&mut s, "reading hello");
-                    refuse(s, "another takeover is under way")
-                });
-                continue;
-            }
-            if tx.send(s).await.is_err() {
-                return;
-            }
-        }
-    });
-    Successors { rx, task }
-}
-
-fn refuse(mut s: UnixStream, why: &str) {
-    let _ = handover::set_timeouts(&s, Duration::from_secs(2));
-    let who = handover::peer_pid(&s);
-    let pid = who.map_or_else(|| "unknown".to_string(), |p| p.to_string());
-    tracing::warn!(%pid, reason = why, "takeover refused");
-    let _ = handover::send(
-        &mut s,
-        "refusing",
-        &Offer { answer: Some(handover::offer::Answer::Refused(why.to_string())) },
-    );
-}
 
 /// How a session ended.
 pub(in crate::daemon) enum Outcome {
@@ -113,11 +44,11 @@ pub(in crate::daemon) struct Session {
 }
 
 impl Session {
-    /// Starts answering the takeover asked on `conn`.
-    pub fn start(conn: UnixStream, g: &Giver<'_>) -> Session {
-        let dup = conn.as_fd().try_clone_to_owned().ok();
+    /// Starts answering the takeover `successor` asks for.
+    pub fn start(successor: Candidate, g: &Giver<'_>) -> Session {
+        let dup = successor.conn.as_fd().try_clone_to_owned().ok();
         let (abort, aborted) = watch::channel(false);
-        let task = tokio::spawn(run(conn, g.context(), g.handout(), g.node.state.clone(), aborted));
+        let task = tokio::spawn(run(successor, g.context(), g.handout(), g.node.state.clone(), aborted));
         Session { task, abort, conn: dup }
     }
 
@@ -174,64 +105,126 @@ async fn aborted(rx: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Refuses before anything was handed over.
-async fn refused(conn: UnixStream, why: String) -> Outcome {
-    let w = why.clone();
-    blocking(move || refuse(conn, &w)).await;
-    Outcome::ServesOn { paused: None, pid: None, why }
+/// Refuses before anything was handed over: the peer reads `to_peer`, the
+/// log says `why` (which may name this daemon's settings) and who asked. A
+/// successor this daemon started is gone before this returns.
+async fn refused(conn: UnixStream, to_peer: String, why: String, who: Who<'_>) -> Outcome {
+    tracing::warn!(peer = %who.peer, reason = %why, "takeover refused");
+    let refusal = Offer { answer: Some(handover::offer::Answer::Refused(to_peer)) };
+    blocking(move || {
+        let mut conn = conn;
+        let _ = handover::set_timeouts(&conn, Duration::from_secs(2));
+        let _ = handover::send(&mut conn, "refusing", &refusal);
+    })
+    .await;
+    who.end_child().await;
+    Outcome::ServesOn { paused: None, pid: who.peer.pid, why }
+}
+
+/// The successor before anything was handed to it.
+#[derive(Clone, Copy)]
+struct Who<'a> {
+    process: &'a Process,
+    peer: &'a Peer,
+    via: Via,
+}
+
+impl Who<'_> {
+    /// A successor this daemon started that is not taking over is not left
+    /// behind: refused, it exits by itself; one that does not is stopped
+    /// (else, once this daemon stopped, it would start in its place).
+    async fn end_child(self) {
+        if self.via != Via::Child {
+            return;
+        }
+        let dup = self.process.dup();
+        let pid = self.peer.pid;
+        blocking(move || {
+            if let Ok(p) = dup {
+                if !p.wait_exit(FAILED_EXIT) && p.kill(FAILED_EXIT) {
+                    tracing::warn!(
+                        pid,
+                        "stopped the successor this daemon started (SIGKILL): it did not take over"
+                    );
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// What a proven peer is told of a fingerprint that differs: the setting,
+/// never this daemon's value.
+fn differs_to_peer(key: &str) -> String {
+    format!(
+        "the running daemon serves with another {}; start this one with the same settings",
+        super::setting(key)
+    )
 }
 
 async fn run(
-    mut conn: UnixStream,
+    successor: Candidate,
     ctx: Context,
     handout: std::io::Result<Handout>,
     state: Option<Arc<ServerState>>,
     mut abort: watch::Receiver<bool>,
 ) -> Outcome {
     let timeout = ctx.timeout;
-    if let Err(e) = handover::check_peer(&conn) {
-        return refused(conn, e.to_string()).await;
-    }
-    // The new daemon's process as the kernel recorded it when it connected.
-    let successor = match Process::of_peer(conn.as_fd()) {
-        Ok(p) => p,
-        Err(e) => return refused(conn, format!("cannot hold the new daemon's process: {e}")).await,
+    let Candidate { conn, process, hello, via, peer } = successor;
+    let who = Who { process: &process, peer: &peer, via };
+    // A successor this daemon started may first wait for its NICs and open
+    // its GPUs; nothing is paused meanwhile.
+    let (mut conn, hello) = match hello {
+        Some(h) => (conn, Ok(h)),
+        None => {
+            let _ = handover::set_timeouts(&conn, ctx.child_wait);
+            let read = blocking(move || {
+                let mut conn = conn;
+                let h = handover::recv::<Hello>(&mut conn, "reading hello");
+                (conn, h)
+            })
+            .await;
+            match read {
+                Some(v) => v,
+                None => {
+                    return Outcome::ServesOn {
+                        paused: None,
+                        pid: peer.pid,
+                        why: "the session failed".into(),
+                    }
+                }
+            }
+        }
     };
     let _ = handover::set_timeouts(&conn, timeout);
-    let Some((conn2, hello)) = blocking(move || {
-        let h = handover::recv::<Hello>(&mut conn, "reading hello");
-        (conn, h)
-    })
-    .await
-    else {
-        return Outcome::ServesOn { paused: None, pid: None, why: "the session failed".into() };
-    };
-    conn = conn2;
     let hello = match hello {
         Ok(h) => h,
         Err(e) => {
-            let pid = successor.pid_here();
-            match pid {
-                Some(pid) => tracing::warn!(pid, error = %e, "takeover attempt ended before it began"),
-                None => tracing::warn!(error = %e, "takeover attempt ended before it began"),
-            }
-            return Outcome::ServesOn { paused: None, pid, why: e.to_string() };
+            tracing::warn!(peer = %peer, error = %e, "takeover attempt ended before it began");
+            who.end_child().await;
+            return Outcome::ServesOn { paused: None, pid: peer.pid, why: e.to_string() };
         }
     };
     // Its pid as this daemon (and the service manager beside it) sees it.
-    let pid = successor.pid_here().unwrap_or(hello.pid);
-    let mismatch = if hello.version != VERSION {
-        Some(format!("protocol version {} asked, this daemon speaks {VERSION}", hello.version))
-    } else {
-        handover::fingerprint_differs(&ctx.fingerprint, &hello.fingerprint)
-    };
-    if let Some(why) = mismatch {
-        return refused(conn, why).await;
+    let pid = process.pid_here().or(peer.pid).unwrap_or(hello.pid);
+    if hello.version != VERSION {
+        let why = format!("protocol version {} asked, this daemon speaks {VERSION}", hello.version);
+        let to_peer = "the running daemon speaks another version of the takeover protocol".to_string();
+        return refused(conn, to_peer, why, who).await;
+    }
+    if let Some(d) = handover::fingerprint_differs(&ctx.fingerprint, &hello.fingerprint) {
+        return refused(conn, differs_to_peer(&d.key), d.to_string(), who).await;
     }
     let (handout, state) = match (handout, state) {
         (Ok(h), Some(s)) => (h, s),
-        (Err(e), _) => return refused(conn, format!("collecting the state: {e}")).await,
-        (_, None) => return refused(conn, "this daemon is not serving yet".into()).await,
+        (Err(e), _) => {
+            let why = format!("collecting the state: {e}");
+            return refused(conn, why.clone(), why, who).await;
+        }
+        (_, None) => {
+            let why = "this daemon is not serving yet".to_string();
+            return refused(conn, why.clone(), why, who).await;
+        }
     };
     let t = Instant::now();
     tracing::info!(pid, "takeover asked: pausing");
@@ -244,7 +237,7 @@ async fn run(
         Ok(p) => p,
         Err(why) => {
             drop(paused);
-            return refused(conn, why).await;
+            return refused(conn, why.clone(), why, who).await;
         }
     };
     let quiesced_ms = super::super::ms(t);
@@ -266,7 +259,7 @@ async fn run(
             Ok(table) => tables.push(table),
             Err(why) => {
                 drop(paused);
-                return refused(conn, why).await;
+                return refused(conn, why.clone(), why, who).await;
             }
         }
     }
@@ -275,7 +268,8 @@ async fn run(
         Ok(v) => v,
         Err(e) => {
             drop(paused);
-            return refused(conn, format!("collecting the state: {e}")).await;
+            let why = format!("collecting the state: {e}");
+            return refused(conn, why.clone(), why, who).await;
         }
     };
     let built_ms = super::super::ms(t);
@@ -283,7 +277,7 @@ async fn run(
     let conns = st.connections.len();
     // From here the new daemon holds a copy of everything: this one serves
     // again only once it is gone.
-    paused.handing_to(successor, pid);
+    paused.handing_to(process, pid);
     let Some((mut conn, verdict)) = blocking(move || {
         let v = handover::send_state(&mut conn, st, &fds)
             .and_then(|()| handover::recv::<Verdict>(&mut conn, "waiting for the verdict"));
@@ -307,8 +301,9 @@ async fn run(
         return fenced(paused, pid, why, Duration::ZERO).await;
     }
     fault::at(Side::Old, Step::Adopted);
-    // The commit is declared only once its delivery is known: the new
-    // daemon answers `serving`. Until then nothing changes here.
+    // The commit binds this daemon only once the new one answers `serving`,
+    // which it does once it serves. Until then nothing changes here: it
+    // stays paused, so the two never serve at once.
     let Some((mut conn, sent)) = blocking(move || {
         let sent = handover::send(&mut conn, "committing", &Commit { pid: std::process::id() });
         (conn, sent)
@@ -328,6 +323,10 @@ async fn run(
         Err(e) => Some((None, Err(e))),
     };
     match answer {
+        // An answer left in the socket by a process that died since is no answer.
+        Some((_, Ok(_))) if paused.successor_exited() => {
+            fenced(paused, pid, "the new daemon answered, then ended".into(), Duration::ZERO).await
+        }
         Some((conn, Ok(_))) => {
             // The service manager follows the successor from now on; said
             // before letting go of the connection, which the successor

@@ -19,6 +19,11 @@ use super::super::teardown::Node;
 use super::super::{Backends, Config};
 use super::fingerprint;
 
+/// What a successor this daemon started may need to start, beyond its
+/// takeover timeout and its wait for NICs (loading its configuration, opening
+/// its GPUs' contexts).
+const CHILD_START: Duration = Duration::from_secs(30);
+
 /// What a takeover session hands over from, borrowed from the daemon.
 pub(in crate::daemon) struct Giver<'a> {
     pub config: &'a Config,
@@ -32,6 +37,9 @@ pub(in crate::daemon) struct Giver<'a> {
 /// What the session needs beside the handout.
 pub(super) struct Context {
     pub timeout: Duration,
+    /// How long a successor this daemon started may take to say hello: it
+    /// may wait for its NICs and open its GPUs first.
+    pub child_wait: Duration,
     pub fingerprint: HashMap<String, String>,
     pub nic: std::sync::Arc<dyn NicControl>,
 }
@@ -54,6 +62,7 @@ impl Giver<'_> {
     pub(super) fn context(&self) -> Context {
         Context {
             timeout: self.config.flags.takeover_timeout,
+            child_wait: self.config.flags.takeover_timeout + self.config.flags.wait_for_nics + CHILD_START,
             fingerprint: fingerprint(self.config, self.backends),
             nic: self.backends.nic.clone(),
         }

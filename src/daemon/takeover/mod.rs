@@ -1,18 +1,22 @@
 //! Takeover: a new daemon takes the running one's place without touching
 //! the NICs or the pools and without a failed request (an upgrade).
 //!
+//! A successor comes in two ways ([`admit`]): started by the old daemon
+//! itself on SIGUSR2, over a channel made for it, or through the handover
+//! socket after proving it could take the old daemon's descriptors anyway.
 //! The old daemon ([`give`]) pauses every serving path (listeners stay open,
 //! clients wait in the backlog), lets the requests already read finish,
 //! freezes the NIC threads and sends its whole state with its fds. The new
 //! daemon ([`take`]) adopts it without priming, allocating or binding, and
-//! answers `adopted`; the old one commits, the new one answers `serving`
-//! and opens the gate, and only then does the old one exit 0. Anything
-//! wrong before that answer and the old daemon makes sure the new one is
-//! gone and serves on as if nothing happened. Until the commit the new
-//! daemon holds the old one's state disarmed: nothing it drops, and no
-//! panic ([`guard`]), undoes any of it. The transport is `handover`; the
-//! protocol is in docs/ARCHITECTURE.md.
+//! answers `adopted`; the old one commits; the new one arms what it holds,
+//! opens its gate and only then answers `serving`, and only that answer
+//! lets the old one exit 0. Anything wrong before that answer and the old
+//! daemon makes sure the new one is gone and serves on as if nothing
+//! happened. Until the commit the new daemon holds the old one's state
+//! disarmed: nothing it drops, and no panic ([`guard`]), undoes any of it.
+//! The transport is `handover`; the protocol is in docs/ARCHITECTURE.md.
 
+pub(super) mod admit;
 mod fault;
 pub(super) mod give;
 mod guard;
@@ -52,35 +56,18 @@ pub(super) fn fingerprint(config: &Config, backends: &Backends) -> HashMap<Strin
     .collect()
 }
 
-/// SIGUSR2: starts the binary this daemon was started from (replaced on
-/// disk by an upgrade) with the same arguments and `--takeover`; the
-/// successor then asks for the handover like any other. Its exit status is
-/// logged if it ends without taking over.
-pub(super) fn spawn_successor(exe: Option<&std::path::Path>) {
-    let Some(exe) = exe else {
-        tracing::error!(
-            "SIGUSR2: the path of this daemon's binary is unknown; start the successor with --takeover"
-        );
-        return;
-    };
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    match std::process::Command::new(exe)
-        .args(&args)
-        .arg("--takeover")
-        .stdin(std::process::Stdio::null())
-        .spawn()
-    {
-        Ok(mut child) => {
-            let pid = child.id();
-            tracing::info!(pid, exe = %exe.display(), "SIGUSR2: started a successor to take over");
-            std::thread::spawn(move || match child.wait() {
-                Ok(st) if !st.success() => {
-                    tracing::warn!(pid, status = %st, "the successor ended without taking over")
-                }
-                _ => {}
-            });
-        }
-        Err(e) => tracing::error!(exe = %exe.display(), error = %e, "SIGUSR2: cannot start a successor"),
+/// The setting behind a fingerprint key, as a refusal names it to the peer
+/// (never with this daemon's value).
+pub(super) fn setting(key: &str) -> &str {
+    match key {
+        "topology" => "topology (--gpu_nic_preset, --gpu_nic_topology, or what discovery found)",
+        "uds_path" => "--uds_path",
+        "nic_backend" => "--nic_backend",
+        "pool_backend" => "--gpu_backend",
+        "bind_backend" => "--bind_backend",
+        "gpu_shmem_type" => "--gpu_shmem_type",
+        "tenant_isolation" => "--tenant_isolation",
+        other => other,
     }
 }
 

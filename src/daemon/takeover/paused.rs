@@ -47,6 +47,11 @@ impl Paused {
         self.successor = Some((process, pid));
     }
 
+    /// Whether the new daemon, once it held a copy, has exited.
+    pub(super) fn successor_exited(&self) -> bool {
+        self.successor.as_ref().is_some_and(|(p, _)| p.exited())
+    }
+
     /// Makes sure the new daemon can serve nothing: still running after
     /// `grace`, it is killed. Blocks (up to `grace` and a moment).
     pub(super) fn fence(&mut self, grace: Duration) {

@@ -1,5 +1,7 @@
-//! The new daemon's side: ask the running daemon for its state, adopt it,
-//! answer, and serve once it has committed.
+//! The new daemon's side: ask the running daemon for its state (over the
+//! channel it was started with, or through the handover socket after the
+//! proof), adopt it, answer, and serve once the old daemon has committed —
+//! before telling it so.
 
 use std::io::{ErrorKind, Read};
 use std::os::fd::AsFd;
@@ -7,15 +9,16 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use crate::config::flags::Takeover;
-use crate::handover::{self, verdict, Commit, Hello, Process, Serving, Verdict, VERSION};
+use crate::handover::channel::{self, Inherited};
+use crate::handover::{self, proof, verdict, Commit, Hello, Process, Serving, State, Verdict, VERSION};
 
 use super::super::{Backends, Config, DaemonError};
 use super::fault::{self, Side, Step};
 use super::{fingerprint, guard, Handed};
 
 /// How long the old daemon may take to end after its side of the
-/// connection closed without a commit (a process's files close a moment
-/// before it has exited); alive after that, it serves on.
+/// connection closed (a process's files close a moment before it has
+/// exited); alive after that, it serves on.
 const GONE_GRACE: Duration = Duration::from_secs(2);
 /// How long to wait, after answering `serving`, for the old daemon to let
 /// go: it names this process to the service manager first, so that what
@@ -33,6 +36,13 @@ pub(in crate::daemon) struct Taking {
     pub started: Instant,
 }
 
+/// The commit is here (or the old daemon is gone): this daemon serves now,
+/// then says so with [`Committed::serving`].
+pub(in crate::daemon) struct Committed {
+    /// `None`: the old daemon ended without committing; nobody to answer.
+    conn: Option<UnixStream>,
+}
+
 fn failed(why: impl std::fmt::Display) -> DaemonError {
     DaemonError::Takeover(why.to_string())
 }
@@ -47,20 +57,28 @@ fn refuse(conn: &mut UnixStream, why: String) -> DaemonError {
     failed(why)
 }
 
-/// Asks the daemon serving the folder for its state. `None`: nobody serves
-/// it and `--takeover=auto` starts normally.
-pub(in crate::daemon) async fn fetch(
-    config: &Config,
-    backends: &Backends,
-) -> Result<Option<(Taking, Handed)>, DaemonError> {
+/// How this daemon reached the one it takes over from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The channel of the daemon that started this one.
+    Parent,
+    /// The handover socket.
+    Socket,
+}
+
+/// The connection to the daemon to take over from and its process; `None`:
+/// nobody serves the folder.
+fn reach(config: &Config) -> Result<Option<(UnixStream, Process, Via)>, DaemonError> {
     let flags = &config.flags;
+    match channel::take() {
+        Inherited::Channel { conn, parent } => return Ok(Some((conn, parent, Via::Parent))),
+        Inherited::Unusable(why) => tracing::warn!(
+            reason = %why,
+            "not a channel from the daemon that started this one; asking on the handover socket"
+        ),
+        Inherited::None => {}
+    }
     let path = flags.uds_path.join(handover::SOCKET);
-    let started = Instant::now();
-    // What can be done before the running daemon pauses is done first: its
-    // clients then wait only for the handover itself (opening a GPU's
-    // context takes about 100 ms).
-    let gpus: Vec<_> = config.topology.gpus().map(|(_, g)| g.pci).collect();
-    backends.alloc.prepare(&gpus).map_err(|e| failed(format!("preparing the GPUs: {e}")))?;
     let conn = match UnixStream::connect(&path) {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
@@ -76,58 +94,140 @@ pub(in crate::daemon) async fn fetch(
         Err(e) => return Err(failed(format!("connecting to {}: {e}", path.display()))),
     };
     // The serving daemon's process as the kernel names it: the one that
-    // listens on the handover socket (each daemon listens anew at its commit).
+    // listens on the handover socket (each daemon listens anew when it serves).
     let old = Process::of_peer(conn.as_fd())
         .map_err(|e| failed(format!("holding the process that serves {}: {e}", path.display())))?;
-    handover::check_peer(&conn).map_err(failed)?;
+    Ok(Some((conn, old, Via::Socket)))
+}
+
+/// Why the proof could not be made, and what to do, for the log.
+fn unproven(pid: Option<u32>, e: nix::errno::Errno) -> String {
+    let what = match e {
+        nix::errno::Errno::EPERM => {
+            "the kernel does not let this process take its descriptors: run it as the daemon's user with \
+             the daemon's capabilities, or with CAP_SYS_PTRACE (in a container, also a seccomp profile \
+             that allows pidfd_getfd), or upgrade with SIGUSR2 (`tcpx-rxdm upgrade`)"
+        }
+        nix::errno::Errno::ENOSYS => {
+            "pidfd_getfd needs Linux 5.6 or later; upgrade with SIGUSR2 (`tcpx-rxdm upgrade`)"
+        }
+        _ => "taking its descriptor failed",
+    };
+    let who = pid.map_or("the running daemon".to_string(), |p| format!("the running daemon (pid {p})"));
+    format!("could not prove to {who} that this process may take it over ({e}): {what}")
+}
+
+/// Asks the daemon serving the folder for its state. `None`: nobody serves
+/// it (or, with `--takeover=auto`, it ended before handing anything over)
+/// and this daemon starts normally.
+pub(in crate::daemon) async fn fetch(
+    config: &Config,
+    backends: &Backends,
+) -> Result<Option<(Taking, Handed)>, DaemonError> {
+    let flags = &config.flags;
+    let started = Instant::now();
+    // What can be done before the running daemon pauses is done first: its
+    // clients then wait only for the handover itself (opening a GPU's
+    // context takes about 100 ms).
+    let gpus: Vec<_> = config.topology.gpus().map(|(_, g)| g.pci).collect();
+    backends.alloc.prepare(&gpus).map_err(|e| failed(format!("preparing the GPUs: {e}")))?;
+    let Some((conn, old, via)) = reach(config)? else { return Ok(None) };
     handover::set_timeouts(&conn, flags.takeover_timeout).map_err(failed)?;
     // From here until the commit, a panic ends this process without unwinding.
     guard::arm();
-    let hello =
-        Hello { version: VERSION, pid: std::process::id(), fingerprint: fingerprint(config, backends) };
-    let (conn, sent) = blocking(move || {
+    let hello = Hello {
+        version: VERSION,
+        pid: std::process::id(),
+        fingerprint: fingerprint(config, backends),
+        proof: Vec::new(),
+    };
+    let (conn, old, cannot, offer) = blocking(move || {
         let mut conn = conn;
-        let sent = handover::send(&mut conn, "sending hello", &hello);
-        (conn, sent)
+        let mut hello = hello;
+        let mut cannot = None;
+        let offer = (|| {
+            if via == Via::Socket {
+                // The proof first: the secret behind the descriptor it names.
+                let c = handover::recv::<handover::Challenge>(&mut conn, "reading the challenge")?;
+                match proof::answer(&old, c.fd) {
+                    Ok(secret) => hello.proof = secret,
+                    Err(e) => cannot = Some(unproven(old.own_pid(), e)),
+                }
+            }
+            let sent = handover::send(&mut conn, "sending hello", &hello);
+            fault::at(Side::New, Step::Hello);
+            match (handover::recv_offer(&mut conn), sent) {
+                // A refusal may already be waiting even if the hello could not be sent.
+                (Err(e), Err(sent)) if !e.is_refusal() => Err(sent),
+                (offer, _) => offer,
+            }
+        })();
+        (conn, old, cannot, offer)
     })
     .await?;
-    fault::at(Side::New, Step::Hello);
-    let (mut conn, offer) = blocking(move || {
-        let mut conn = conn;
-        let offer = handover::recv_offer(&mut conn);
-        (conn, offer)
-    })
-    .await?;
-    let (state, fds) = match (offer, sent) {
-        // A refusal may already be waiting even if the hello could not be sent.
-        (Err(e), Err(sent)) if !e.to_string().contains("refused") => return Err(failed(sent)),
-        (offer, _) => offer.map_err(failed)?,
+    let (state, fds) = match offer {
+        Ok(v) => v,
+        Err(e) if e.is_refusal() => {
+            return Err(failed(match cannot {
+                Some(why) => format!("{why}; {e}"),
+                None => e.to_string(),
+            }))
+        }
+        Err(e) => return ended_before_the_state(config, &old, e.to_string()).await,
     };
     fault::at(Side::New, Step::State);
-    if state.version != VERSION {
-        let why = format!(
-            "the running daemon sent version {} of the state, this one reads {VERSION}",
-            state.version
-        );
-        return Err(refuse(&mut conn, why));
-    }
-    // The daemon that answered must be the process held: the socket's
-    // listener could still name a daemon that handed over a moment ago.
-    match old.own_pid() {
-        Some(p) if p == state.pid => {}
-        named => {
-            let named = named.map_or("a process that has exited".to_string(), |p| format!("pid {p}"));
-            let why = format!(
-                "the handover socket's listener names {named}, but pid {} answered; try again",
-                state.pid
-            );
-            return Err(refuse(&mut conn, why));
-        }
-    }
+    let mut conn = conn;
+    check_state(&state, &old).map_err(|why| refuse(&mut conn, why))?;
     tracing::debug!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "state received");
     match Handed::decode(state, fds) {
         Ok(handed) => Ok(Some((Taking { conn, from: handed.pid, old, started }, handed))),
         Err(why) => Err(refuse(&mut conn, why)),
+    }
+}
+
+/// The connection ended before any state came: a daemon that is gone now
+/// handed nothing over, so with `--takeover=auto` this one starts normally
+/// (the folder's lock is free once its process has exited); alive, it
+/// serves on and this one gives up.
+async fn ended_before_the_state(
+    config: &Config,
+    old: &Process,
+    error: String,
+) -> Result<Option<(Taking, Handed)>, DaemonError> {
+    let pid = old.own_pid();
+    let dup = old.dup().map_err(failed)?;
+    let gone = blocking(move || dup.wait_exit(GONE_GRACE)).await?;
+    let who = pid.map_or("the running daemon".to_string(), |p| format!("pid {p}"));
+    if !gone {
+        return Err(failed(format!("{who} did not hand over ({error}); it serves on")));
+    }
+    if config.flags.takeover != Takeover::Auto {
+        return Err(failed(format!("{who} ended before it handed over ({error}); nothing to take over")));
+    }
+    tracing::warn!(error = %error, "{who} ended before it handed over; starting normally");
+    guard::disarm();
+    Ok(None)
+}
+
+/// The state is the one this daemon can read, from the process it holds.
+fn check_state(state: &State, old: &Process) -> Result<(), String> {
+    if state.version != VERSION {
+        return Err(format!(
+            "the running daemon sent version {} of the state, this one reads {VERSION}",
+            state.version
+        ));
+    }
+    // The daemon that answered must be the process held: the socket's
+    // listener could still name a daemon that handed over a moment ago.
+    match old.own_pid() {
+        Some(p) if p == state.pid => Ok(()),
+        named => {
+            let named = named.map_or("a process that has exited".to_string(), |p| format!("pid {p}"));
+            Err(format!(
+                "the handover socket's listener names {named}, but pid {} answered; try again",
+                state.pid
+            ))
+        }
     }
 }
 
@@ -140,11 +240,11 @@ impl Taking {
         }
     }
 
-    /// Answers `adopted`, waits for the old daemon's commit and answers
-    /// `serving`: `Ok` means this daemon serves from now on. Without a
-    /// commit it serves only if the old daemon's process is gone (nobody
-    /// else would); alive, that daemon gave up and serves on.
-    pub async fn commit(self) -> Result<u32, String> {
+    /// Answers `adopted` and waits for the old daemon's commit. `Ok`: serve
+    /// now, then answer with [`Committed::serving`]. Without a commit this
+    /// daemon serves only if the old daemon's process is gone (nobody else
+    /// would); alive, that daemon gave up and serves on.
+    pub async fn await_commit(self) -> Result<Committed, String> {
         let Taking { conn, from, old, .. } = self;
         let join = |e: tokio::task::JoinError| e.to_string();
         let (conn, sent) = tokio::task::spawn_blocking(move || {
@@ -169,19 +269,27 @@ impl Taking {
                 return Err(format!("pid {from} did not commit ({e}); it serves on"));
             }
             tracing::warn!(pid = from, error = %e, "the daemon taken over from ended without committing; serving");
-            return Ok(from);
+            return Ok(Committed { conn: None });
         }
         fault::at(Side::New, Step::Commit);
-        tokio::task::spawn_blocking(move || answer_serving(conn)).await.map_err(join)?;
-        Ok(from)
+        Ok(Committed { conn: Some(conn) })
     }
 }
 
-/// Answers `serving` and waits (briefly) for the old daemon to let go.
-/// Whatever becomes of the answer, the commit binds the old daemon: it
-/// serves again only once this process is gone.
-fn answer_serving(mut conn: UnixStream) {
-    let _ = handover::send(&mut conn, "answering serving", &Serving { pid: std::process::id() });
-    let _ = conn.set_read_timeout(Some(RELEASE_WAIT));
-    let _ = conn.read(&mut [0u8; 1]);
+impl Committed {
+    /// Answers `serving` (this daemon serves already) and waits, briefly,
+    /// for the old daemon to let go. Whatever becomes of the answer, the
+    /// commit binds the old daemon: it serves again only once this process
+    /// is gone.
+    pub async fn serving(self) {
+        let Some(conn) = self.conn else { return };
+        fault::at(Side::New, Step::Serving);
+        let _ = tokio::task::spawn_blocking(move || {
+            let mut conn = conn;
+            let _ = handover::send(&mut conn, "answering serving", &Serving { pid: std::process::id() });
+            let _ = conn.set_read_timeout(Some(RELEASE_WAIT));
+            let _ = conn.read(&mut [0u8; 1]);
+        })
+        .await;
+    }
 }
