@@ -1,7 +1,7 @@
 //! A takeover never leaves a folder without its daemon. The new daemon
 //! exits, is killed, panics or stalls at each step of the sequence (in an
-//! order drawn at random, the seed printed), and the old one dies at its
-//! own steps; afterwards exactly one daemon serves the folder (a client's
+//! order drawn at random, the seed printed), serving already at the last,
+//! and the old one dies at its own steps; afterwards exactly one daemon serves the folder (a client's
 //! request is answered OK), the lock file names it, `tcpx-rxdm upgrade`
 //! works again and nothing the serving daemon holds was undone (its rules
 //! on the NIC, its socket files). A reason to stop that comes during a
@@ -145,12 +145,14 @@ fn a_new_daemon_that_fails_at_any_step_leaves_the_old_one_serving_alone() {
     let expected = files(&folder);
     serves_alone(pid, &old, &folder, &expected, 1, 4001);
 
-    let mut faults: Vec<String> = ["hello", "state", "adopted", "commit"]
+    let mut faults: Vec<String> = ["hello", "state", "adopted", "commit", "serving"]
         .iter()
         .flat_map(|s| ["exit", "kill", "panic"].map(|a| format!("{s}:{a}")))
         .collect();
-    // Stalled with the commit in hand: stopped once the answer is overdue.
+    // Stalled with the commit in hand, before and after opening its gate:
+    // stopped once the answer is overdue (the old daemon stays paused meanwhile).
     faults.push("commit:stall".into());
+    faults.push("serving:stall".into());
     let seed =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     shuffle(&mut faults, seed);

@@ -118,7 +118,7 @@ pub async fn run(
                     dir
                 })
         }
-        None => SocketDir::lock(&flags.uds_path, flags.socket_mode, gid),
+        None => takeover::take::lock_fresh(flags, gid),
     };
     let dir = locked.map_err(DaemonError::LockSocketDir).or_else(|e| abort(&taking, e))?;
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
@@ -276,6 +276,18 @@ pub async fn run(
     let mut successors = takeover::admit::accept(handover, busy.clone());
     // A takeover under way, as a task of its own: the loop stays responsive.
     let mut session: Option<takeover::give::Session> = None;
+    let start_session = |successor, node: &Node| {
+        let http = http_fd.as_ref().map(|f| f.as_fd());
+        let giver = takeover::handout::Giver {
+            config: &config,
+            backends: &backends,
+            node,
+            claims: &claims,
+            http,
+            takeovers,
+        };
+        takeover::give::Session::start(successor, &giver)
+    };
     let reason = loop {
         if let Some(cause) = early.take() {
             break StopReason::Requested(cause);
@@ -290,17 +302,7 @@ pub async fn run(
                 break StopReason::AllClientsExited(grace)
             }
             ev = next_fatal_event(&mut events_rx, &state, backends.nic.as_ref(), &config.topology, &metrics) => break StopReason::Nic(ev),
-            Some(successor) = successors.recv() => {
-                let giver = takeover::handout::Giver {
-                    config: &config,
-                    backends: &backends,
-                    node: &node,
-                    claims: &claims,
-                    http: http_fd.as_ref().map(|f| f.as_fd()),
-                    takeovers,
-                };
-                session = Some(takeover::give::Session::start(successor, &giver));
-            }
+            Some(successor) = successors.recv() => session = Some(start_session(successor, &node)),
             outcome = async { session.as_mut().expect("guarded").finished().await }, if session.is_some() => {
                 session = None;
                 if takeover::give::settle(outcome, &mut node.dir, &busy).is_some() {
@@ -321,15 +323,7 @@ pub async fn run(
                 if busy.swap(true, Ordering::AcqRel) {
                     tracing::warn!("SIGUSR2: a takeover is under way; no successor started");
                 } else if let Some(child) = takeover::admit::start_child(exe.as_deref()) {
-                    let giver = takeover::handout::Giver {
-                        config: &config,
-                        backends: &backends,
-                        node: &node,
-                        claims: &claims,
-                        http: http_fd.as_ref().map(|f| f.as_fd()),
-                        takeovers,
-                    };
-                    session = Some(takeover::give::Session::start(child, &giver));
+                    session = Some(start_session(child, &node));
                 } else {
                     busy.store(false, Ordering::Release);
                 }

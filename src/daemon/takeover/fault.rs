@@ -7,9 +7,10 @@
 //! `state` (the state is here, nothing decoded), `adopted` (adopted sent,
 //! commit not read), `commit` (commit read, nothing armed, not serving yet),
 //! `serving` (serving: its gate is open, the answer not sent). The old
-//! daemon's: `adopted` (adopted read, commit not sent), `commit` (commit
-//! sent, serving not read). Actions: `exit` (status 3), `kill` (SIGKILL to
-//! itself), `panic`, `stall` (sleeps an hour). A bare `exit` or `stall` is
+//! daemon's: `hello` (hello read, nothing paused or sent), `adopted`
+//! (adopted read, commit not sent), `commit` (commit sent, serving not
+//! read). Actions: `exit` (status 3), `kill` (SIGKILL to itself), `panic`,
+//! `stall` (sleeps an hour). A bare `exit` or `stall` is
 //! `new:state:` that action.
 
 /// Where in the sequence.
@@ -84,6 +85,7 @@ mod tests {
         assert_eq!(parse("adopted:kill"), Some((Side::New, Step::Adopted, "kill")));
         assert_eq!(parse("new:hello:panic"), Some((Side::New, Step::Hello, "panic")));
         assert_eq!(parse("old:commit:kill"), Some((Side::Old, Step::Commit, "kill")));
+        assert_eq!(parse("old:hello:kill"), Some((Side::Old, Step::Hello, "kill")));
         assert_eq!(parse("new:serving:kill"), Some((Side::New, Step::Serving, "kill")));
         assert_eq!(parse("old:later:kill"), None);
         assert_eq!(parse("new:commit:explode"), None);

@@ -205,6 +205,7 @@ async fn run(
             return Outcome::ServesOn { paused: None, pid: peer.pid, why: e.to_string() };
         }
     };
+    fault::at(Side::Old, Step::Hello);
     // Its pid as this daemon (and the service manager beside it) sees it.
     let pid = process.pid_here().or(peer.pid).unwrap_or(hello.pid);
     if hello.version != VERSION {

@@ -1,5 +1,5 @@
-//! A panic in a daemon that is taking over, before the commit, ends the
-//! process at once: nothing unwinds, so no destructor runs over what it holds
+//! A panic in a daemon that is taking over, until it has told the old daemon
+//! that it serves, ends the process at once: nothing unwinds, so no destructor runs over what it holds
 //! of the daemon that still serves (socket files, undo logs), and a panic in a
 //! task or thread is not swallowed while the takeover goes on as if adopted.
 //!
@@ -32,7 +32,7 @@ pub(super) fn arm() {
     ADOPTING.store(true, Ordering::Release);
 }
 
-/// The takeover committed (or never started): panics unwind again.
+/// The old daemon was told (or no takeover happens): panics unwind again.
 pub(super) fn disarm() {
     ADOPTING.store(false, Ordering::Release);
 }

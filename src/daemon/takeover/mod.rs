@@ -72,8 +72,10 @@ pub(super) fn setting(key: &str) -> &str {
 }
 
 /// The new daemon, once committed: what it holds is its own to undo from
-/// now on (the socket files, the host tuning), the folder's lock and
-/// listeners name it, and panics unwind again.
+/// now on (the socket files, the host tuning), and the folder's lock and
+/// listeners name it. Panics unwind again only once the old daemon has been
+/// told ([`take::Committed::serving`]): until then it may still serve on,
+/// so nothing here may undo its state on the way out.
 pub(super) fn committed(dir: &mut SocketDir, tuning: Option<&mut HostTuning>) {
     dir.arm();
     if let Err(e) = dir.record_holder() {
@@ -82,7 +84,6 @@ pub(super) fn committed(dir: &mut SocketDir, tuning: Option<&mut HostTuning>) {
     if let Some(t) = tuning {
         t.arm();
     }
-    guard::disarm();
 }
 
 /// The state a daemon took over, fds in hand, each piece taken by the

@@ -8,9 +8,11 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use crate::config::flags::Takeover;
+use crate::config::flags::{Flags, Takeover};
 use crate::handover::channel::{self, Inherited};
 use crate::handover::{self, proof, verdict, Commit, Hello, Process, Serving, State, Verdict, VERSION};
+use crate::server::socket_dir::{SocketDir, SocketDirError};
+use nix::unistd::Gid;
 
 use super::super::{Backends, Config, DaemonError};
 use super::fault::{self, Side, Step};
@@ -231,6 +233,23 @@ fn check_state(state: &State, old: &Process) -> Result<(), String> {
     }
 }
 
+/// Locks the socket folder for a daemon that starts normally. With
+/// `--takeover=auto` the daemon found gone may still be letting go of the
+/// lock (a process's files close one by one as it exits): waited for, briefly.
+pub(in crate::daemon) fn lock_fresh(flags: &Flags, gid: Option<Gid>) -> Result<SocketDir, SocketDirError> {
+    let until = Instant::now() + GONE_GRACE;
+    loop {
+        match SocketDir::lock(&flags.uds_path, flags.socket_mode, gid) {
+            Err(SocketDirError::Locked { .. })
+                if flags.takeover == Takeover::Auto && Instant::now() < until =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            done => return done,
+        }
+    }
+}
+
 impl Taking {
     /// Tells the old daemon why this one gives up (it then serves on).
     pub fn fail(&self, why: &str) {
@@ -282,14 +301,17 @@ impl Committed {
     /// commit binds the old daemon: it serves again only once this process
     /// is gone.
     pub async fn serving(self) {
-        let Some(conn) = self.conn else { return };
-        fault::at(Side::New, Step::Serving);
-        let _ = tokio::task::spawn_blocking(move || {
-            let mut conn = conn;
-            let _ = handover::send(&mut conn, "answering serving", &Serving { pid: std::process::id() });
-            let _ = conn.set_read_timeout(Some(RELEASE_WAIT));
-            let _ = conn.read(&mut [0u8; 1]);
-        })
-        .await;
+        if let Some(conn) = self.conn {
+            fault::at(Side::New, Step::Serving);
+            let _ = tokio::task::spawn_blocking(move || {
+                let mut conn = conn;
+                let _ = handover::send(&mut conn, "answering serving", &Serving { pid: std::process::id() });
+                let _ = conn.set_read_timeout(Some(RELEASE_WAIT));
+                let _ = conn.read(&mut [0u8; 1]);
+            })
+            .await;
+        }
+        // The old daemon lets go from here: panics unwind again.
+        guard::disarm();
     }
 }
