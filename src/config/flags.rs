@@ -285,7 +285,9 @@ pub struct Flags {
     pub wait_for_nics: Duration,
     /// Take over the NICs, pools, rules and clients of the daemon serving this
     /// --uds_path, without a failed request (an upgrade): on, or auto (take over
-    /// if one serves, else start normally).
+    /// if one serves, else start normally). Run it as the daemon's user with its
+    /// capabilities, or with CAP_SYS_PTRACE: it must prove it could take the
+    /// daemon's descriptors (SIGUSR2 and `tcpx-rxdm upgrade` need no proof).
     #[arg(long = "takeover", value_enum, num_args = 0..=1, require_equals = true,
           default_value = "off", default_missing_value = "on")]
     pub takeover: Takeover,
