@@ -55,16 +55,19 @@ pub(in crate::daemon) struct Peer {
 }
 
 impl Peer {
+    /// Its pid and uid; the cgroup is read only when it is named ([`Self::named`]).
     fn of(conn: &impl AsFd, process: Option<&Process>) -> Peer {
         let cred =
             nix::sys::socket::getsockopt(&conn.as_fd(), nix::sys::socket::sockopt::PeerCredentials).ok();
         let pid =
             process.and_then(Process::pid_here).or_else(|| cred.and_then(|c| u32::try_from(c.pid()).ok()));
-        Peer {
-            pid: pid.filter(|&p| p > 0),
-            uid: cred.map(|c| c.uid()),
-            cgroup: process.and_then(Process::cgroup),
-        }
+        Peer { pid: pid.filter(|&p| p > 0), uid: cred.map(|c| c.uid()), cgroup: None }
+    }
+
+    /// With its cgroup, for a log line.
+    fn named(mut self, process: Option<&Process>) -> Peer {
+        self.cgroup = process.and_then(Process::cgroup);
+        self
     }
 }
 
@@ -154,21 +157,18 @@ async fn admit(
     let peer = Peer::of(&s, process.as_ref());
     let hello = match tokio::time::timeout(PROOF_WAIT, prove(&mut s)).await {
         Ok(Ok(h)) => h,
-        Ok(Err(why)) => {
-            refusals.note(&peer, &why);
-            let _ = s.try_write(&frame(&Offer {
-                answer: Some(offer::Answer::Refused(handover::UNPROVEN.into())),
-            }));
-            return;
-        }
-        Err(_) => {
-            refusals.note(&peer, &format!("no proof within {}", crate::types::secs(PROOF_WAIT)));
-            let _ = s.try_write(&frame(&Offer {
-                answer: Some(offer::Answer::Refused(handover::UNPROVEN.into())),
-            }));
+        unproven => {
+            let why = match unproven {
+                Ok(Err(why)) => why,
+                _ => format!("no proof within {}", crate::types::secs(PROOF_WAIT)),
+            };
+            refusals.note(peer, process.as_ref(), &why);
+            let refusal = Offer { answer: Some(offer::Answer::Refused(handover::UNPROVEN.into())) };
+            let _ = s.try_write(&frame(&refusal));
             return;
         }
     };
+    let peer = peer.named(process.as_ref());
     let Some(process) = process else {
         tracing::warn!(peer = %peer, "takeover refused: the peer's process cannot be held by a pidfd");
         let why = "this daemon cannot hold your process by a pidfd: run where it can see your pid \
@@ -233,7 +233,7 @@ struct RefusalLog {
 }
 
 impl RefusalLog {
-    fn note(&self, peer: &Peer, why: &str) {
+    fn note(&self, peer: Peer, process: Option<&Process>, why: &str) {
         let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         if w.0.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
@@ -245,6 +245,8 @@ impl RefusalLog {
         }
         w.1 += 1;
         let unlogged = std::mem::take(&mut w.2);
+        drop(w);
+        let peer = peer.named(process);
         tracing::warn!(
             peer = %peer,
             reason = why,
@@ -332,8 +334,9 @@ mod tests {
     fn a_peer_is_named_by_what_the_kernel_says() {
         let (a, _b) = UnixStream::pair().unwrap();
         let me = Process::own().unwrap();
-        let p = Peer::of(&a, Some(&me));
+        let p = Peer::of(&a, Some(&me)).named(Some(&me));
         assert_eq!(p.pid, Some(std::process::id()));
+        assert_eq!(p.cgroup, me.cgroup());
         assert_eq!(p.uid, Some(nix::unistd::geteuid().as_raw()));
         assert!(p.to_string().starts_with(&format!("pid {}, uid ", std::process::id())), "{p}");
         assert!(Peer::default().to_string().contains("pid unknown"));
