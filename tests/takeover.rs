@@ -348,6 +348,7 @@ fn a_failed_takeover_leaves_the_old_daemon_serving() {
     let new = daemon(&folder, &["--takeover"], &[]).ready();
     let mut old = old;
     assert!(old.wait_exit(Duration::from_secs(20)).success());
+    assert!(old.log().iter().any(|l| l.contains("via=the handover socket, proven")));
     across.write_all(&rule(106)).unwrap();
     across.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(common::read_frame(&mut across).unwrap(), frame::OK_FRAME);
@@ -392,6 +393,8 @@ fn sigusr2_starts_a_successor_and_wait_mode_exits_on_sigterm_only() {
     std::thread::sleep(Duration::from_millis(50));
     old.signal(Signal::SIGUSR2);
     let line = old.wait_for_log("handed over to pid", Duration::from_secs(20)).expect("handed over");
+    let asked = old.wait_for_log("takeover asked: pausing", Duration::from_secs(1)).unwrap();
+    assert!(asked.contains("via=the channel to a successor it started"), "{asked}");
     let pid: i32 =
         line.split("handed over to pid ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert!(old.wait_for_log("waiting for SIGTERM", Duration::from_secs(5)).is_some());

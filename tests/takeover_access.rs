@@ -183,6 +183,11 @@ fn a_successor_started_on_sigusr2_starts_fresh_or_adopts_when_its_predecessor_di
         assert_eq!(raw_exchange(&folder.join("rx_rule_manager"), &install_frame(5200, GPU0)), OK_FRAME);
         old.signal(Signal::SIGUSR2);
         let line = old.wait_for_log("started a successor", Duration::from_secs(10)).unwrap();
+        if fault == "old:adopted:kill" {
+            // Over the channel made for it, not the handover socket.
+            let asked = old.wait_for_log("takeover asked: pausing", Duration::from_secs(10)).unwrap();
+            assert!(asked.contains("via=the channel to a successor it started"), "{asked}");
+        }
         let pid: u32 = line.split("pid=").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
         assert_eq!(old.wait_exit(Duration::from_secs(20)).signal(), Some(9), "{fault}");
         // The successor writes to the same stderr.

@@ -46,6 +46,15 @@ pub(in crate::daemon) enum Via {
     Socket,
 }
 
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Via::Child => "the channel to a successor it started",
+            Via::Socket => "the handover socket, proven",
+        })
+    }
+}
+
 /// Who is at the other end, for the log: what the kernel says of it.
 #[derive(Debug, Clone, Default)]
 pub(in crate::daemon) struct Peer {

@@ -228,7 +228,7 @@ async fn run(
         }
     };
     let t = Instant::now();
-    tracing::info!(pid, "takeover asked: pausing");
+    tracing::info!(pid, via = %via, "takeover asked: pausing");
     let mut paused = Paused::start(state.gate.clone());
     let parked = tokio::select! {
         p = paused.gate().quiesced(timeout) => p.ok_or_else(|| format!("connections still busy after {}", crate::types::secs(timeout))),
