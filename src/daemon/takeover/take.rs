@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use crate::config::flags::{Flags, Takeover};
 use crate::handover::channel::{self, Inherited};
-use crate::handover::{self, proof, verdict, Commit, Hello, Process, Serving, State, Verdict, VERSION};
+use crate::handover::{
+    self, proof, verdict, Commit, HandoverError, Hello, Process, Serving, State, Verdict, VERSION,
+};
 use crate::server::socket_dir::{SocketDir, SocketDirError};
 use nix::unistd::Gid;
 
@@ -119,6 +121,22 @@ fn unproven(pid: Option<u32>, e: nix::errno::Errno) -> String {
     format!("could not prove to {who} that this process may take it over ({e}): {what}")
 }
 
+/// No challenge within the timeout: most likely a daemon of an older
+/// version, which waits for a hello without asking for a proof.
+fn no_challenge(e: HandoverError) -> HandoverError {
+    match &e {
+        HandoverError::Io { source, .. }
+            if matches!(source.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+        {
+            HandoverError::Protocol(format!(
+                "{e}: no challenge came; a daemon of an older version asks for none and cannot be taken \
+                 over by this one: restart it once instead (on a drained node)"
+            ))
+        }
+        _ => e,
+    }
+}
+
 /// Asks the daemon serving the folder for its state. `None`: nobody serves
 /// it (or, with `--takeover=auto`, it ended before handing anything over)
 /// and this daemon starts normally.
@@ -150,7 +168,8 @@ pub(in crate::daemon) async fn fetch(
         let offer = (|| {
             if via == Via::Socket {
                 // The proof first: the secret behind the descriptor it names.
-                let c = handover::recv::<handover::Challenge>(&mut conn, "reading the challenge")?;
+                let c = handover::recv::<handover::Challenge>(&mut conn, "reading the challenge")
+                    .map_err(no_challenge)?;
                 match proof::answer(&old, c.fd) {
                     Ok(secret) => hello.proof = secret,
                     Err(e) => cannot = Some(unproven(old.own_pid(), e)),
