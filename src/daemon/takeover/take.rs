@@ -118,7 +118,24 @@ fn unproven(pid: Option<u32>, e: nix::errno::Errno) -> String {
         _ => "taking its descriptor failed",
     };
     let who = pid.map_or("the running daemon".to_string(), |p| format!("the running daemon (pid {p})"));
-    format!("could not prove to {who} that this process may take it over ({e}): {what}")
+    let yama = match (e, yama_scope()) {
+        (nix::errno::Errno::EPERM, Some(n)) if n > 0 => format!(
+            "; this kernel's Yama ptrace_scope is {n} (/proc/sys/kernel/yama/ptrace_scope), which lets \
+             only {} take another process's descriptors",
+            if n == 1 {
+                "an ancestor of that process or a holder of CAP_SYS_PTRACE"
+            } else {
+                "a holder of CAP_SYS_PTRACE"
+            }
+        ),
+        _ => String::new(),
+    };
+    format!("could not prove to {who} that this process may take it over ({e}): {what}{yama}")
+}
+
+/// Yama's ptrace restriction, where the kernel has Yama.
+fn yama_scope() -> Option<u8> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok()?.trim().parse().ok()
 }
 
 /// No challenge within the timeout: most likely a daemon of an older
