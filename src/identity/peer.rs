@@ -90,7 +90,9 @@ pub(super) enum PidNow {
 }
 
 /// The pid of the process behind `pidfd` now, from the pidfd's own fdinfo
-/// (`Pid:` is -1 once reaped, 0 where not visible). Works on every kernel
+/// (`Pid:` is -1 once reaped, 0 where not visible). The number is the one
+/// of the pid namespace the daemon's `/proc` was mounted for (its own, in a
+/// container), so `/proc/<pid>` names that process. Works on every kernel
 /// with pidfds; `PIDFD_GET_INFO` is not used for this, as it fails for a
 /// process whose parent the daemon cannot see.
 pub(super) fn pid_now(pidfd: BorrowedFd<'_>) -> Result<PidNow, Errno> {
