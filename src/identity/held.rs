@@ -145,13 +145,15 @@ enum Candidate {
 }
 
 impl Candidate {
-    /// `stx` as a candidate: an NVIDIA node, or a regular file where GPUs are simulated.
-    fn of(stx: &libc::statx, simulated: bool) -> Option<Candidate> {
+    /// `stx` as a candidate: the NVIDIA node of one of `devices`, or a
+    /// regular file where they are simulated.
+    fn of(stx: &libc::statx, devices: &GpuDevices) -> Option<Candidate> {
+        let minor = stx.stx_rdev_minor;
         match u32::from(stx.stx_mode) & libc::S_IFMT {
-            libc::S_IFCHR if stx.stx_rdev_major == NVIDIA_MAJOR => {
-                Some(Candidate::Nvidia(stx.stx_rdev_minor))
+            libc::S_IFCHR if stx.stx_rdev_major == NVIDIA_MAJOR && devices.minors.contains(&minor) => {
+                Some(Candidate::Nvidia(minor))
             }
-            libc::S_IFREG if simulated => Some(Candidate::Regular(file_id(stx))),
+            libc::S_IFREG if devices.simulated => Some(Candidate::Regular(file_id(stx))),
             _ => None,
         }
     }
@@ -192,10 +194,12 @@ fn fdinfo_read_write(fdinfo: &str, stx: &libc::statx) -> bool {
 
 /// The open files that may give process `proc_dir` (its `/proc/<pid>`
 /// folder, opened while it was known to be that process: the folder names
-/// it and no later holder of the pid) a GPU, each with its open mode read
-/// from `fdinfo/<fd>` of the same folder. Regular files only where GPUs are
-/// `simulated`. Descriptors closed meanwhile are left out.
-pub fn open_files_in(proc_dir: BorrowedFd<'_>, simulated: bool) -> Result<Vec<OpenFile>, Errno> {
+/// it and no later holder of the pid) one of `devices`, each with its open
+/// mode read from `fdinfo/<fd>` of the same folder (once a file is found
+/// open for reading and writing, its other descriptors are not read).
+/// Regular files only where GPUs are simulated. Descriptors closed
+/// meanwhile are left out.
+pub fn open_files_in(proc_dir: BorrowedFd<'_>, devices: &GpuDevices) -> Result<Vec<OpenFile>, Errno> {
     let folder = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let mut fds = Dir::openat(proc_dir, "fd", folder, Mode::empty())?;
     let dir_fd = fds.as_raw_fd();
@@ -212,7 +216,10 @@ pub fn open_files_in(proc_dir: BorrowedFd<'_>, simulated: bool) -> Result<Vec<Op
             Err(Errno::ENOENT) => continue,
             Err(e) => return Err(e),
         };
-        let Some(c) = Candidate::of(&stx, simulated) else { continue };
+        let Some(c) = Candidate::of(&stx, devices) else { continue };
+        if out.contains(&c.opened(true)) {
+            continue;
+        }
         let info = format!("fdinfo/{}", name.to_string_lossy());
         let read_write =
             match openat(proc_dir, info.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()) {
@@ -256,21 +263,21 @@ fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: i32) -> Result<OwnedFd, Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
 
-/// The open files that may give the process behind `pidfd` a GPU, among
-/// its first `limit` descriptors, duplicated one at a time (needs the right
+/// The open files that may give the process behind `pidfd` one of
+/// `devices`, among its first `limit` descriptors, duplicated one at a time (needs the right
 /// to ptrace it); each duplicate shares the open file, so its flags
 /// (`F_GETFL`) are the process's open mode.
 pub fn open_files_of_pidfd(
     pidfd: BorrowedFd<'_>,
     limit: i32,
-    simulated: bool,
+    devices: &GpuDevices,
 ) -> Result<Vec<OpenFile>, Errno> {
     let mut out = Vec::new();
     for n in 0..limit {
         match pidfd_getfd(pidfd, n) {
             Ok(fd) => {
                 let Ok(stx) = statx_at(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH) else { continue };
-                let Some(c) = Candidate::of(&stx, simulated) else { continue };
+                let Some(c) = Candidate::of(&stx, devices) else { continue };
                 let flags = nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_GETFL);
                 out.push(c.opened(flags.is_ok_and(|f| flags_read_write(f as u32))));
             }
@@ -317,10 +324,8 @@ mod tests {
     fn own_open_files(simulated: bool) -> (Vec<OpenFile>, Vec<OpenFile>) {
         let dir = std::fs::File::open(format!("/proc/{}", std::process::id())).unwrap();
         let own = crate::identity::pidfd_open(std::process::id()).unwrap();
-        (
-            open_files_in(dir.as_fd(), simulated).unwrap(),
-            open_files_of_pidfd(own.as_fd(), PIDFD_SCAN, simulated).unwrap(),
-        )
+        let d = devices(simulated);
+        (open_files_in(dir.as_fd(), &d).unwrap(), open_files_of_pidfd(own.as_fd(), PIDFD_SCAN, &d).unwrap())
     }
 
     #[test]

@@ -245,9 +245,9 @@ fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevi
     // `/proc/<pid>/fd` is its owner's (0500): a daemon of another user
     // without CAP_DAC_READ_SEARCH (the systemd unit keeps only CAP_SYS_PTRACE)
     // cannot list it, but may duplicate the descriptors through the pidfd.
-    let open = match held::open_files_in(dir, devices.simulated).or_else(|e| {
+    let open = match held::open_files_in(dir, devices).or_else(|e| {
         if e == Errno::EACCES {
-            held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices.simulated)
+            held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices)
         } else {
             Err(e)
         }
@@ -281,7 +281,7 @@ fn has_regular(open: &[OpenFile]) -> bool {
 /// holds open: its descriptors through the pidfd, a simulated GPU's stand-in
 /// inside its mount namespace.
 fn gpus_of_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
-    let open = match held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices.simulated) {
+    let open = match held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices) {
         Ok(open) => open,
         Err(e) => {
             tracing::debug!(error = %e, "cannot read the open files of a client in another pid namespace");
