@@ -24,8 +24,9 @@ use tcpx_rxdm::wire::proto::UnixSocketProto;
 const GPU_A: &str = "0000:04:00.0";
 const RX: &str = "fd00:77:1:2::1";
 const TX: &str = "fd00:77:1:2::2";
-/// A second address of the receiving side, in the same /64.
+/// A second and a third address of the receiving side, in the same /64.
 const RX2: &str = "fd00:77:1:2::3";
+const RX3: &str = "fd00:77:1:2::4";
 const PERMISSION_DENIED: i32 = 7;
 const FAILED_PRECONDITION: i32 = 9;
 
@@ -58,6 +59,20 @@ fn plugin_rule(local: SocketAddr, remote: SocketAddr, gpu: &str) -> UnixSocketPr
     )
 }
 
+/// The reply's bytes name neither tenant `cg` nor the addresses of `ends`
+/// (the connection a request was repaired to, when it is not the client's).
+fn names_none_of(r: &Reply, cg: &Cgroup, ends: &[SocketAddr]) {
+    let bytes = match r {
+        Reply::Fd => return,
+        Reply::Message(m) => common::encoded(m),
+    };
+    let has = |needle: &str| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(!has(&cg.name()), "names the other tenant's cgroup: {}", r.text());
+    for e in ends {
+        assert!(!has(&e.ip().to_string()), "names {e}: {}", r.text());
+    }
+}
+
 /// The booked rules: (src, dst, repaired).
 fn booked(d: &Daemon) -> Vec<(String, String, bool)> {
     let text = |v: &serde_json::Value| v.as_str().unwrap().to_string();
@@ -86,6 +101,7 @@ fn link() -> (Netns, Netns) {
     tx.ip(&["link", "set", "v6t", "up"]);
     rx.ip(&["addr", "add", &format!("{RX}/64"), "dev", "v6r", "nodad"]);
     rx.ip(&["addr", "add", &format!("{RX2}/64"), "dev", "v6r", "nodad"]);
+    rx.ip(&["addr", "add", &format!("{RX3}/64"), "dev", "v6r", "nodad"]);
     tx.ip(&["addr", "add", &format!("{TX}/64"), "dev", "v6t", "nodad"]);
     rx.wait_oper_up("v6r");
     (rx, tx)
@@ -131,7 +147,8 @@ fn repairs_the_plugins_flows(mode: &str) {
     match mode {
         "enforce" => {
             assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
-            assert!(r.text().contains(&rb.to_string()), "names the repaired flow: {}", r.text());
+            assert!(r.text().contains("another tenant's"), "{}", r.text());
+            names_none_of(&r, &cgb, &[lb, rb]);
             assert_eq!(booked(&d).len(), 1, "nothing installed");
             assert_eq!(refused(&metrics, "rule_manager", "flow", mode), 1.0);
         }
@@ -147,17 +164,28 @@ fn repairs_the_plugins_flows(mode: &str) {
         ok(&a.req(&un, &plugin_rule(lb, rb, GPU_A)), "its uninstall");
     }
 
-    // Two connections of A with the same ports, to two addresses of the
-    // /64: a garbled request fits both, and is refused in every mode.
-    let shared = a.listen("::");
+    // Two connections of A and one of B with the same ports, to three
+    // addresses of the /64: a garbled request of A's fits all three, and is
+    // refused in every mode, naming only A's own (where A's tenant is known).
+    let shared = a.listen_on(RX, 0);
     let from = t.dial(RX, shared, Some(47001));
     let one = a.accept();
+    a.listen_on(RX2, shared);
     t.dial(RX2, shared, Some(from));
     let two = a.accept();
+    b.listen_on(RX3, shared);
+    t.dial(RX3, shared, Some(from));
+    let three = b.accept();
     assert_eq!((one.0.port(), one.1.port()), (two.0.port(), two.1.port()));
+    assert_eq!((one.0.port(), one.1.port()), (three.0.port(), three.1.port()));
     let r = a.req(&rm, &plugin_rule(one.0, one.1, GPU_A));
     assert_eq!(r.code(), FAILED_PRECONDITION, "{}", r.text());
-    assert!(r.text().contains(&one.0.to_string()) && r.text().contains(&two.0.to_string()), "{}", r.text());
+    names_none_of(&r, &cgb, &[three.0]);
+    let named = r.text().contains(&one.0.to_string()) && r.text().contains(&two.0.to_string());
+    match mode {
+        "off" => assert!(!r.text().contains(&one.0.to_string()), "no tenant known: names none: {}", r.text()),
+        _ => assert!(named && r.text().contains("1 not its own"), "names its own: {}", r.text()),
+    }
     assert_eq!(booked(&d).len(), 1, "nothing installed");
 
     // The garbled uninstall removes A's rule.

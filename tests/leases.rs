@@ -88,9 +88,11 @@ fn a_killed_clients_rules_disappear_within_a_second() {
 #[ignore = "needs root: unshare --pid"]
 fn reclaim_works_when_the_client_pid_is_invisible_to_the_daemon() {
     require_root("unshare --pid");
-    // The daemon in a pid namespace of its own sees this test's processes as pid 0,
-    // as a sidecar does its workload's: only SO_PEERPIDFD identifies them.
-    let d = Daemon::spawn_under(&["unshare", "--pid", "--fork", "--kill-child"], &[], &[]).ready();
+    // The daemon in a pid namespace of its own, with that namespace's /proc,
+    // sees this test's processes as pid 0, as a sidecar does its workload's:
+    // only SO_PEERPIDFD identifies them.
+    let prefix = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"];
+    let d = Daemon::spawn_under(&prefix, &[], &[]).ready();
     let took = kill_and_time_reclaim(&d, false);
     println!("rules of a killed client in another pid namespace reclaimed in {took:?}");
     assert!(took < Duration::from_secs(1), "reclaim took {took:?}");

@@ -32,6 +32,14 @@ fn pool(gpu: &str) -> UnixSocketProto {
     }
 }
 
+/// The bytes of a reply, as the client got them.
+fn reply_bytes(r: &Reply) -> Vec<u8> {
+    match r {
+        Reply::Fd => Vec::new(),
+        Reply::Message(m) => encoded(m),
+    }
+}
+
 /// Source ports of the booked rules.
 fn booked(d: &Daemon) -> Vec<String> {
     d.flows_of_all_nics("rules").iter().map(|r| r["src"].as_str().unwrap().to_string()).collect()
@@ -69,7 +77,8 @@ fn each_tenant_gets_only_its_own_gpus_and_flows() {
     let (lb, rb) = b.conn(false);
     let r = a.req(&rm, &rule(lb, rb, GPU_A));
     assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
-    assert!(r.text().contains(&rb.to_string()), "names the flow: {}", r.text());
+    assert!(r.text().contains(&rb.to_string()), "names the flow as sent: {}", r.text());
+    assert!(!reply_bytes(&r).windows(cgb.name().len()).any(|w| w == cgb.name().as_bytes()), "{}", r.text());
     let r = b.req(&rm, &rule(lb, rb, GPU_B));
     assert_eq!(r.code(), 0, "{}", r.text());
     // Nor may A steer its own connection to B's GPU.
@@ -78,9 +87,11 @@ fn each_tenant_gets_only_its_own_gpus_and_flows() {
     assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
     assert!(r.text().contains(GPU_B), "{}", r.text());
 
-    // B cannot remove A's rule; A can.
+    // B cannot remove A's rule, and is not told whose it is; A can.
     let r = b.req(&un, &rule(la, ra, GPU_A));
     assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
+    assert!(r.text().contains("another tenant"), "{}", r.text());
+    assert!(!reply_bytes(&r).windows(cga.name().len()).any(|w| w == cga.name().as_bytes()), "{}", r.text());
     assert!(booked(&d).contains(&ra.to_string()), "A's rule stays");
     let r = a.req(&un, &rule(la, ra, GPU_A));
     assert_eq!(r.code(), 0, "{}", r.text());
@@ -178,7 +189,7 @@ fn assert_refused(r: Reply, case: &str) {
 
 #[test]
 #[ignore = "needs root: cgroups, mount namespaces, mknod"]
-fn a_gpu_is_a_clients_only_while_it_holds_the_device_node_open() {
+fn a_gpu_is_a_clients_only_while_it_holds_the_device_node_open_for_reading_and_writing() {
     require_root("cgroups, mount namespaces, mknod");
     let d = Daemon::start(&["--tenant_isolation=enforce"]);
     let cg = Cgroup::new("planted");
@@ -222,12 +233,25 @@ fn a_gpu_is_a_clients_only_while_it_holds_the_device_node_open() {
     assert_eq!(a.ask("close /dev/nvidia2"), "closed");
     assert_refused(fetch_b(&d, &mut a), "held and closed");
 
-    // Held open: the pool is its.
+    // Held only by path, or open one way: no GPU. Each is a new process, read once.
+    for mode in ["path", "ro", "wo"] {
+        let mut a = Agent::planted(&cg, &format!("{FRESH_DEV} && : > /dev/nvidia2"), &[]);
+        assert_eq!(a.ask(&format!("open /dev/nvidia2 {mode}")), "opened");
+        let r = fetch_b(&d, &mut a);
+        assert!(
+            r.text().contains("open for reading and writing"),
+            "{mode}: says how it must be open: {}",
+            r.text()
+        );
+        assert_refused(r, mode);
+    }
+
+    // Held open for reading and writing: the pool is its.
     let mut a = Agent::planted(&cg, &format!("{FRESH_DEV} && : > /dev/nvidia2"), &["/dev/nvidia2"]);
     assert!(matches!(fetch_b(&d, &mut a), Reply::Fd), "held open");
 
     let (_, m) = d.http_get("/metrics");
-    assert_eq!(refused(&m, "gpu_fd", "gpu", "enforce"), 5.0);
+    assert_eq!(refused(&m, "gpu_fd", "gpu", "enforce"), 8.0);
 }
 
 /// Descriptors the process `pid` has open.
@@ -248,7 +272,11 @@ fn a_client_whose_dev_hangs_gets_an_answer_and_holds_up_nobody() {
     // there waits until the mount's last descriptor closes. Three of them:
     // more than the daemon's async workers.
     let hung_dev = "exec 3<>/dev/fuse && mount -t fuse -o fd=3,rootmode=40000,user_id=0,group_id=0 hung /dev";
-    let mut hung: Vec<Agent> = (0..3).map(|_| Agent::planted(&cg, hung_dev, &[])).collect();
+    // Each holds a regular file open, which might stand in for a simulated
+    // GPU: so the daemon looks in its /dev.
+    let held = tempfile::NamedTempFile::new().unwrap();
+    let held = held.path().to_str().unwrap();
+    let mut hung: Vec<Agent> = (0..3).map(|_| Agent::planted(&cg, hung_dev, &[held])).collect();
     let path = d.sock(&format!("get_gpu_fd_{GPU_A}"));
     std::thread::scope(|s| {
         let asks: Vec<_> = hung
@@ -286,7 +314,7 @@ fn a_client_whose_dev_hangs_gets_an_answer_and_holds_up_nobody() {
 
 /// A client whose tenant cannot be told: the process that connected has
 /// exited (and was reaped) before its child, which inherited the socket,
-/// sends the request; the kernel then names no live process for the peer.
+/// sends the request; the connection is nobody's then.
 const ORPHAN_PY: &str = r#"
 import os, socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
@@ -316,8 +344,9 @@ fn an_unidentified_client_is_refused_in_enforce_and_served_in_audit() {
     let r = orphan_request(&d.sock(&format!("get_gpu_fd_{GPU_A}")), &pool(GPU_A));
     assert_eq!(r.code(), PERMISSION_DENIED, "{}", r.text());
     assert!(
-        r.text().contains("hostPID") && r.text().contains("shareProcessNamespace"),
-        "says what fixes it: {}",
+        r.text().contains("the process that opened this connection has exited")
+            && r.text().contains("a live process, on a connection it opened itself"),
+        "says why and what to do: {}",
         r.text()
     );
     let (_, m) = d.http_get("/metrics");

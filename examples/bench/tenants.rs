@@ -8,7 +8,7 @@
 //!   answers `Ok.`, and the difference between modes is what the checks cost.
 //!
 //! In `audit` and `enforce` the daemon also checks that the client holds the
-//! named GPU's device node open; for simulated GPUs a regular file at
+//! named GPU's device node open for reading and writing; for simulated GPUs a regular file at
 //! `/dev/nvidia<N>` of the client's root stands in for it ([`StandIns`]).
 
 use std::collections::BTreeMap;
@@ -57,7 +57,9 @@ impl StandIns {
         for n in 0..SIM_GPUS.len() {
             let path = dir.join(format!("nvidia{n}"));
             // O_EXCL: an existing file (or link) of that name is never opened.
-            let opened = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path);
+            // Held for reading and writing, as CUDA holds its device nodes.
+            let opened =
+                std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path);
             match opened.and_then(|f| Ok((f.metadata()?.ino(), f))) {
                 Ok((ino, f)) => {
                     CREATED.lock().unwrap().push((path.clone(), ino));

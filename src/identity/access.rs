@@ -64,6 +64,12 @@ impl Refusal {
 pub const CHECKED_ENDPOINTS: [&str; 5] =
     ["rule_manager", "rule_uninstall", "gpu_fd", "gpu_metadata", "gpu_ipc_handle"];
 
+/// The refusal of a client whose connection was opened by a process that
+/// has exited since.
+const OPENER_EXITED: &str = "cannot tell this client's tenant: the process that opened this connection has \
+exited (a connection passed to another process is not that process's); requests must come from a live \
+process, on a connection it opened itself";
+
 /// The hint an unidentified client's refusal carries.
 const UNIDENTIFIED: &str =
     "cannot tell this client's tenant: its process is not visible to the daemon and the \
@@ -92,6 +98,9 @@ impl Denied {
 pub struct Examined {
     /// The flow to steer: as sent, or repaired.
     pub flow: FlowSpec,
+    /// The flow as the request named it: what a refusal may name (the
+    /// repaired one may be another tenant's connection).
+    pub sent: FlowSpec,
     /// The request named it with garbled IPv6 addresses; `flow` is the
     /// connection's true 4-tuple.
     pub repaired: bool,
@@ -101,8 +110,9 @@ pub struct Examined {
 }
 
 impl Examined {
-    /// The connections a garbled request fits, when it fits several.
-    pub fn ambiguous(&self) -> Option<&[FlowSpec]> {
+    /// The connections a garbled request fits, when it fits several, each
+    /// with the cgroup id of its creator.
+    pub fn ambiguous(&self) -> Option<&[(FlowSpec, u64)]> {
         match &self.found {
             Some(Ok(Found::Ambiguous(all))) => Some(all),
             _ => None,
@@ -201,6 +211,20 @@ impl TenantPolicy {
         who: &Client,
         message: impl FnOnce() -> String,
     ) -> Result<(), Denied> {
+        self.refuse_detailed(endpoint, reason, who, message, String::new)
+    }
+
+    /// [`Self::refuse`], with `detail` for the log only: what the client is
+    /// not told because it is another tenant's (a rule's owner, the
+    /// connection a flow was repaired to).
+    pub fn refuse_detailed(
+        &self,
+        endpoint: &str,
+        reason: Refusal,
+        who: &Client,
+        message: impl FnOnce() -> String,
+        detail: impl FnOnce() -> String,
+    ) -> Result<(), Denied> {
         if !self.checks() {
             return Ok(());
         }
@@ -227,24 +251,29 @@ impl TenantPolicy {
         }
         let unlogged = self.unlogged[i].swap(0, Ordering::Relaxed);
         let text = message();
+        let logged = match detail() {
+            d if d.is_empty() => text.clone(),
+            d => format!("{text}; not told to the client: {d}"),
+        };
         let tenant = who.tenant.as_ref().map_or_else(|| "unknown".to_string(), |t| t.name().to_string());
         let pid = who.pid.map_or_else(|| "unknown".to_string(), |p| p.to_string());
         if enforce {
-            tracing::warn!(endpoint, reason = reason.name(), %pid, %tenant, unlogged, "refused: {text}");
+            tracing::warn!(endpoint, reason = reason.name(), %pid, %tenant, unlogged, "refused: {logged}");
             return Err(Denied { reason, message: text });
         }
         tracing::warn!(
             endpoint, reason = reason.name(), %pid, %tenant, unlogged,
-            "would refuse (tenant_isolation=audit): {text}"
+            "would refuse (tenant_isolation=audit): {logged}"
         );
         Ok(())
     }
 
     /// The client's tenant, or the unidentified refusal.
     fn tenant<'a>(&self, endpoint: &str, who: &'a Client) -> Result<Option<&'a Tenant>, Denied> {
+        let hint = if who.opener_exited { OPENER_EXITED } else { UNIDENTIFIED };
         match &who.tenant {
             Some(t) => Ok(Some(t)),
-            None => self.refuse(endpoint, Refusal::Unidentified, who, || UNIDENTIFIED.into()).map(|_| None),
+            None => self.refuse(endpoint, Refusal::Unidentified, who, || hint.into()).map(|_| None),
         }
     }
 
@@ -267,7 +296,7 @@ impl TenantPolicy {
         self.refuse(endpoint, Refusal::Gpu, who, || {
             format!(
                 "GPU {name} is not this client's (tenant {}): its process does not hold /dev/nvidia{minor} \
-                 open, as a process that initialised CUDA does for each GPU it may use",
+                 open for reading and writing, as a process that initialised CUDA does for each GPU it may use",
                 t.name()
             )
         })
@@ -283,7 +312,7 @@ impl TenantPolicy {
     pub fn examine(&self, who: &Client, flow: FlowSpec, check: bool) -> Examined {
         let exact = check && self.checks() && who.tenant.is_some();
         if !exact && !flows::repairable(&flow) {
-            return Examined { flow, repaired: false, found: None };
+            return Examined { flow, sent: flow, repaired: false, found: None };
         }
         let found = match (who.netns(), self.checks()) {
             (Some(ns), _) => flows::locate(ns, &flow, exact, who.tenant_id()),
@@ -297,16 +326,20 @@ impl TenantPolicy {
             (None, true) => Err("its network namespace could not be opened".to_string()),
         };
         match found {
-            Ok(Found::Repaired { flow: true_flow, cgroup }) => {
-                Examined { flow: true_flow, repaired: true, found: Some(Ok(Found::Exact { cgroup })) }
-            }
-            found => Examined { flow, repaired: false, found: Some(found) },
+            Ok(Found::Repaired { flow: true_flow, cgroup }) => Examined {
+                flow: true_flow,
+                sent: flow,
+                repaired: true,
+                found: Some(Ok(Found::Exact { cgroup })),
+            },
+            found => Examined { flow, sent: flow, repaired: false, found: Some(found) },
         }
     }
 
     /// May `who` steer the flow `e` names (after any repair)? Only if that
     /// TCP connection exists in the client's network namespace and belongs
-    /// to the client's cgroup.
+    /// to the client's cgroup. A refusal names the flow as the client sent
+    /// it, never the connection it was repaired to (which is not its own).
     pub fn check_flow(&self, endpoint: &str, who: &Client, e: &Examined) -> Result<(), Denied> {
         if !self.checks() {
             return Ok(());
@@ -314,7 +347,10 @@ impl TenantPolicy {
         let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
         let why = match &e.found {
             Some(Ok(Found::Exact { cgroup })) if *cgroup == t.cgroup_id => return Ok(()),
-            Some(Ok(Found::Exact { .. })) => "the connection belongs to another cgroup".to_string(),
+            Some(Ok(Found::Exact { .. })) if e.repaired => {
+                "the one connection it fits is another tenant's".to_string()
+            }
+            Some(Ok(Found::Exact { .. })) => "the connection belongs to another tenant".to_string(),
             Some(Ok(Found::Missing)) => {
                 "no such TCP connection in the client's network namespace".to_string()
             }
@@ -322,93 +358,11 @@ impl TenantPolicy {
             Some(Ok(Found::Repaired { .. })) | None => "it was not looked up".to_string(),
             Some(Err(e)) => e.clone(),
         };
-        let flow = e.flow;
-        self.refuse(endpoint, Refusal::Flow, who, || {
-            format!("flow {} -> {} is not this client's: {why} (tenant {})", flow.src, flow.dst, t.name())
-        })
-    }
-
-    /// May `who` remove a rule installed by tenant `owner`?
-    pub fn check_owner(
-        &self,
-        endpoint: &str,
-        who: &Client,
-        owner: Option<u64>,
-        flow: &dyn Display,
-    ) -> Result<(), Denied> {
-        if !self.checks() {
-            return Ok(());
-        }
-        let Some(t) = self.tenant(endpoint, who)? else { return Ok(()) };
-        match owner {
-            Some(o) if o != t.cgroup_id => self.refuse(endpoint, Refusal::Owner, who, || {
-                let owner = self.name_of(o).unwrap_or_else(|| format!("cgroup id {o}"));
-                format!("the rule for flow {flow} belongs to tenant {owner}, not to {}", t.name())
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    /// Whether rules are counted per tenant (a quota in audit or enforce).
-    pub fn counts_rules(&self) -> bool {
-        self.max_rules != 0 && self.checks()
-    }
-
-    /// Takes one rule of `tenant`'s quota; `Err` when it is used up (the
-    /// rule is counted anyway in audit mode, so that the count stays right).
-    pub fn take_rule(&self, endpoint: &str, who: &Client, tenant: Option<u64>) -> Result<(), Denied> {
-        let Some(id) = tenant else { return Ok(()) };
-        if !self.counts_rules() {
-            return Ok(());
-        }
-        let held = {
-            let mut map = self.held.lock().expect("tenant quota lock");
-            let n = map.entry(id).or_default();
-            if *n < self.max_rules {
-                *n += 1;
-                return Ok(());
-            }
-            *n
-        };
-        self.refuse(endpoint, Refusal::Quota, who, || {
-            let name = self.name_of(id).unwrap_or_else(|| format!("cgroup id {id}"));
-            format!("tenant {name} holds {held} rules, the limit (--max_rules_per_tenant={})", self.max_rules)
-        })?;
-        *self.held.lock().expect("tenant quota lock").entry(id).or_default() += 1;
-        Ok(())
-    }
-
-    /// Gives back one rule of `tenant`'s quota (a rule went away, or a taken
-    /// place was not used).
-    pub fn give_rule(&self, tenant: Option<u64>) {
-        let Some(id) = tenant else { return };
-        if !self.counts_rules() {
-            return;
-        }
-        let mut map = self.held.lock().expect("tenant quota lock");
-        if let Some(n) = map.get_mut(&id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                map.remove(&id);
-            }
-        }
-    }
-
-    /// Counts rules taken over from another daemon against their tenants'
-    /// quotas (over the limit or not: they exist).
-    pub fn count_adopted(&self, tenants: impl IntoIterator<Item = u64>) {
-        if !self.counts_rules() {
-            return;
-        }
-        let mut map = self.held.lock().expect("tenant quota lock");
-        for id in tenants {
-            *map.entry(id).or_default() += 1;
-        }
-    }
-
-    /// Rules held by tenant `id`, as the quota counts them.
-    pub fn rules_held(&self, id: u64) -> u32 {
-        self.held.lock().expect("tenant quota lock").get(&id).copied().unwrap_or(0)
+        let (flow, repaired) = (e.sent, e.repaired.then_some(e.flow));
+        let message =
+            || format!("flow {} -> {} is not this client's: {why} (tenant {})", flow.src, flow.dst, t.name());
+        let detail = || repaired.map(|f| format!("it fits {} -> {}", f.src, f.dst)).unwrap_or_default();
+        self.refuse_detailed(endpoint, Refusal::Flow, who, message, detail)
     }
 }
 
@@ -422,6 +376,9 @@ fn own_netns() -> Option<&'static NetNs> {
     })
     .as_ref()
 }
+
+#[path = "access_rules.rs"]
+mod rules;
 
 #[path = "access_later.rs"]
 mod later;

@@ -61,7 +61,7 @@ impl TenantPolicy {
                 (Some(_), Some(ns)) => by_ns.entry(ns.inode).or_default().push(i),
                 // Unidentified, or no namespace: the check says why, no lookup.
                 _ => {
-                    let e = Examined { flow: j.flow, repaired: false, found: None };
+                    let e = Examined { flow: j.flow, sent: j.flow, repaired: false, found: None };
                     let found = j
                         .client
                         .tenant
@@ -76,7 +76,7 @@ impl TenantPolicy {
             let flows: Vec<FlowSpec> = idx.iter().map(|&i| batch[i].flow).collect();
             for (&i, found) in idx.iter().zip(flows::locate_many(ns, &flows)) {
                 let j = &batch[i];
-                let e = Examined { flow: j.flow, repaired: false, found: Some(found) };
+                let e = Examined { flow: j.flow, sent: j.flow, repaired: false, found: Some(found) };
                 let _ = self.check_flow(j.endpoint, &j.client, &e);
             }
         }

@@ -43,7 +43,7 @@ fn off_checks_nothing_and_counts_nothing() {
     let p = TenantPolicy::off();
     assert!(!p.checks());
     assert_eq!(p.check_gpu("gpu_fd", &Client::default(), 5, &"x"), Ok(()));
-    assert_eq!(p.check_owner("rule_uninstall", &Client::default(), Some(3), &"f"), Ok(()));
+    assert_eq!(p.check_owner("rule_uninstall", &Client::default(), Some(3), &"f", false), Ok(()));
     assert_eq!(p.take_rule("rule_manager", &Client::default(), Some(3)), Ok(()));
 }
 
@@ -57,17 +57,57 @@ fn an_unidentified_client_is_refused_with_the_fix() {
 }
 
 #[test]
-fn only_the_owner_removes_a_rule() {
+fn an_exited_opener_is_refused_saying_so() {
+    let (p, m) = policy(TenantIsolation::Enforce, 0);
+    let gone = Client { opener_exited: true, ..Client::default() };
+    let d = p.check_gpu("gpu_fd", &gone, 0, &"0000:04:00.0").unwrap_err();
+    assert_eq!(d.reason, Refusal::Unidentified);
+    assert!(d.message.contains("opened this connection has exited"), "{}", d.message);
+    assert!(d.message.contains("live process"), "{}", d.message);
+    assert_eq!(refused(&m, "gpu_fd", Refusal::Unidentified, "enforce"), 1);
+}
+
+#[test]
+fn only_the_owner_removes_a_rule_and_the_refusal_names_no_other_tenant() {
     let (p, m) = policy(TenantIsolation::Enforce, 0);
     let (a, b) = (client(10, 1), client(20, 1));
     p.saw(a.tenant.as_ref().unwrap());
-    assert_eq!(p.check_owner("rule_uninstall", &a, Some(10), &"f"), Ok(()));
-    let d = p.check_owner("rule_uninstall", &b, Some(10), &"10.0.0.2:1 -> 10.0.0.1:2").unwrap_err();
+    assert_eq!(p.check_owner("rule_uninstall", &a, Some(10), &"f", false), Ok(()));
+    let d = p.check_owner("rule_uninstall", &b, Some(10), &"10.0.0.2:1 -> 10.0.0.1:2", false).unwrap_err();
     assert_eq!((d.reason, d.code()), (Refusal::Owner, StatusCode::PermissionDenied));
-    assert!(d.message.contains("/test/10"), "names the owner: {}", d.message);
+    assert!(!d.message.contains("/test/10") && !d.message.contains("10 "), "names the owner: {}", d.message);
+    assert!(d.message.contains("10.0.0.2:1 -> 10.0.0.1:2"), "names the flow it sent: {}", d.message);
+    assert!(d.message.contains("another tenant") && d.message.contains("/test/20"), "{}", d.message);
+    // A repaired flow is another tenant's connection: not named either.
+    let d = p.check_owner("rule_uninstall", &b, Some(10), &"[fd00::2]:1 -> [fd00::1]:2", true).unwrap_err();
+    assert!(!d.message.contains("fd00"), "names the repaired flow: {}", d.message);
     // A rule booked without a tenant (isolation was off) is anybody's.
-    assert_eq!(p.check_owner("rule_uninstall", &b, None, &"f"), Ok(()));
-    assert_eq!(refused(&m, "rule_uninstall", Refusal::Owner, "enforce"), 1);
+    assert_eq!(p.check_owner("rule_uninstall", &b, None, &"f", false), Ok(()));
+    assert_eq!(refused(&m, "rule_uninstall", Refusal::Owner, "enforce"), 2);
+}
+
+#[test]
+fn a_flow_refusal_names_the_flow_as_sent_never_the_repaired_one() {
+    let (p, _) = policy(TenantIsolation::Enforce, 0);
+    let a = client(10, 1);
+    let sent = FlowSpec {
+        src: "[fd00::2:1:2:3:4]:40001".parse().unwrap(),
+        dst: "[fd00::1:5:6:7:8]:5000".parse().unwrap(),
+    };
+    let theirs = FlowSpec { src: "[fd00::2]:40001".parse().unwrap(), dst: "[fd00::1]:5000".parse().unwrap() };
+    let e = Examined { flow: theirs, sent, repaired: true, found: Some(Ok(Found::Exact { cgroup: 20 })) };
+    let d = p.check_flow("rule_manager", &a, &e).unwrap_err();
+    assert!(
+        d.message.contains(&sent.src.to_string()) && d.message.contains(&sent.dst.to_string()),
+        "{}",
+        d.message
+    );
+    assert!(
+        !d.message.contains(&theirs.src.to_string()) && !d.message.contains(&theirs.dst.to_string()),
+        "{}",
+        d.message
+    );
+    assert!(!d.message.contains("20"), "names the other tenant: {}", d.message);
 }
 
 #[test]

@@ -40,8 +40,10 @@ pub enum Found {
     Repaired { flow: FlowSpec, cgroup: u64 },
     /// No connection fits.
     Missing,
-    /// A garbled IPv6 request that fits several connections, all listed.
-    Ambiguous(Vec<FlowSpec>),
+    /// A garbled IPv6 request that fits several connections, all listed
+    /// with the cgroup id of their creators (some may be other tenants'
+    /// connections: a refusal names only the client's own).
+    Ambiguous(Vec<(FlowSpec, u64)>),
 }
 
 /// Whether `flow` is one a repair may apply to: IPv6 on both ends (an IPv4
@@ -91,7 +93,7 @@ pub fn choose(fits: Vec<(FlowSpec, u64)>, own: Option<u64>) -> Found {
             let mine: Vec<_> = fits.iter().filter(|(_, cg)| Some(*cg) == own).collect();
             match mine.as_slice() {
                 [(flow, cgroup)] => Found::Repaired { flow: *flow, cgroup: *cgroup },
-                _ => Found::Ambiguous(fits.into_iter().map(|(f, _)| f).collect()),
+                _ => Found::Ambiguous(fits),
             }
         }
     }

@@ -48,10 +48,14 @@ fn several_fits_are_never_guessed_unless_one_is_the_tenants_own() {
     let a = f("[fd00::a]:5000", "[fd00::b]:40001");
     let b = f("[fd00::c]:5000", "[fd00::d]:40001");
     assert_eq!(choose(vec![], Some(1)), Found::Missing);
-    assert_eq!(choose(vec![(a, 1), (b, 2)], None), Found::Ambiguous(vec![a, b]));
-    assert_eq!(choose(vec![(a, 1), (b, 1)], Some(1)), Found::Ambiguous(vec![a, b]), "both its own");
+    assert_eq!(choose(vec![(a, 1), (b, 2)], None), Found::Ambiguous(vec![(a, 1), (b, 2)]));
+    assert_eq!(choose(vec![(a, 1), (b, 1)], Some(1)), Found::Ambiguous(vec![(a, 1), (b, 1)]), "both its own");
     assert_eq!(choose(vec![(a, 1), (b, 2)], Some(2)), Found::Repaired { flow: b, cgroup: 2 });
-    assert_eq!(choose(vec![(a, 1), (b, 2)], Some(3)), Found::Ambiguous(vec![a, b]), "neither its own");
+    assert_eq!(
+        choose(vec![(a, 1), (b, 2)], Some(3)),
+        Found::Ambiguous(vec![(a, 1), (b, 2)]),
+        "neither its own"
+    );
     // One fit that is another tenant's is still that connection: the flow check refuses it.
     assert_eq!(choose(vec![(a, 9)], Some(1)), Found::Repaired { flow: a, cgroup: 9 });
 }

@@ -1,4 +1,5 @@
-//! Which GPUs a client process can use: those whose device node it holds open.
+//! Which GPUs a client process can use: those whose device node it holds
+//! open for reading and writing.
 //!
 //! A device node in a container's `/dev` proves nothing. A container may
 //! create a node (`mknod`), a symlink or a plain file of any name, including
@@ -6,7 +7,10 @@
 //! A process that holds the node open was allowed to, and a CUDA process
 //! holds `/dev/nvidia<minor>` of every GPU it can use open from `cuInit` on.
 //! So a client's GPUs are the character devices 195:`<minor>` among its open
-//! files, whatever name it opened them by.
+//! files, whatever name it opened them by, opened for reading and writing
+//! (`O_RDWR`, as CUDA opens them). A descriptor that only names the node
+//! (`O_PATH`, which needs no permission on the device) or opens it one way
+//! (`O_RDONLY`, `O_WRONLY`) gives no GPU.
 //!
 //! Simulated GPUs (host pools) have no device. A regular file at
 //! `/dev/nvidia<minor>` of the client's root stands in for one, when the
@@ -15,17 +19,24 @@
 //! with `O_NOFOLLOW`, so a link is never followed, least of all an absolute
 //! one, which would resolve against the daemon's root.
 //!
-//! The open files come from `/proc/<pid>/fd`, or, where the pid is not
-//! visible, one by one through the pidfd (`pidfd_getfd`, the first
-//! [`PIDFD_SCAN`] descriptors). Each is looked at with
-//! `statx(AT_STATX_DONT_SYNC)`: cached attributes, so that a file on a hung
-//! network or FUSE mount costs no round trip. Nothing is opened by a path the
-//! client controls except, for simulated GPUs, the stand-in.
+//! The open files come from the `fd` folder of the process's `/proc/<pid>`,
+//! opened as a folder descriptor while the process was known to hold that
+//! pid (the descriptor keeps naming it, whoever gets the pid later), or,
+//! where the pid is not visible, one by one through the pidfd
+//! (`pidfd_getfd`, the first [`PIDFD_SCAN`] descriptors). Each is looked at
+//! with `statx(AT_STATX_DONT_SYNC)`: cached attributes, so that a file on a
+//! hung network or FUSE mount costs no round trip. The open mode of the few
+//! that may be GPUs comes from `fdinfo/<fd>` of the same folder, which must
+//! name the same file (mount and inode: the process may have swapped the
+//! descriptor meanwhile), or from `F_GETFL` on the duplicate. Nothing is
+//! opened by a path the client controls except, for simulated GPUs, the
+//! stand-in.
 
 use std::ffi::CStr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
+use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::Mode;
@@ -74,30 +85,33 @@ pub struct FileId {
     pub ino: u64,
 }
 
-/// An open file of a process, as far as the GPU check goes.
+/// An open file of a process that may give it a GPU: an NVIDIA device node
+/// or, for simulated GPUs, a regular file (a stand-in, perhaps). Other files
+/// are not listed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenFile {
-    /// A character device, by its numbers.
-    CharDevice {
-        major: u32,
+    /// Character device 195:`minor`.
+    Nvidia {
         minor: u32,
+        read_write: bool,
     },
-    Regular(FileId),
-    /// A socket, pipe, folder, ...: never a GPU.
-    Other,
+    Regular {
+        id: FileId,
+        read_write: bool,
+    },
 }
 
 /// The GPUs (topology order, as a bit set) that a process holding `open`
-/// can use. `stand_ins[i]`: the regular file standing in for GPU `i`'s node,
-/// for simulated GPUs.
+/// can use: those whose node it holds open for reading and writing.
+/// `stand_ins[i]`: the regular file standing in for GPU `i`'s node, for
+/// simulated GPUs.
 pub fn held_gpus(open: &[OpenFile], devices: &GpuDevices, stand_ins: &[Option<FileId>]) -> u64 {
     let mut set = 0u64;
     for (i, minor) in devices.minors.iter().enumerate().take(64) {
         let stand_in = stand_ins.get(i).copied().flatten().filter(|_| devices.simulated);
         let held = open.iter().any(|f| match *f {
-            OpenFile::CharDevice { major, minor: m } => major == NVIDIA_MAJOR && m == *minor,
-            OpenFile::Regular(id) => stand_in == Some(id),
-            OpenFile::Other => false,
+            OpenFile::Nvidia { minor: m, read_write } => read_write && m == *minor,
+            OpenFile::Regular { id, read_write } => read_write && stand_in == Some(id),
         });
         if held {
             set |= 1 << i;
@@ -113,7 +127,7 @@ fn statx_at(dir: libc::c_int, name: &CStr, flags: libc::c_int) -> Result<libc::s
     // SAFETY: statx is plain data: all zeroes is a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let flags = flags | libc::AT_STATX_DONT_SYNC;
-    let mask = libc::STATX_TYPE | libc::STATX_INO;
+    let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
     // SAFETY: `name` is NUL-terminated and `stx` valid for writes; a bad
     // `dir` is an error return, not undefined behaviour.
     let r = unsafe { libc::statx(dir, name.as_ptr(), flags, mask, &mut stx) };
@@ -123,11 +137,32 @@ fn statx_at(dir: libc::c_int, name: &CStr, flags: libc::c_int) -> Result<libc::s
     Ok(stx)
 }
 
-fn classify(stx: &libc::statx) -> OpenFile {
-    match u32::from(stx.stx_mode) & libc::S_IFMT {
-        libc::S_IFCHR => OpenFile::CharDevice { major: stx.stx_rdev_major, minor: stx.stx_rdev_minor },
-        libc::S_IFREG => OpenFile::Regular(file_id(stx)),
-        _ => OpenFile::Other,
+/// What an open file may be to the GPU check, before its open mode is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Candidate {
+    Nvidia(u32),
+    Regular(FileId),
+}
+
+impl Candidate {
+    /// `stx` as a candidate: the NVIDIA node of one of `devices`, or a
+    /// regular file where they are simulated.
+    fn of(stx: &libc::statx, devices: &GpuDevices) -> Option<Candidate> {
+        let minor = stx.stx_rdev_minor;
+        match u32::from(stx.stx_mode) & libc::S_IFMT {
+            libc::S_IFCHR if stx.stx_rdev_major == NVIDIA_MAJOR && devices.minors.contains(&minor) => {
+                Some(Candidate::Nvidia(minor))
+            }
+            libc::S_IFREG if devices.simulated => Some(Candidate::Regular(file_id(stx))),
+            _ => None,
+        }
+    }
+
+    fn opened(self, read_write: bool) -> OpenFile {
+        match self {
+            Candidate::Nvidia(minor) => OpenFile::Nvidia { minor, read_write },
+            Candidate::Regular(id) => OpenFile::Regular { id, read_write },
+        }
     }
 }
 
@@ -135,29 +170,85 @@ fn file_id(stx: &libc::statx) -> FileId {
     FileId { dev: (stx.stx_dev_major, stx.stx_dev_minor), ino: stx.stx_ino }
 }
 
-/// The open files of process `pid`, from `/proc/<pid>/fd`. Descriptors
-/// closed while the folder is read are left out.
-pub fn open_files_of_pid(pid: u32) -> Result<Vec<OpenFile>, Errno> {
-    let folder = format!("/proc/{pid}/fd");
-    let entries = std::fs::read_dir(&folder).map_err(errno_of)?;
+/// `O_PATH`: a descriptor that names a file without opening it.
+const O_PATH: u32 = 0o10000000;
+
+/// Whether open-file flags say "for reading and writing" (`O_RDWR`, not `O_PATH`).
+fn flags_read_write(flags: u32) -> bool {
+    flags & O_PATH == 0 && flags & (libc::O_ACCMODE as u32) == libc::O_RDWR as u32
+}
+
+/// Whether the text of `/proc/<pid>/fdinfo/<fd>` says that descriptor is
+/// open for reading and writing, and is still the file `stx` describes (the
+/// same mount and inode: the process may have put another file at that
+/// number since; then nothing is proved).
+fn fdinfo_read_write(fdinfo: &str, stx: &libc::statx) -> bool {
+    let field = |name: &str| fdinfo.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let number = |name: &str| field(name).and_then(|v| v.parse::<u64>().ok());
+    let same = stx.stx_mask & libc::STATX_MNT_ID != 0
+        && number("mnt_id:") == Some(stx.stx_mnt_id)
+        && number("ino:") == Some(stx.stx_ino);
+    let flags = field("flags:").and_then(|v| u32::from_str_radix(v, 8).ok());
+    same && flags.is_some_and(flags_read_write)
+}
+
+/// The open files that may give process `proc_dir` (its `/proc/<pid>`
+/// folder, opened while it was known to be that process: the folder names
+/// it and no later holder of the pid) one of `devices`, each with its open
+/// mode read from `fdinfo/<fd>` of the same folder (once a file is found
+/// open for reading and writing, its other descriptors are not read).
+/// Regular files only where GPUs are simulated. Descriptors closed
+/// meanwhile are left out.
+pub fn open_files_in(proc_dir: BorrowedFd<'_>, devices: &GpuDevices) -> Result<Vec<OpenFile>, Errno> {
+    let folder = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut fds = Dir::openat(proc_dir, "fd", folder, Mode::empty())?;
+    let dir_fd = fds.as_raw_fd();
     let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(errno_of)?;
-        let Ok(path) = std::ffi::CString::new(entry.path().into_os_string().into_encoded_bytes()) else {
+    for entry in fds.iter() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_bytes().first().is_none_or(|b| !b.is_ascii_digit()) {
             continue;
-        };
-        // Following the magic link: the open file itself.
-        match statx_at(libc::AT_FDCWD, &path, 0) {
-            Ok(stx) => out.push(classify(&stx)),
-            Err(Errno::ENOENT) => {}
-            Err(e) => return Err(e),
         }
+        // Following the magic link: the open file itself.
+        let stx = match statx_at(dir_fd, name, 0) {
+            Ok(stx) => stx,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        let Some(c) = Candidate::of(&stx, devices) else { continue };
+        if out.contains(&c.opened(true)) {
+            continue;
+        }
+        let info = format!("fdinfo/{}", name.to_string_lossy());
+        let read_write =
+            match openat(proc_dir, info.as_str(), OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()) {
+                Ok(fd) => {
+                    let mut text = String::new();
+                    std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut text).is_ok()
+                        && fdinfo_read_write(&text, &stx)
+                }
+                Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(e),
+            };
+        out.push(c.opened(read_write));
     }
     Ok(out)
 }
 
-fn errno_of(e: std::io::Error) -> Errno {
-    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+/// Whether the process whose `/proc` folder is `proc_dir` holds the socket
+/// of inode `ino` (before Linux 6.5, how the daemon tells that a process
+/// holds the client end of a connection).
+pub fn holds_socket(proc_dir: BorrowedFd<'_>, ino: u32) -> bool {
+    let folder = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let Ok(mut fds) = Dir::openat(proc_dir, "fd", folder, Mode::empty()) else { return false };
+    let dir_fd = fds.as_raw_fd();
+    let found = fds.iter().filter_map(Result::ok).any(|entry| {
+        statx_at(dir_fd, entry.file_name(), 0).is_ok_and(|stx| {
+            u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFSOCK && stx.stx_ino == u64::from(ino)
+        })
+    });
+    found
 }
 
 /// `pidfd_getfd(pidfd, fd, 0)` (Linux 5.6): a duplicate of another
@@ -172,16 +263,23 @@ fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: i32) -> Result<OwnedFd, Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
 
-/// The open files among the first `limit` descriptors of the process behind
-/// `pidfd`, duplicated one at a time (needs the right to ptrace it).
-pub fn open_files_of_pidfd(pidfd: BorrowedFd<'_>, limit: i32) -> Result<Vec<OpenFile>, Errno> {
+/// The open files that may give the process behind `pidfd` one of
+/// `devices`, among its first `limit` descriptors, duplicated one at a time (needs the right
+/// to ptrace it); each duplicate shares the open file, so its flags
+/// (`F_GETFL`) are the process's open mode.
+pub fn open_files_of_pidfd(
+    pidfd: BorrowedFd<'_>,
+    limit: i32,
+    devices: &GpuDevices,
+) -> Result<Vec<OpenFile>, Errno> {
     let mut out = Vec::new();
     for n in 0..limit {
         match pidfd_getfd(pidfd, n) {
             Ok(fd) => {
-                if let Ok(stx) = statx_at(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH) {
-                    out.push(classify(&stx));
-                }
+                let Ok(stx) = statx_at(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH) else { continue };
+                let Some(c) = Candidate::of(&stx, devices) else { continue };
+                let flags = nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_GETFL);
+                out.push(c.opened(flags.is_ok_and(|f| flags_read_write(f as u32))));
             }
             Err(Errno::EBADF) => {}
             Err(e) => return Err(e),
@@ -213,48 +311,61 @@ pub fn stand_ins_under(root: BorrowedFd<'_>, devices: &GpuDevices) -> Vec<Option
         .collect()
 }
 
-/// Whether the process behind `pidfd` is still running (or a zombie): then
-/// its pid named it all along.
-pub fn still_there(pidfd: BorrowedFd<'_>) -> bool {
-    // SAFETY: plain syscall: signal 0 only checks that the process exists.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            0,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    r == 0 || Errno::last() == Errno::EPERM
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{symlink, OpenOptionsExt};
 
     fn devices(simulated: bool) -> GpuDevices {
         GpuDevices { minors: vec![0, 1, 5], simulated }
     }
 
+    /// This process's open files, through `/proc/<pid>` and through a pidfd.
+    fn own_open_files(simulated: bool) -> (Vec<OpenFile>, Vec<OpenFile>) {
+        let dir = std::fs::File::open(format!("/proc/{}", std::process::id())).unwrap();
+        let own = crate::identity::pidfd_open(std::process::id()).unwrap();
+        let d = devices(simulated);
+        (open_files_in(dir.as_fd(), &d).unwrap(), open_files_of_pidfd(own.as_fd(), PIDFD_SCAN, &d).unwrap())
+    }
+
     #[test]
-    fn a_gpu_is_held_by_its_device_or_for_simulated_gpus_its_stand_in() {
+    fn a_gpu_is_held_by_its_device_or_for_simulated_gpus_its_stand_in_open_for_reading_and_writing() {
         let stand_in = FileId { dev: (0, 40), ino: 7 };
         let other = FileId { dev: (0, 40), ino: 8 };
         let stand_ins = [None, Some(stand_in), None];
         let open = [
-            OpenFile::Other,
-            OpenFile::CharDevice { major: NVIDIA_MAJOR, minor: 5 },
-            OpenFile::CharDevice { major: 10, minor: 0 },
-            OpenFile::Regular(other),
+            OpenFile::Nvidia { minor: 5, read_write: true },
+            OpenFile::Nvidia { minor: 0, read_write: false },
+            OpenFile::Regular { id: other, read_write: true },
         ];
         assert_eq!(held_gpus(&open, &devices(false), &stand_ins), 0b100, "195:5 is the third GPU");
         assert_eq!(held_gpus(&open, &devices(true), &stand_ins), 0b100, "another file stands in for nothing");
-        let open = [OpenFile::Regular(stand_in)];
+        let open = [OpenFile::Regular { id: stand_in, read_write: true }];
         assert_eq!(held_gpus(&open, &devices(true), &stand_ins), 0b010);
         assert_eq!(held_gpus(&open, &devices(false), &stand_ins), 0, "real GPUs: only the device counts");
+        let open = [OpenFile::Regular { id: stand_in, read_write: false }];
+        assert_eq!(held_gpus(&open, &devices(true), &stand_ins), 0, "held, not for reading and writing");
         assert_eq!(held_gpus(&[], &devices(true), &stand_ins), 0, "present, not held");
+    }
+
+    #[test]
+    fn the_open_mode_counts_only_for_the_same_file_read_and_written() {
+        // SAFETY: statx is plain data: all zeroes is a valid value.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        (stx.stx_mask, stx.stx_mnt_id, stx.stx_ino) = (libc::STATX_MNT_ID, 24, 3);
+        let info = |flags: &str, mnt: u64, ino: u64| {
+            format!("pos:\t0\nflags:\t{flags}\nmnt_id:\t{mnt}\nino:\t{ino}\n")
+        };
+        assert!(fdinfo_read_write(&info("02100002", 24, 3), &stx), "O_RDWR|O_CLOEXEC|O_LARGEFILE");
+        assert!(!fdinfo_read_write(&info("0100000", 24, 3), &stx), "O_RDONLY");
+        assert!(!fdinfo_read_write(&info("0100001", 24, 3), &stx), "O_WRONLY");
+        assert!(!fdinfo_read_write(&info("012000000", 24, 3), &stx), "O_PATH");
+        assert!(!fdinfo_read_write(&info("010000002", 24, 3), &stx), "O_PATH with O_RDWR set");
+        assert!(!fdinfo_read_write(&info("0100002", 24, 4), &stx), "another file at that number now");
+        assert!(!fdinfo_read_write(&info("0100002", 25, 3), &stx), "another mount");
+        assert!(!fdinfo_read_write("pos:\t0\nflags:\t0100002\nmnt_id:\t24\n", &stx), "no inode to compare");
+        stx.stx_mask = 0;
+        assert!(!fdinfo_read_write(&info("0100002", 24, 3), &stx), "no mount id from statx");
     }
 
     #[test]
@@ -266,34 +377,57 @@ mod tests {
         symlink("nvidia0", dev.join("nvidia1")).unwrap();
         std::fs::write(dev.join("nvidia5"), b"").unwrap();
         // Through the link, this process holds nvidia0 twice; nvidia5 not at all.
-        let _a = std::fs::File::open(dev.join("nvidia0")).unwrap();
-        let _b = std::fs::File::open(dev.join("nvidia1")).unwrap();
+        let rw = || std::fs::OpenOptions::new().read(true).write(true).clone();
+        let _a = rw().open(dev.join("nvidia0")).unwrap();
+        let _b = rw().open(dev.join("nvidia1")).unwrap();
         let rootfd = std::fs::File::open(root.path()).unwrap();
         let d = devices(true);
         let stand_ins = stand_ins_under(rootfd.as_fd(), &d);
         assert!(stand_ins[0].is_some() && stand_ins[1].is_none() && stand_ins[2].is_some(), "{stand_ins:?}");
-        let open = open_files_of_pid(std::process::id()).unwrap();
-        assert_eq!(held_gpus(&open, &d, &stand_ins), 0b001);
+        let (in_proc, mut through_pidfd) = own_open_files(true);
+        assert_eq!(held_gpus(&in_proc, &d, &stand_ins), 0b001);
         // The same files through the pidfd.
-        let own = crate::identity::pidfd_open(std::process::id()).unwrap();
-        let mut through_pidfd = open_files_of_pidfd(own.as_fd(), PIDFD_SCAN).unwrap();
         assert_eq!(held_gpus(&through_pidfd, &d, &stand_ins), 0b001);
         let id = stand_ins[0].unwrap();
-        through_pidfd.retain(|f| *f == OpenFile::Regular(id));
+        through_pidfd.retain(|f| *f == OpenFile::Regular { id, read_write: true });
         assert!(through_pidfd.len() >= 2, "both descriptors of nvidia0 are seen");
         // A `dev` that is itself a link is not followed.
         let other = tempfile::tempdir().unwrap();
         symlink(&dev, other.path().join("dev")).unwrap();
         let otherfd = std::fs::File::open(other.path()).unwrap();
         assert_eq!(stand_ins_under(otherfd.as_fd(), &d), vec![None; 3]);
-        assert!(still_there(own.as_fd()));
+        // Real GPUs: regular files are not even listed.
+        let (in_proc, through_pidfd) = own_open_files(false);
+        assert!(!in_proc.iter().chain(&through_pidfd).any(|f| matches!(f, OpenFile::Regular { .. })));
     }
 
     #[test]
-    fn an_exited_process_is_not_there() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pidfd = crate::identity::pidfd_open(child.id()).unwrap();
-        child.wait().unwrap();
-        assert!(!still_there(pidfd.as_fd()));
+    fn a_stand_in_held_only_by_path_or_for_reading_or_for_writing_gives_no_gpu() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("dev");
+        std::fs::create_dir(&dev).unwrap();
+        for n in [0, 1, 5] {
+            std::fs::write(dev.join(format!("nvidia{n}")), b"").unwrap();
+        }
+        let path_only = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(dev.join("nvidia0"))
+            .unwrap();
+        let read_only = std::fs::File::open(dev.join("nvidia1")).unwrap();
+        let write_only = std::fs::OpenOptions::new().write(true).open(dev.join("nvidia5")).unwrap();
+        let rootfd = std::fs::File::open(root.path()).unwrap();
+        let d = devices(true);
+        let stand_ins = stand_ins_under(rootfd.as_fd(), &d);
+        let (in_proc, through_pidfd) = own_open_files(true);
+        assert_eq!(held_gpus(&in_proc, &d, &stand_ins), 0, "O_PATH, O_RDONLY, O_WRONLY");
+        assert_eq!(held_gpus(&through_pidfd, &d, &stand_ins), 0, "O_PATH, O_RDONLY, O_WRONLY (pidfd)");
+        // Opened for reading and writing, nvidia5 is held.
+        let read_write =
+            std::fs::OpenOptions::new().read(true).write(true).open(dev.join("nvidia5")).unwrap();
+        let (in_proc, through_pidfd) = own_open_files(true);
+        assert_eq!(held_gpus(&in_proc, &d, &stand_ins), 0b100);
+        assert_eq!(held_gpus(&through_pidfd, &d, &stand_ins), 0b100);
+        drop((path_only, read_only, write_only, read_write));
     }
 }

@@ -8,16 +8,23 @@
 //! watched on the runtime, and when it turns readable (the process exited) the
 //! process's rules are removed through the normal per-NIC rule threads.
 //!
-//! Identifying the process, best first:
-//! 1. `SO_PEERPIDFD` (Linux 6.5+): a pidfd for the peer even when it lives in
-//!    a pid namespace the daemon cannot see (a sidecar pod);
-//! 2. `SO_PEERCRED` + `pidfd_open` where the pid is visible;
+//! The client of a connection is the process that opened it, as the kernel
+//! recorded it then, and only while that process lives (see `opener`):
+//! 1. `SO_PEERPIDFD` (Linux 6.5+): a pidfd of that very process, even when it
+//!    lives in a pid namespace the daemon cannot see. If it has exited (it
+//!    may have passed the connection on), nobody is the client;
+//! 2. before 6.5, the pid `SO_PEERCRED` recorded, which may name another
+//!    process by now: the process holding that pid is the client only while
+//!    it holds the connection's other end (`unix_diag`);
 //! 3. otherwise no lease: logged once per user, counted.
 //!
 //! One process, one watch: on pidfs kernels (6.9+) every pidfd of a process
-//! has the same inode number; elsewhere the visible pid identifies it. On
-//! 6.5–6.8 with an invisible pid nothing identifies the process across
-//! connections, so each such connection keeps its own watch.
+//! has the same inode number, which no other process ever gets, so the
+//! table is keyed by it and a known process costs one `getsockopt` and one
+//! `fstat`. Elsewhere a pid identifies a process that has not been reaped,
+//! so a lease found by pid counts only once its process is shown to be the
+//! connection's. On 6.5–6.8 with an invisible pid nothing identifies the
+//! process across connections, so each such connection keeps its own watch.
 
 use std::collections::HashSet;
 use std::num::NonZeroU32;
@@ -27,18 +34,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use foldhash::HashMap;
-use nix::errno::Errno;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::access::TenantPolicy;
+use super::peer;
 #[cfg(test)]
 use super::peer::kernel_has_peer_pidfd;
-use super::peer::{peer_pidfd, pidfd_open, pidfs_inode};
-use super::tenant::{self, Tenant};
-use super::{credentials, Client};
+use super::tenant::{self, Tenant, Unread};
+use super::Client;
 use crate::metrics::Metrics;
+use crate::netlink::sock_diag::SockDiag;
 
 /// A client process the daemon watches.
 #[derive(Debug)]
@@ -50,7 +57,8 @@ pub struct Lease {
     alive: AtomicBool,
     /// Its tenant, found when the process was first seen (tenant isolation on).
     pub tenant: Option<Arc<Tenant>>,
-    /// A duplicate of the watched pidfd, handed on by a takeover.
+    /// A duplicate of the watched pidfd: handed on by a takeover, and what
+    /// shows that a pid still names this process.
     pidfd: Option<OwnedFd>,
     /// Its network namespace without a tenant (isolation off), opened when
     /// a request first needs it (an IPv6 flow to repair).
@@ -76,9 +84,11 @@ impl Lease {
         }
         let open = || {
             use std::os::fd::AsFd;
-            let net = tenant::open_net(self.pidfd.as_ref()?.as_fd(), self.pid.map(NonZeroU32::get));
-            // Opened after it exited: nothing pins it beyond this.
-            net.filter(|_| self.alive())
+            let pidfd = self.pidfd.as_ref()?.as_fd();
+            let dir = self.pid.and_then(|p| tenant::proc_dir(pidfd, p.get()).ok());
+            let net = tenant::open_net(pidfd, dir.as_ref().map(|d| d.as_fd()));
+            // Opened after it exited: it may not be its, and nothing pins it beyond this.
+            net.filter(|_| !peer::exited(pidfd) && self.alive())
         };
         self.net.get_or_init(open).as_ref()
     }
@@ -97,9 +107,10 @@ impl Lease {
 /// What tells one process from another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum ProcKey {
-    /// The pidfs inode number: unique per process.
+    /// The pidfs inode number: unique per process, for good.
     Inode(u64),
-    /// The pid in the daemon's namespace: unique while the process lives.
+    /// The pid in the daemon's namespace: unique only until the process is
+    /// reaped, so a lease found by it must be shown to be the caller's.
     Pid(u32),
     /// Nothing identifies it: a watch of its own.
     Unique(u64),
@@ -125,14 +136,12 @@ pub struct LeasePolicy {
 #[derive(Default)]
 struct Table {
     by_key: HashMap<ProcKey, Arc<Lease>>,
-    /// Visible pids of live leases, for the one-syscall fast path.
-    by_pid: HashMap<u32, Arc<Lease>>,
     next_id: u32,
     next_unique: u64,
     /// Users already told that their connections get no lease.
     warned_uids: HashSet<u32>,
-    /// Processes whose tenant is being read, and where the lease will come.
-    reading: HashMap<ProcKey, watch::Receiver<Option<Option<Arc<Lease>>>>>,
+    /// Processes whose tenant is being read, and where the outcome will come.
+    reading: HashMap<ProcKey, watch::Receiver<Option<Read>>>,
 }
 
 /// The registry of watched client processes.
@@ -145,6 +154,9 @@ pub struct ClientTracker {
     metrics: Arc<Metrics>,
     /// Where `SO_PEERPIDFD` is missing (pre-6.5), it is not asked again.
     no_peer_pidfd: AtomicBool,
+    /// Without `SO_PEERPIDFD`: a `unix_diag` socket of the daemon's own
+    /// namespace, which names the client end of a connection.
+    unix_diag: Mutex<Option<SockDiag>>,
     watches: AtomicU64,
     pidfds: AtomicU64,
     /// The runtime the watches run on: connections are also identified on
@@ -180,6 +192,7 @@ impl ClientTracker {
             exits,
             metrics,
             no_peer_pidfd: AtomicBool::new(false),
+            unix_diag: Mutex::new(None),
             watches: AtomicU64::new(0),
             pidfds: AtomicU64::new(0),
             runtime: tokio::runtime::Handle::try_current().ok(),
@@ -208,7 +221,7 @@ impl ClientTracker {
         self.watches.load(Ordering::Relaxed)
     }
 
-    /// How many pidfds were taken to identify peers (the slow path).
+    /// How many processes were looked at beyond the table (the slow path).
     pub fn pidfds_opened(&self) -> u64 {
         self.pidfds.load(Ordering::Relaxed)
     }
@@ -224,7 +237,9 @@ impl ClientTracker {
         let lease = {
             let mut t = self.table.lock().expect("lease table lock");
             // Another connection of the same process may have won the race.
-            if let Some(l) = t.by_key.get(&key).filter(|l| l.alive()) {
+            if let Some(l) =
+                t.by_key.get(&key).filter(|l| l.alive() && same_process(l, std::os::fd::AsFd::as_fd(&pidfd)))
+            {
                 return l.clone();
             }
             t.next_id = t.next_id.checked_add(1).unwrap_or(1);
@@ -232,9 +247,6 @@ impl ClientTracker {
             let keep = pidfd.try_clone().ok();
             let lease = Arc::new(Lease::new(id, pid, key, tenant, keep));
             t.by_key.insert(key, lease.clone());
-            if let Some(p) = pid {
-                t.by_pid.insert(p.get(), lease.clone());
-            }
             self.publish(t.by_key.len());
             lease
         };
@@ -244,48 +256,49 @@ impl ClientTracker {
         lease
     }
 
-    fn find_tenant(&self, pidfd: &OwnedFd, pid: Option<NonZeroU32>) -> Option<Arc<Tenant>> {
+    /// The tenant of the process behind `pidfd` (`pid`: its pid, as the
+    /// pidfd gave it), `None` where it cannot be told; `Err` when the
+    /// process exited before the read ended.
+    fn find_tenant(&self, pidfd: &OwnedFd, pid: Option<NonZeroU32>) -> Result<Option<Arc<Tenant>>, Exited> {
         use std::os::fd::AsFd;
         let p = &self.tenants;
         #[cfg(test)]
         self.reads.fetch_add(1, Ordering::Relaxed);
-        let found = tenant::identify(pidfd.as_fd(), pid.map(|p| p.get()), &p.devices, p.cgroup2.as_deref());
-        match &found {
-            Some(t) => {
-                p.saw(t);
-                tracing::debug!(pid = ?pid, tenant = %t.name(), net = ?t.net.as_ref().map(|n| n.inode), "client tenant");
+        let pid = pid.map(NonZeroU32::get);
+        match tenant::identify(pidfd.as_fd(), pid, &p.devices, p.cgroup2.as_deref()) {
+            Ok(t) => {
+                p.saw(&t);
+                tracing::debug!(pid, tenant = %t.name(), net = ?t.net.as_ref().map(|n| n.inode), "client tenant");
+                Ok(Some(Arc::new(t)))
             }
-            None => tracing::debug!(pid = ?pid, "client tenant unknown"),
+            Err(Unread::Unknown) => {
+                tracing::debug!(pid, "client tenant unknown");
+                Ok(None)
+            }
+            Err(Unread::Exited) => {
+                tracing::debug!(pid, "client process exited while its tenant was read");
+                Err(Exited)
+            }
         }
-        found.map(Arc::new)
     }
 
-    fn lookup(&self, key: ProcKey) -> Option<Arc<Lease>> {
-        let t = self.table.lock().expect("lease table lock");
-        t.by_key.get(&key).filter(|l| l.alive()).cloned()
+    /// The live lease under `key`; a lease found by pid only if
+    /// `is_it(lease)` shows it is the caller's process.
+    fn lookup(&self, key: ProcKey, is_it: impl FnOnce(&Lease) -> bool) -> Option<Arc<Lease>> {
+        let found = {
+            let t = self.table.lock().expect("lease table lock");
+            t.by_key.get(&key).filter(|l| l.alive()).cloned()?
+        };
+        match key {
+            ProcKey::Inode(_) => Some(found),
+            ProcKey::Pid(_) => is_it(&found).then_some(found),
+            ProcKey::Unique(_) => None,
+        }
     }
 
     fn publish(&self, alive: usize) {
         self.metrics.leases.clients.set(alive as i64);
         self.count.send_replace(ClientCount { seen_any: true, alive });
-    }
-
-    fn peer_pidfd(&self, sock: BorrowedFd<'_>) -> Option<OwnedFd> {
-        if self.no_peer_pidfd.load(Ordering::Relaxed) {
-            return None;
-        }
-        match peer_pidfd(sock) {
-            Ok(fd) => Some(fd),
-            Err(Errno::ENOPROTOOPT) => {
-                tracing::info!("this kernel has no SO_PEERPIDFD (Linux 6.5+): clients in other pid namespaces get no lease");
-                self.no_peer_pidfd.store(true, Ordering::Relaxed);
-                None
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "SO_PEERPIDFD failed");
-                None
-            }
-        }
     }
 
     fn no_lease(&self, uid: u32) {
@@ -294,8 +307,9 @@ impl ClientTracker {
         if first {
             tracing::warn!(
                 uid,
-                "client process cannot be identified (pid namespace not visible and no SO_PEERPIDFD): \
-                 its rules stay until it removes them; share the pod's process namespace or use Linux 6.5+"
+                "client process cannot be identified (pid namespace not visible and no SO_PEERPIDFD, or \
+                 unix_diag unavailable): its rules stay until it removes them; share the pod's process \
+                 namespace or use Linux 6.5+"
             );
         }
     }
@@ -336,11 +350,6 @@ impl ClientTracker {
             if t.by_key.get(&lease.key).is_some_and(|l| l.id == lease.id) {
                 t.by_key.remove(&lease.key);
             }
-            if let Some(p) = lease.pid {
-                if t.by_pid.get(&p.get()).is_some_and(|l| l.id == lease.id) {
-                    t.by_pid.remove(&p.get());
-                }
-            }
             t.by_key.len()
         };
         self.publish(alive);
@@ -351,12 +360,32 @@ impl ClientTracker {
     }
 }
 
+/// The process a pidfd names exited before its tenant was read to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Exited;
+
+/// Whether `lease` is the process behind `pidfd`, which was found to hold
+/// the pid of the lease's key: both unreaped now means both hold that pid
+/// now, and only one process can. (An inode key names one process anyway.)
+fn same_process(lease: &Lease, pidfd: BorrowedFd<'_>) -> bool {
+    match lease.key {
+        ProcKey::Inode(_) => true,
+        ProcKey::Pid(_) => {
+            lease.pidfd.as_ref().is_some_and(|l| peer::unreaped(std::os::fd::AsFd::as_fd(l)))
+                && peer::unreaped(pidfd)
+        }
+        ProcKey::Unique(_) => false,
+    }
+}
+
 #[path = "leases_handover.rs"]
 mod handover;
 #[path = "leases_identify.rs"]
 mod identify;
-use identify::READ_SLOTS;
+#[path = "leases_opener.rs"]
+mod opener;
 pub use identify::{IdentifyError, IDENTIFY_TIMEOUT};
+use identify::{Read, READ_SLOTS};
 
 #[cfg(test)]
 #[path = "leases_tests.rs"]

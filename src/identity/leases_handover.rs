@@ -93,9 +93,6 @@ impl ClientTracker {
             }
             for (_, l) in &watches {
                 t.by_key.insert(l.key, l.clone());
-                if let Some(p) = l.pid {
-                    t.by_pid.insert(p.get(), l.clone());
-                }
             }
             self.publish(t.by_key.len());
         }

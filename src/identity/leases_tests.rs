@@ -1,5 +1,6 @@
 //! Unit tests of the lease tracker.
 use super::*;
+use crate::identity::peer::peer_pidfd;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
@@ -204,4 +205,102 @@ async fn the_flow_check_sockets_of_a_process_close_when_its_lease_ends() {
     // A check still under way then opens one for itself and closes it after.
     let _ = check();
     assert_eq!(net.idle_diag(), 0);
+}
+
+#[test]
+fn pidfds_live_on_pidfs_exactly_from_linux_6_9() {
+    assert_eq!(peer::pidfds_on_pidfs(), kernel_version() >= (6, 9), "kernel {:?}", kernel_version());
+}
+
+/// A child that connects to `path`, then, as `then` says, stays (`stay`),
+/// exits at once (`exit`), or hands its end to the kernel in flight over
+/// another connection and closes its own (`pass`); then it waits for its
+/// stdin to close.
+fn opener(path: &std::path::Path, then: &str) -> std::process::Child {
+    let script = format!(
+        "import socket,sys,os\n\
+         s=socket.socket(socket.AF_UNIX); s.connect({path:?})\n\
+         if {then:?} == 'exit': os._exit(0)\n\
+         if {then:?} == 'pass':\n\
+         \x20   b=socket.socket(socket.AF_UNIX); b.connect({path:?}); socket.send_fds(b, [b'x'], [s.fileno()]); s.close()\n\
+         print('ready', flush=True)\n\
+         sys.stdin.read()",
+        path = path.display().to_string()
+    );
+    Command::new("python3")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_ready(child: &mut std::process::Child) {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+}
+
+#[tokio::test]
+async fn a_connection_whose_opener_exited_is_nobodys() {
+    for before_6_5 in [false, true] {
+        let (t, _rx) = tracker(true, true);
+        t.no_peer_pidfd.store(before_6_5, Ordering::Relaxed);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut child = opener(&path, "exit");
+        let (conn, _) = listener.accept().unwrap();
+        child.wait().unwrap(); // exited and reaped
+        assert!(t.identify(conn.as_fd()).unwrap().is_none(), "before 6.5: {before_6_5}");
+        let c = t.who(conn.as_fd()).unwrap();
+        assert!(c.opener_exited && c.pid.is_none() && c.lease.is_none() && c.process.is_none());
+        assert_eq!(t.watches_started(), 0);
+    }
+}
+
+#[tokio::test]
+async fn before_linux_6_5_the_process_at_the_pid_must_hold_the_connection() {
+    let (t, _rx) = tracker(true, true);
+    t.no_peer_pidfd.store(true, Ordering::Relaxed);
+    // This process holds both ends of a pair: it is the client, once.
+    let (a, _b) = UnixStream::pair().unwrap();
+    let lease = t.identify(a.as_fd()).unwrap().expect("this process holds the connection");
+    assert_eq!(lease.pid.map(|p| p.get()), Some(std::process::id()));
+    let (c, _d) = UnixStream::pair().unwrap();
+    assert_eq!(t.identify(c.as_fd()).unwrap().map(|l| l.id), Some(lease.id), "same process, same lease");
+    // A live opener that gave its end away holds nothing: nobody is the client.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let mut child = opener(&path, "pass");
+    let (conn, _) = listener.accept().unwrap();
+    let (_carrier, _) = listener.accept().unwrap();
+    wait_ready(&mut child);
+    assert!(t.who(conn.as_fd()).unwrap().opener_exited, "the process at the pid does not hold it");
+    // With SO_PEERPIDFD the opener is its client while it lives, wherever its end went.
+    if kernel_has_peer_pidfd() {
+        t.no_peer_pidfd.store(false, Ordering::Relaxed);
+        let l = t.identify(conn.as_fd()).unwrap().expect("the opener, alive");
+        assert_eq!(l.pid.map(|p| p.get()), Some(child.id()));
+    }
+    drop(child.stdin.take());
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_lease_found_by_pid_is_the_process_only_while_neither_is_reaped() {
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let pidfd = peer::pidfd_open(child.id()).unwrap();
+    let id = NonZeroU32::new(1).unwrap();
+    let lease =
+        Lease::new(id, NonZeroU32::new(child.id()), ProcKey::Pid(child.id()), None, pidfd.try_clone().ok());
+    let again = peer::pidfd_open(child.id()).unwrap();
+    assert!(same_process(&lease, again.as_fd()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!same_process(&lease, again.as_fd()), "reaped: its pid may name anybody");
+    let unique = Lease::new(id, None, ProcKey::Unique(1), None, pidfd.try_clone().ok());
+    assert!(!same_process(&unique, pidfd.as_fd()));
 }

@@ -5,8 +5,10 @@
 //! client's lease) and the pool and registry endpoints (to watch the client
 //! process). This module owns:
 //! - the kernel calls that name a peer process: `SO_PEERCRED`,
-//!   `SO_PEERPIDFD`, `pidfd_open` and the pidfs inode that tells two pidfds of
-//!   one process apart ([`peer`](self) functions, private);
+//!   `SO_PEERPIDFD`, `pidfd_open`, the pidfs inode that tells two pidfds of
+//!   one process apart, and whether a pidfd's process still holds its pid
+//!   ([`peer`](self) functions, private). Who a client is gets decided once
+//!   per connection from these, never from a pid number alone;
 //! - the [`leases`]: one watched pidfd per client process, and what happens
 //!   when that process exits;
 //! - what a client is *to the daemon* ([`Client`]), including its [`tenant`]:
@@ -53,6 +55,10 @@ pub struct Client {
     /// Its process's watch, whenever client processes are tracked (with or
     /// without `--leases`): where its network namespace is found.
     pub process: Option<Arc<Lease>>,
+    /// The process that opened the connection had exited when the daemon
+    /// asked (it may have passed the connection on): the client is nobody,
+    /// whoever sends on the connection now.
+    pub opener_exited: bool,
 }
 
 impl Client {

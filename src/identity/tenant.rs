@@ -1,16 +1,23 @@
 //! Finding a client process's tenant: its cgroup (v2), the GPUs whose
-//! device nodes it holds open, and its network namespace.
+//! device nodes it holds open for reading and writing, and its network
+//! namespace.
 //!
-//! - The cgroup id comes from `PIDFD_GET_INFO` (Linux 6.13), which works
-//!   even when the process lives in a pid namespace the daemon cannot see;
-//!   else from `/proc/<pid>/cgroup` (the `0::` line) and the inode of that
-//!   folder under the cgroup2 mount, which is the same id.
+//! Everything is read through the process's pidfd, or through its
+//! `/proc/<pid>` folder opened as a descriptor and then checked to be the
+//! pidfd's process (it has not exited: it still holds the pid). Such a
+//! descriptor keeps naming that process, never a later holder of the pid.
+//! A process that has exited by the end of the read is not identified at
+//! all: what was read may not be its.
+//!
+//! - The cgroup id comes from `PIDFD_GET_INFO` (Linux 6.13); else from the
+//!   folder's `cgroup` (the `0::` line) and the inode of that folder under
+//!   the cgroup2 mount, which is the same id.
 //! - The GPUs: the device nodes among its open files (see `identity::held`).
-//!   A simulated GPU's stand-in file is looked up under `/proc/<pid>/root`;
+//!   A simulated GPU's stand-in file is looked up under the folder's `root`;
 //!   where the pid is not visible, inside its mount namespace (from
 //!   `PIDFD_GET_MNT_NAMESPACE`, Linux 6.11) on a short-lived thread.
-//! - The network namespace: `/proc/<pid>/ns/net`, or
-//!   `PIDFD_GET_NET_NAMESPACE`. Kept open: flow checks look sockets up in it.
+//! - The network namespace: `PIDFD_GET_NET_NAMESPACE` (Linux 6.11), or the
+//!   folder's `ns/net`. Kept open: flow checks look sockets up in it.
 //!
 //! All of this is read once per client process, when it is first seen.
 
@@ -21,41 +28,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 
 use super::held::{self, FileId, OpenFile};
 pub use super::held::{device_minor, GpuDevices};
+use super::peer;
 use crate::netlink::sock_diag::SockDiag;
 
 /// `PIDFD_GET_MNT_NAMESPACE`: `_IO(0xFF, 3)`.
 const PIDFD_GET_MNT_NAMESPACE: libc::c_ulong = 0xFF03;
 /// `PIDFD_GET_NET_NAMESPACE`: `_IO(0xFF, 4)`.
 const PIDFD_GET_NET_NAMESPACE: libc::c_ulong = 0xFF04;
-/// `PIDFD_GET_INFO`: `_IOWR(0xFF, 11, struct pidfd_info)`, 64 bytes.
-const PIDFD_GET_INFO: libc::c_ulong =
-    (3 << 30) | ((PIDFD_INFO_SIZE as libc::c_ulong) << 16) | (0xFF << 8) | 11;
-const PIDFD_INFO_SIZE: usize = 64;
-/// `PIDFD_INFO_CGROUPID`.
-const PIDFD_INFO_CGROUPID: u64 = 1 << 2;
-
-/// `struct pidfd_info` (`<linux/pidfd.h>`, version 0).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-struct PidfdInfo {
-    mask: u64,
-    cgroupid: u64,
-    pid: u32,
-    tgid: u32,
-    ppid: u32,
-    ruid: u32,
-    rgid: u32,
-    euid: u32,
-    egid: u32,
-    suid: u32,
-    sgid: u32,
-    fsuid: u32,
-    fsgid: u32,
-    spare0: u32,
-}
 
 /// A network namespace, kept open.
 #[derive(Debug)]
@@ -149,56 +133,99 @@ impl Tenant {
     }
 }
 
-/// Finds the tenant of the process behind `pidfd` (`pid`: its pid in the
-/// daemon's namespace, where visible). `None`: its cgroup cannot be told.
+/// Why a client process's tenant could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unread {
+    /// It exited before the read ended: nothing read may be taken as its.
+    Exited,
+    /// Its cgroup cannot be told (its `/proc` folder cannot be read, or its
+    /// pid is not visible and the kernel gives no cgroup id for its pidfd).
+    Unknown,
+}
+
+/// Finds the tenant of the process behind `pidfd`. `pid`: its pid in the
+/// daemon's namespace as its pidfd gave it (`None`: not visible), never a
+/// number from anywhere else.
 pub fn identify(
     pidfd: BorrowedFd<'_>,
     pid: Option<u32>,
     devices: &GpuDevices,
     cgroup2: Option<&Path>,
-) -> Option<Tenant> {
-    let cgroup = pid
-        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok())
+) -> Result<Tenant, Unread> {
+    let t = match pid {
+        Some(p) => identify_visible(pidfd, p, devices, cgroup2)?,
+        None => identify_hidden(pidfd, devices)?,
+    };
+    match peer::exited(pidfd) {
+        true => Err(Unread::Exited),
+        false => Ok(t),
+    }
+}
+
+/// `/proc/<pid>` of the process behind `pidfd`, which has pid `pid`: the
+/// folder is opened, then the process is checked not to have exited, so
+/// the pid named it when the folder was opened, and the folder names it
+/// from then on.
+pub fn proc_dir(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, Unread> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let dir = nix::fcntl::open(format!("/proc/{pid}").as_str(), flags, Mode::empty());
+    match (dir, peer::exited(pidfd)) {
+        (_, true) => Err(Unread::Exited),
+        (Ok(dir), false) => Ok(dir),
+        (Err(e), false) => {
+            tracing::debug!(pid, error = %e, "cannot open a client's /proc folder");
+            Err(Unread::Unknown)
+        }
+    }
+}
+
+fn identify_visible(
+    pidfd: BorrowedFd<'_>,
+    pid: u32,
+    devices: &GpuDevices,
+    cgroup2: Option<&Path>,
+) -> Result<Tenant, Unread> {
+    let dir = proc_dir(pidfd, pid)?;
+    let cgroup = read_in(dir.as_fd(), "cgroup")
         .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::")).map(|s| s.trim().to_string()));
-    let cgroup_id = match pidfd_cgroup_id(pidfd) {
+    let cgroup_id = match peer::pidfd_cgroup_id(pidfd) {
         Ok(id) => id,
         Err(_) => {
-            let (root, path) = (cgroup2?, cgroup.as_deref()?);
-            std::fs::metadata(root.join(path.trim_start_matches('/'))).ok()?.ino()
+            let (root, path) = (cgroup2.ok_or(Unread::Unknown)?, cgroup.as_deref().ok_or(Unread::Unknown)?);
+            std::fs::metadata(root.join(path.trim_start_matches('/'))).map_err(|_| Unread::Unknown)?.ino()
         }
     };
-    let gpus = match pid {
-        Some(p) => gpus_of_visible(pidfd, p, devices),
-        None => gpus_of_hidden(pidfd, devices),
-    };
-    let net = open_net(pidfd, pid);
-    Some(Tenant { cgroup_id, cgroup, gpus, net })
+    let gpus = gpus_of_visible(pidfd, dir.as_fd(), devices);
+    let net = open_net(pidfd, Some(dir.as_fd()));
+    Ok(Tenant { cgroup_id, cgroup, gpus, net })
 }
 
-/// The network namespace of the process behind `pidfd` (`pid`: its pid in
-/// the daemon's namespace, where visible): `/proc/<pid>/ns/net`, else
-/// `PIDFD_GET_NET_NAMESPACE` (Linux 6.11).
-pub fn open_net(pidfd: BorrowedFd<'_>, pid: Option<u32>) -> Option<NetNs> {
-    let fd = pid
-        .and_then(|p| std::fs::File::open(format!("/proc/{p}/ns/net")).ok().map(OwnedFd::from))
-        .or_else(|| pidfd_ns(pidfd, PIDFD_GET_NET_NAMESPACE).ok())?;
+fn identify_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> Result<Tenant, Unread> {
+    let cgroup_id = peer::pidfd_cgroup_id(pidfd).map_err(|_| Unread::Unknown)?;
+    let gpus = gpus_of_hidden(pidfd, devices);
+    let net = open_net(pidfd, None);
+    Ok(Tenant { cgroup_id, cgroup: None, gpus, net })
+}
+
+/// The text of file `name` in folder `dir`.
+fn read_in(dir: BorrowedFd<'_>, name: &str) -> Option<String> {
+    let fd = nix::fcntl::openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut text).ok()?;
+    Some(text)
+}
+
+/// The network namespace of the process behind `pidfd`:
+/// `PIDFD_GET_NET_NAMESPACE` (Linux 6.11), else `ns/net` in its `/proc`
+/// folder `proc_dir` (from [`proc_dir`]). The caller checks afterwards that
+/// the process has not exited.
+pub fn open_net(pidfd: BorrowedFd<'_>, proc_dir: Option<BorrowedFd<'_>>) -> Option<NetNs> {
+    let fd = pidfd_ns(pidfd, PIDFD_GET_NET_NAMESPACE).ok().or_else(|| {
+        let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        nix::fcntl::openat(proc_dir?, "ns/net", flags, Mode::empty()).ok()
+    })?;
     let inode = nix::sys::stat::fstat(fd.as_fd()).ok()?.st_ino;
-    // Read by pid: only if the process is still there did the pid name it.
-    (pid.is_none() || held::still_there(pidfd)).then(|| NetNs::new(inode, fd))
-}
-
-/// The cgroup v2 id of the process behind `pidfd` (`PIDFD_GET_INFO`).
-pub fn pidfd_cgroup_id(pidfd: BorrowedFd<'_>) -> Result<u64, Errno> {
-    let mut info = PidfdInfo { mask: PIDFD_INFO_CGROUPID, ..PidfdInfo::default() };
-    // SAFETY: `info` is a valid, writable pidfd_info of the size the request encodes.
-    let r = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_INFO as _, &mut info as *mut PidfdInfo) };
-    if r != 0 {
-        return Err(Errno::last());
-    }
-    if info.mask & PIDFD_INFO_CGROUPID == 0 {
-        return Err(Errno::EOPNOTSUPP);
-    }
-    Ok(info.cgroupid)
+    Some(NetNs::new(inode, fd))
 }
 
 /// A namespace of the process behind `pidfd` (`PIDFD_GET_*_NAMESPACE`).
@@ -212,53 +239,60 @@ fn pidfd_ns(pidfd: BorrowedFd<'_>, cmd: libc::c_ulong) -> Result<OwnedFd, Errno>
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The GPUs that process `pid` (behind `pidfd`) holds open, read through `/proc/<pid>`.
-fn gpus_of_visible(pidfd: BorrowedFd<'_>, pid: u32, devices: &GpuDevices) -> u64 {
+/// The GPUs that the process behind `pidfd` holds open, read through its
+/// `/proc` folder `dir`.
+fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
     // `/proc/<pid>/fd` is its owner's (0500): a daemon of another user
     // without CAP_DAC_READ_SEARCH (the systemd unit keeps only CAP_SYS_PTRACE)
     // cannot list it, but may duplicate the descriptors through the pidfd.
-    let open = match held::open_files_of_pid(pid).or_else(|e| {
+    let open = match held::open_files_in(dir, devices).or_else(|e| {
         if e == Errno::EACCES {
-            held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN)
+            held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices)
         } else {
             Err(e)
         }
     }) {
         Ok(open) => open,
         Err(e) => {
-            tracing::debug!(pid, error = %e, "cannot read a client's open files");
+            tracing::debug!(error = %e, "cannot read a client's open files");
             return 0;
         }
     };
-    let stand_ins = match devices.simulated {
-        true => std::fs::File::open(format!("/proc/{pid}/root"))
-            .map(|root| held::stand_ins_under(root.as_fd(), devices))
-            .unwrap_or_default(),
+    let stand_ins = match has_regular(&open) {
+        true => nix::fcntl::openat(
+            dir,
+            "root",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map(|root| held::stand_ins_under(root.as_fd(), devices))
+        .unwrap_or_default(),
         false => Vec::new(),
     };
-    // Read by pid: only if the process is still there did the pid name it throughout.
-    match held::still_there(pidfd) {
-        true => held::held_gpus(&open, devices, &stand_ins),
-        false => 0,
-    }
+    held::held_gpus(&open, devices, &stand_ins)
+}
+
+/// Whether `open` lists a regular file (which may stand in for a simulated GPU).
+fn has_regular(open: &[OpenFile]) -> bool {
+    open.iter().any(|f| matches!(f, OpenFile::Regular { .. }))
 }
 
 /// The GPUs that the process behind `pidfd`, whose pid is not visible here,
 /// holds open: its descriptors through the pidfd, a simulated GPU's stand-in
 /// inside its mount namespace.
 fn gpus_of_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
-    let open = match held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN) {
+    let open = match held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices) {
         Ok(open) => open,
         Err(e) => {
             tracing::debug!(error = %e, "cannot read the open files of a client in another pid namespace");
             return 0;
         }
     };
-    let stand_ins = match (devices.simulated, open.iter().any(|f| matches!(f, OpenFile::Regular(_)))) {
-        (true, true) => pidfd_ns(pidfd, PIDFD_GET_MNT_NAMESPACE)
+    let stand_ins = match has_regular(&open) {
+        true => pidfd_ns(pidfd, PIDFD_GET_MNT_NAMESPACE)
             .map(|ns| stand_ins_in_mount_ns(ns.as_fd(), devices))
             .unwrap_or_default(),
-        _ => Vec::new(),
+        false => Vec::new(),
     };
     held::held_gpus(&open, devices, &stand_ins)
 }
@@ -299,15 +333,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pidfd_info_has_the_kernel_layout() {
-        assert_eq!(std::mem::size_of::<PidfdInfo>(), PIDFD_INFO_SIZE);
-        assert_eq!(std::mem::offset_of!(PidfdInfo, cgroupid), 8);
-        assert_eq!(std::mem::offset_of!(PidfdInfo, pid), 16);
-        assert_eq!(std::mem::offset_of!(PidfdInfo, fsgid), 56);
-        assert_eq!(PIDFD_GET_INFO, 0xC040_FF0B);
-    }
-
-    #[test]
     fn driver_information_names_the_minor() {
         let text = "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nDevice Minor: \t 3\nBus Location: \t 0000:04:00.0\n";
         assert_eq!(device_minor(text), Some(3));
@@ -335,10 +360,28 @@ mod tests {
         let devices = GpuDevices { minors: vec![0, 1], simulated: true };
         let t =
             identify(own.as_fd(), Some(std::process::id()), &devices, root.as_deref()).expect("identified");
+        if let Ok(id) = peer::pidfd_cgroup_id(own.as_fd()) {
+            assert_eq!(t.cgroup_id, id);
+        }
         if let (Some(root), Some(path)) = (root, &t.cgroup) {
             let ino = std::fs::metadata(root.join(path.trim_start_matches('/'))).unwrap().ino();
             assert_eq!(t.cgroup_id, ino, "PIDFD_GET_INFO and the cgroup folder agree");
         }
         assert!(t.net.is_some());
+    }
+
+    #[test]
+    fn a_process_that_has_exited_is_nobody_even_before_it_is_reaped() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pidfd = crate::identity::pidfd_open(child.id()).unwrap();
+        while !peer::exited(pidfd.as_fd()) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let devices = GpuDevices { minors: vec![0], simulated: true };
+        // A zombie: its pid is its own still, and nothing it held is left.
+        assert_eq!(identify(pidfd.as_fd(), Some(child.id()), &devices, None).err(), Some(Unread::Exited));
+        assert_eq!(proc_dir(pidfd.as_fd(), child.id()).err(), Some(Unread::Exited));
+        child.wait().unwrap();
+        assert_eq!(identify(pidfd.as_fd(), Some(child.id()), &devices, None).err(), Some(Unread::Exited));
     }
 }

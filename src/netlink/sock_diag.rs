@@ -13,6 +13,9 @@
 //! buffers, with layout tests against the kernel's structs; a lookup is one
 //! `send` and one `recv` on a socket the caller keeps.
 //!
+//! [`SockDiag::unix_peer`] asks `unix_diag` instead: which socket is the
+//! other end of a Unix connection.
+//!
 //! [`SockDiag::by_ports`] is the one dump: every IPv6 TCP connection with a
 //! given local and remote port (the kernel compares the ports while it walks
 //! its connection table, so only those come back). It serves the repair of
@@ -387,6 +390,8 @@ impl SockDiag {
 
 #[path = "sock_diag_many.rs"]
 mod many;
+#[path = "sock_diag_unix.rs"]
+mod unix;
 
 #[cfg(test)]
 #[path = "sock_diag_tests.rs"]

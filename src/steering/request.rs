@@ -12,7 +12,7 @@ use crate::identity::Examined;
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
-use crate::types::flow::TCP_V6_FLOW;
+use crate::types::flow::{FlowSpec, TCP_V6_FLOW};
 use crate::types::pci::PciAddr;
 use crate::types::status::StatusCode;
 
@@ -156,7 +156,7 @@ fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(PciAddr, GpuSlot), Ru
 /// Looks the request's flow up where that matters ([`TenantPolicy::examine`]):
 /// a garbled IPv6 flow that fits one connection of the client is steered as
 /// that connection (and counted); one that fits several is refused in every
-/// mode, naming them.
+/// mode ([`ambiguous`]).
 ///
 /// [`TenantPolicy::examine`]: crate::identity::TenantPolicy::examine
 fn repair(
@@ -174,20 +174,38 @@ fn repair(
         req.flow = e.flow;
         who.owner.repaired = true;
     } else if let Some(all) = e.ambiguous() {
-        let list: Vec<String> = all.iter().map(|f| format!("{} -> {}", f.src, f.dst)).collect();
-        return Err(RuleFailure::new(
-            StatusCode::FailedPrecondition,
-            format!(
-                "flow {} -> {} names only the first 8 bytes of each address, and {} connections of this \
-                 client fit it: {}; the daemon does not guess (try again on a new connection)",
-                req.flow.src,
-                req.flow.dst,
-                all.len(),
-                list.join(", ")
-            ),
-        ));
+        return Err(ambiguous(&req.flow, all, who.client.tenant_id()));
     }
     Ok(e)
+}
+
+/// The refusal of a garbled IPv6 flow that fits several connections
+/// (`fits`, each with its creator's cgroup id). It names the client's own
+/// (of tenant `own`) and only counts the rest, which may be other tenants'
+/// connections; the log names them all.
+fn ambiguous(sent: &FlowSpec, fits: &[(FlowSpec, u64)], own: Option<u64>) -> RuleFailure {
+    let show = |f: &FlowSpec| format!("{} -> {}", f.src, f.dst);
+    let all: Vec<String> = fits.iter().map(|(f, _)| show(f)).collect();
+    tracing::info!(sent = %sent, fits = %all.join(", "), "a garbled IPv6 flow fits several connections");
+    let mine: Vec<String> = fits.iter().filter(|(_, cg)| Some(*cg) == own).map(|(f, _)| show(f)).collect();
+    let which = match (mine.len(), fits.len() - mine.len()) {
+        _ if own.is_none() => format!("it fits {} connections", fits.len()),
+        (0, _) => format!("it fits {} connections, none of them this client's", fits.len()),
+        (n, 0) => format!("{n} connections of this client fit it: {}", mine.join(", ")),
+        (n, others) => format!(
+            "it fits {} connections: {n} of this client's ({}) and {others} not its own",
+            fits.len(),
+            mine.join(", ")
+        ),
+    };
+    RuleFailure::new(
+        StatusCode::FailedPrecondition,
+        format!(
+            "flow {} names only the first 8 bytes of each address, and {which}; the daemon does not guess \
+             (try again on a new connection)",
+            show(sent)
+        ),
+    )
 }
 
 /// Tenant checks of an install: the GPU must be the client's, and the
@@ -243,5 +261,35 @@ async fn uninstall_rule(rules: &RulePath, req: &RuleRequest, who: Requester) -> 
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ambiguity_refusal_names_only_the_clients_own_connections() {
+        let f = |l: &str, r: &str| FlowSpec { src: r.parse().unwrap(), dst: l.parse().unwrap() };
+        let sent = f("[fd00::1:0:0:0:7]:5000", "[fd00::2:0:0:0:9]:40001");
+        let (mine, theirs) = (f("[fd00::1]:5000", "[fd00::2]:40001"), f("[fd00::3]:5000", "[fd00::4]:40001"));
+        let text = |fits: &[(FlowSpec, u64)], own| ambiguous(&sent, fits, own).message;
+        let t = text(&[(mine, 1), (theirs, 2), (mine, 1)], Some(1));
+        assert!(t.contains("[fd00::1]:5000") && t.contains("1 not its own"), "{t}");
+        assert!(t.contains(&format!("{} -> {}", sent.src, sent.dst)), "the flow as sent: {t}");
+        for (fits, own) in [
+            (&[(mine, 1), (theirs, 2)][..], Some(1)),
+            (&[(mine, 1), (theirs, 2)], Some(3)),
+            (&[(mine, 1), (theirs, 2)], None),
+        ] {
+            let t = text(fits, own);
+            assert!(!t.contains("fd00::3") && !t.contains("fd00::4"), "names another's connection: {t}");
+            if own != Some(1) {
+                assert!(!t.contains("[fd00::1]"), "{t}");
+            }
+        }
+        let t = text(&[(mine, 1), (mine, 1)], Some(1));
+        assert!(t.contains("2 connections of this client fit it"), "{t}");
+        assert_eq!(ambiguous(&sent, &[(mine, 1), (theirs, 1)], Some(1)).code, StatusCode::FailedPrecondition);
     }
 }

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod netns;
+pub mod pidns;
 pub mod sysfs;
 pub mod tenant;
 

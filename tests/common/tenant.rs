@@ -55,26 +55,29 @@ impl Drop for Cgroup {
 }
 
 /// A client process driven over its stdin: `conn 4|6` opens a loopback TCP
-/// connection to itself and prints the accepted socket's ends; `listen ADDR`
-/// listens on an IPv6 address (prints `port N`), `accept` takes the next
+/// connection to itself and prints the accepted socket's ends; `listen ADDR
+/// [PORT]` listens on an IPv6 address (prints `port N`), `accept` takes the next
 /// connection (prints its ends like `conn`), `dial ADDR PORT [FROM_PORT]`
 /// connects to one (prints `dialed PORT`, its own port); `req PATH HEX`
 /// sends one request on a new connection and prints the reply (`fd` when a
 /// file descriptor came).
 ///
-/// At start it opens (read-only) and keeps open each path in `$HOLD`, as a
-/// CUDA process holds its GPUs' device nodes from `cuInit` on; one it cannot
-/// open is left out. `open PATH` and `close PATH` do the same later and print
-/// `opened`, `error N` or `closed`.
+/// At start it opens for reading and writing and keeps open each path in
+/// `$HOLD`, as a CUDA process holds its GPUs' device nodes from `cuInit` on;
+/// one it cannot open is left out. `open PATH [rw|ro|wo|path]` (`O_RDWR`,
+/// the default, `O_RDONLY`, `O_WRONLY`, `O_PATH`) and `close PATH` do the
+/// same later and print `opened`, `error N` or `closed`; `pid` prints its
+/// pid as it sees it; `exit` ends it.
 const AGENT_PY: &str = r#"
 import os, socket, sys
 held = []
 files = {}
+MODES = {"rw": os.O_RDWR, "ro": os.O_RDONLY, "wo": os.O_WRONLY, "path": os.O_PATH}
 def out(s):
     sys.stdout.write(s + "\n"); sys.stdout.flush()
-def hold(path):
+def hold(path, mode="rw"):
     try:
-        files[path] = os.open(path, os.O_RDONLY)
+        files[path] = os.open(path, MODES[mode])
         return "opened"
     except OSError as e:
         return "error %d" % e.errno
@@ -83,7 +86,11 @@ for path in os.environ.get("HOLD", "").split():
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "open":
-        out(hold(cmd[1]))
+        out(hold(*cmd[1:3]))
+    elif cmd[0] == "pid":
+        out("pid %d" % os.getpid())
+    elif cmd[0] == "exit":
+        os._exit(0)
     elif cmd[0] == "close":
         os.close(files.pop(cmd[1])); out("closed")
     elif cmd[0] == "conn":
@@ -96,7 +103,7 @@ for line in sys.stdin:
         loc = s.getsockname()
         out("conn %s %d %s %d" % (loc[0], loc[1], peer[0], peer[1]))
     elif cmd[0] == "listen":
-        l = socket.socket(socket.AF_INET6); l.bind((cmd[1], 0)); l.listen(8)
+        l = socket.socket(socket.AF_INET6); l.bind((cmd[1], int(cmd[2]) if len(cmd) > 2 else 0)); l.listen(8)
         held.append(l); listener = l
         out("port %d" % l.getsockname()[1])
     elif cmd[0] == "accept":
@@ -188,21 +195,36 @@ impl Agent {
     /// `setup` (shell, run as root there; [`FRESH_DEV`] gives it a `/dev` of
     /// its own) planted what it wants, holding `hold` open.
     pub fn planted(cg: &Cgroup, setup: &str, hold: &[&str]) -> Agent {
-        Agent::spawn(cg, setup, hold, None)
+        Agent::spawn(cg, setup, hold, None, &[])
     }
 
     /// [`Agent::start`] in network namespace `netns` (a name under `/run/netns`).
     pub fn start_in(cg: &Cgroup, minor: u32, netns: &str) -> Agent {
         let node = format!("/dev/nvidia{minor}");
-        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], Some(netns))
+        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], Some(netns), &[])
     }
 
-    fn spawn(cg: &Cgroup, setup: &str, hold: &[&str], netns: Option<&str>) -> Agent {
+    /// [`Agent::start`] started through `prefix` (a command that runs the
+    /// rest of its arguments: see `common::pidns`).
+    pub fn start_under(cg: &Cgroup, minor: u32, prefix: &[String]) -> Agent {
+        let node = format!("/dev/nvidia{minor}");
+        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], None, prefix)
+    }
+
+    fn spawn(cg: &Cgroup, setup: &str, hold: &[&str], netns: Option<&str>, prefix: &[String]) -> Agent {
         super::require_python3();
         // The cgroup is joined first: `ip netns exec` mounts a /sys of its own.
         let script = r#"echo $$ > "$CG/cgroup.procs" && exec $NETNS_EXEC unshare -m --propagation private sh -c 'eval "$SETUP" && exec "$PY" -u -c "$AGENT_PY"'"#;
         let netns_exec = netns.map(|ns| format!("ip netns exec {ns}")).unwrap_or_default();
-        let mut child = Command::new("sh")
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg("sh");
+                c
+            }
+            None => Command::new("sh"),
+        };
+        let mut child = cmd
             .env("NETNS_EXEC", netns_exec)
             .arg("-c")
             .arg(script)
@@ -218,6 +240,19 @@ impl Agent {
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Agent { child, stdin, stdout }
+    }
+
+    /// Its pid as it sees it (in its own pid namespace).
+    pub fn pid(&mut self) -> u32 {
+        let a = self.ask("pid");
+        a.strip_prefix("pid ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("pid: {a}"))
+    }
+
+    /// Ends it (its own process, not only the command that started it) and
+    /// waits for that command.
+    pub fn exit(&mut self) {
+        writeln!(self.stdin, "exit").unwrap();
+        self.child.wait().unwrap();
     }
 
     pub fn ask(&mut self, line: &str) -> String {
@@ -236,7 +271,12 @@ impl Agent {
 
     /// Listens on IPv6 address `ip`: the port.
     pub fn listen(&mut self, ip: &str) -> u16 {
-        let a = self.ask(&format!("listen {ip}"));
+        self.listen_on(ip, 0)
+    }
+
+    /// Listens on IPv6 address `ip`, port `port` (0: any): the port.
+    pub fn listen_on(&mut self, ip: &str, port: u16) -> u16 {
+        let a = self.ask(&format!("listen {ip} {port}"));
         a.strip_prefix("port ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("listen: {a}"))
     }
 

@@ -1,5 +1,6 @@
-# Shared by check.sh and bench.sh (sourced). Finds the binaries and a python3
-# with cuda-bindings; installs carried wheels (RXDM_WHEELS) if it lacks them.
+# Shared by check.sh, bench.sh, tenants.sh and takeover.sh (sourced). Finds the
+# binaries and a python3 with cuda-bindings; installs carried wheels
+# (RXDM_WHEELS) if it lacks them; reads what the daemon logs.
 
 GPU_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$GPU_DIR/../.." && pwd)
@@ -19,4 +20,13 @@ ensure_cuda_bindings() {
             export PYTHONPATH=/tmp/rxdm-site${PYTHONPATH:+:$PYTHONPATH}
     fi
     "$PY" -c 'from cuda.bindings import driver' || { echo "FAIL setup: python3 has no cuda.bindings"; return 1; }
+}
+
+# The device minor the daemon took for each GPU, one a line, in topology order,
+# from its "tenant isolation" log line in file $1 (field `gpu_minors=0, 1, 2`;
+# tests/gpu_scripts.rs checks this against the sim daemon's own line).
+daemon_gpu_minors() {
+    grep -m1 'tenant isolation' "$1" |
+        sed -n 's/.* gpu_minors=\([0-9][0-9]*\(, [0-9][0-9]*\)*\)\( .*\)\{0,1\}$/\1/p' |
+        tr -d ' ' | tr ',' '\n'
 }

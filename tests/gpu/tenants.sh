@@ -5,13 +5,14 @@
 #      /proc/driver/nvidia/gpus/<pci>/information (as nvidia-smi reports it);
 #   2. a CUDA client (cuInit first, so it holds /dev/nvidia<minor> open, as an
 #      NCCL job does) gets the pool's fd, imports it and writes through it;
-#   3. a GPU is a client's only while the client holds its device node open:
-#      in a mount namespace of its own, a client is refused (PERMISSION_DENIED,
-#      naming the GPU) when /dev/nvidia<minor> is a regular file it holds open
-#      (with CUDA pools only the character device counts), a node it made with
-#      mknod, a symlink (absolute or relative) to the real node, or the real
-#      node that it opened and closed again; it gets the fd when it holds the
-#      real node (bind-mounted) open;
+#   3. a GPU is a client's only while the client holds its device node open
+#      for reading and writing: in a mount namespace of its own, a client is
+#      refused (PERMISSION_DENIED, naming the GPU) when /dev/nvidia<minor> is a
+#      regular file it holds open (with CUDA pools only the character device
+#      counts), a node it made with mknod, a symlink (absolute or relative) to
+#      the real node, the real node that it opened and closed again, or the
+#      real node held read-only or by an O_PATH descriptor; it gets the fd
+#      when it holds the real node (bind-mounted) open for reading and writing;
 #   4. the refusals are counted and logged.
 # Prints PASS/FAIL per check; exits 1 on any FAIL. Needs root (mount namespaces).
 # Env: RXDM_BIN (daemon binary), OUT (logs), RXDM_WHEELS (fallback wheels).
@@ -23,56 +24,8 @@ LOG="$OUT/tenants.log"
 : >"$LOG"
 say() { echo "$@" | tee -a "$LOG"; }
 
-# Fetches GPU $2's pool fd from folder $1; prints "fd" or "status N: message".
-# With $3 it first opens that path (read-only) and holds it open, as CUDA holds
-# its device nodes; with $4 = close it closes it again before asking.
-FETCH="$OUT/fetch.py"
-cat >"$FETCH" <<'PY'
-import socket, sys
-
-def varint(b, i):
-    n = shift = 0
-    while True:
-        n |= (b[i] & 0x7F) << shift
-        shift += 7
-        i += 1
-        if not b[i - 1] & 0x80:
-            return n, i
-
-def fields(b):
-    i = 0
-    while i < len(b):
-        key, i = varint(b, i)
-        if key & 7 == 0:
-            v, i = varint(b, i)
-        else:
-            n, i = varint(b, i)
-            v, i = b[i:i + n], i + n
-        yield key >> 3, v
-
-folder, gpu = sys.argv[1], sys.argv[2]
-if len(sys.argv) > 3:
-    import os
-    try:
-        held = os.open(sys.argv[3], os.O_RDONLY)
-        if len(sys.argv) > 4 and sys.argv[4] == "close":
-            os.close(held)
-    except OSError as e:
-        print(f"({sys.argv[3]}: {e.strerror})", end=" ")
-msg = b"\x0a" + bytes([len(gpu)]) + gpu.encode()
-s = socket.socket(socket.AF_UNIX)
-s.connect(f"{folder}/get_gpu_fd_{gpu}")
-s.sendall(len(msg).to_bytes(2, "big") + msg)
-data, anc, flags, addr = s.recvmsg(4096, socket.CMSG_SPACE(4))
-while not anc and len(data) < 2 + int.from_bytes(data[:2], "big"):
-    data += s.recv(4096)
-if anc:
-    print("fd")
-else:
-    status = dict(fields(data[2:])).get(5, b"")
-    st = dict(fields(status))
-    print(f"status {st.get(1, 0)}: {st.get(2, b'').decode()}")
-PY
+# Fetches GPU $2's pool fd from folder $1 (see fetch_pool.py for the rest).
+FETCH="$GPU_DIR/fetch_pool.py"
 
 UDS=$(mktemp -d /tmp/rxdm-uds.XXXXXX)
 "$RXDM_BIN" --gpu_nic_preset sim --gpu_backend cuda --uds_path "$UDS" --monitor_shutdown=false \
@@ -93,7 +46,7 @@ mapfile -t GPUS < <($CLIENT list "$UDS")
 gpu=${GPUS[0]}
 # The driver's own record of the GPU (what nvidia-smi reads too).
 want=$(sed -n 's/^Device Minor:[[:space:]]*//p' "/proc/driver/nvidia/gpus/$gpu/information" 2>/dev/null)
-got=$(grep -m1 'tenant isolation' "$OUT/daemon-tenants.log" | sed -n 's/.*gpu_minors=\[\([0-9, ]*\)\].*/\1/p' | cut -d, -f1)
+got=$(daemon_gpu_minors "$OUT/daemon-tenants.log" | head -1)
 node=$(stat -c '%t:%T' "/dev/nvidia$want" 2>/dev/null)
 if [ -n "$want" ] && [ "$want" = "$got" ] && [ "$node" = "c3:$(printf %x "$want")" ]; then
     say "PASS driver-minor: $gpu is /dev/nvidia$got (195:$got), as the driver's information file says"
@@ -139,10 +92,14 @@ expect_refused relative-link "a symlink $node -> rxdm-real, the real node bind-m
     "$(planted ": > /dev/rxdm-real && mount --bind /tmp/rxdm-dev/nvidia$minor /dev/rxdm-real && ln -s rxdm-real $node")"
 expect_refused held-and-closed "the real node bind-mounted, opened and closed again before asking" \
     "$(planted ": > $node && mount --bind /tmp/rxdm-dev/nvidia$minor $node" "$node" close)"
+expect_refused held-read-only "the real node bind-mounted, held open read-only" \
+    "$(planted ": > $node && mount --bind /tmp/rxdm-dev/nvidia$minor $node" "$node" ro)"
+expect_refused held-by-path "the real node bind-mounted, held by an O_PATH descriptor" \
+    "$(planted ": > $node && mount --bind /tmp/rxdm-dev/nvidia$minor $node" "$node" path)"
 
-bound=$(planted ": > $node && mount --bind /tmp/rxdm-dev/nvidia$minor $node" "$node")
+bound=$(planted ": > $node && mount --bind /tmp/rxdm-dev/nvidia$minor $node" "$node" rw)
 if [ "$bound" = fd ]; then
-    say "PASS bound-device: the real device node bind-mounted and held open gets the fd"
+    say "PASS bound-device: the real device node bind-mounted and held open for reading and writing gets the fd"
 else
     say "FAIL bound-device: $bound"
 fi

@@ -79,10 +79,9 @@ impl Drop for AbandonOnExit<'_> {
     }
 }
 
-/// The NIC thread: takes every queued job per wake-up and runs them holding
-/// the NIC's state; wakes by itself when a retry of refused deletes is due.
-/// (A panic in a rule operation poisons the lock; the engine keeps its
-/// bookkeeping consistent step by step, so the thread goes on.)
+/// The NIC thread: takes every queued job per wake-up and runs them holding the NIC's state; wakes
+/// by itself when a retry of refused deletes is due. (A panic in a rule operation poisons the lock;
+/// the engine keeps its bookkeeping consistent step by step, so the thread goes on.)
 pub(super) fn run(jobs: &JobQueue<Job>, state: &Mutex<NicThread>, metrics: Arc<Metrics>) {
     let _abandon = AbandonOnExit(jobs, metrics);
     let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
@@ -247,9 +246,8 @@ impl NicThread {
         reply: impl FnOnce(&Result<Installed, RuleFailure>, Instant),
     ) -> Result<Installed, RuleFailure> {
         let owner = who.owner;
-        // The quota's place is taken first and given back if the rule turns
-        // out not to be a new one of this tenant's (looked up only when a
-        // quota is counted).
+        // The quota's place is taken first, given back if the rule is not a new
+        // one of this tenant's (looked up only when a quota is counted).
         let counted = self.tenants.counts_rules();
         let before = if counted { self.engine.rules().get(&flow).map(|e| e.owner.tenant) } else { None };
         if counted && before != Some(owner.tenant) {
@@ -300,7 +298,9 @@ impl NicThread {
             self.tenants.checks().then(|| self.engine.rules().get(&flow).map(|e| e.owner.tenant)).flatten();
         if let Some(owner) = owner {
             let shown = format_args!("{} -> {}", flow.src, flow.dst);
-            if let Err(d) = self.tenants.check_owner(ENDPOINT_UNINSTALL, &who.client, owner, &shown) {
+            let repaired = who.owner.repaired;
+            if let Err(d) = self.tenants.check_owner(ENDPOINT_UNINSTALL, &who.client, owner, &shown, repaired)
+            {
                 let r = Err(RuleFailure::new(d.code(), d.message));
                 reply(&r, Instant::now());
                 return r;
