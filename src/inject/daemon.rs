@@ -2,6 +2,8 @@
 
 use serde_norway::{Mapping, Value};
 
+use super::pod_flags::{self, not_for_a_pod};
+use super::probe::Probe;
 use super::{InjectError, Mode, Options, DAEMON, LIBRARIES};
 use crate::config::flags::{Flags, BOOL_FLAGS};
 
@@ -17,7 +19,7 @@ pub const HEALTH_DIR: &str = "/run/tcpx-health";
 /// its own is refused).
 pub const VOLUMES: [&str; 5] = ["tcpx-libraries", "tcpx-sys", "tcpx-proc-sys", "tcpx-socket", "tcpx-health"];
 /// The node-wide daemon's socket folder on the host.
-const NODE_SOCKET_DIR: &str = "/run/tcpx";
+pub const NODE_SOCKET_DIR: &str = "/run/tcpx";
 
 pub fn s(v: &str) -> Value {
     Value::String(v.to_string())
@@ -102,35 +104,62 @@ const CORE: [&str; 4] = ["gpu_nic_preset", "gpu_shmem_type", "uds_path", "setup_
 /// Inject's values for [`CORE`], in its order: the guide's.
 const CORE_DEFAULTS: [&str; 4] = ["a3vm", "fd", "/run/tcpx", "--verbose 128 2 0"];
 
-/// Whether `--name=value` is what inject writes anyway for a Pod's daemon.
-pub fn is_default(name: &str, value: &str) -> bool {
-    CORE.iter().zip(CORE_DEFAULTS).any(|(n, v)| *n == name && v == value)
+/// The daemon's flags inject writes for `mode` when given none.
+fn defaults(mode: Mode) -> Vec<Flag> {
+    let mut list: Vec<Flag> = CORE.iter().zip(CORE_DEFAULTS).map(|(n, v)| Flag::new(n, v)).collect();
+    // A daemon in the Pod serves only the Pod: one tenant, nothing to
+    // keep apart (IPv6 flows are still repaired).
+    let own = || Flag::new("tenant_isolation", "off");
+    match mode {
+        Mode::NativeSidecar => {
+            list.push(own());
+            list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
+            // The kubelet ends the daemon; clients coming and going must not.
+            list.push(Flag { name: "nomonitor_shutdown".into(), value: None });
+        }
+        Mode::Sidecar => {
+            list.push(own());
+            list.push(Flag::new("shutdown_file", "terminated"));
+            list.push(Flag { name: "shutdown_when_all_clients_exited".into(), value: None });
+            list.push(Flag::new("wait_time_before_exit", "30"));
+            list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
+        }
+        Mode::Node => return vec![Flag::new("uds_path", NODE_SOCKET_DIR)],
+    }
+    list
+}
+
+/// The flags of a daemon container inject wrote for `mode` (its command
+/// line's words, the binary left out) that differ from what inject writes
+/// for that mode anyway: what the user asked for then, or what was carried
+/// over from a converted daemon. Injecting again keeps them.
+pub fn chosen(mode: Mode, words: &[String]) -> Vec<String> {
+    let words: Vec<String> = words.iter().skip_while(|w| !w.starts_with('-')).cloned().collect();
+    let Ok(flags) = parse_words(&words) else { return Vec::new() };
+    let defaults = defaults(mode);
+    flags
+        .into_iter()
+        .map(|f| match (f.key(), &f.value) {
+            // The classic sidecar's quoted form of the guide.
+            ("setup_param", Some(v)) => Flag::new(&f.name, &super::migrate::unquote(v)),
+            _ => f,
+        })
+        .filter(|f| !defaults.contains(f))
+        .map(|f| f.word())
+        .collect()
 }
 
 impl DaemonFlags {
+    /// The flags for `opts`: the mode's defaults, then `carried` (from a
+    /// daemon the Pod had: converted, or inject's own of an earlier run),
+    /// then the user's. Each replaces the one of the same name.
     pub fn new(opts: &Options, carried: &[String]) -> Result<DaemonFlags, InjectError> {
-        let mut list: Vec<Flag> = CORE.iter().zip(CORE_DEFAULTS).map(|(n, v)| Flag::new(n, v)).collect();
-        // A daemon in the Pod serves only the Pod: one tenant, nothing to
-        // keep apart (IPv6 flows are still repaired).
-        let own = || Flag::new("tenant_isolation", "off");
-        match opts.mode {
-            Mode::NativeSidecar => {
-                list.push(own());
-                list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
-                // The kubelet ends the daemon; clients coming and going must not.
-                list.push(Flag { name: "nomonitor_shutdown".into(), value: None });
-            }
-            Mode::Sidecar => {
-                list.push(own());
-                list.push(Flag::new("shutdown_file", "terminated"));
-                list.push(Flag { name: "shutdown_when_all_clients_exited".into(), value: None });
-                list.push(Flag::new("wait_time_before_exit", "30"));
-                list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
-            }
-            Mode::Node => list.truncate(0),
+        let mut list = defaults(opts.mode);
+        let mut carried = parse_words(carried)?;
+        let user = parse_words(&opts.daemon_flags)?;
+        if let Some((f, why)) = user.iter().find_map(|f| Some((f, not_for_a_pod(f.key())?))) {
+            return Err(InjectError::Option(format!("--{}: {why}", f.name)));
         }
-        let mut user = parse_words(carried)?;
-        user.extend(parse_words(&opts.daemon_flags)?);
         if opts.mode == Mode::Node {
             if let Some(f) = user.iter().find(|f| f.key() != "uds_path") {
                 return Err(InjectError::Option(format!(
@@ -138,9 +167,11 @@ impl DaemonFlags {
                     f.name
                 )));
             }
-            list.push(Flag::new("uds_path", NODE_SOCKET_DIR));
+            // The node-wide daemon has flags of its own: of a daemon the
+            // Pod had, only its socket folder (where the workload looks) stays.
+            carried.retain(|f| f.key() == "uds_path");
         }
-        for f in user {
+        for f in carried.into_iter().chain(user) {
             match list.iter_mut().find(|g| g.key() == f.key()) {
                 Some(g) => *g = f,
                 None => list.push(f),
@@ -157,6 +188,9 @@ impl DaemonFlags {
         if parsed.node_wide && opts.mode != Mode::Node {
             return Err(InjectError::Option("--node_wide: a node-wide daemon is --mode=node".into()));
         }
+        if opts.mode != Mode::Node {
+            pod_flags::check(&parsed, opts.mode).map_err(InjectError::Option)?;
+        }
         Ok(DaemonFlags { list, parsed })
     }
 
@@ -164,8 +198,9 @@ impl DaemonFlags {
         self.parsed.uds_path.to_string_lossy().trim_end_matches('/').to_string()
     }
 
-    fn metrics_port(&self) -> Option<u16> {
-        self.parsed.metrics_address.0.map(|a| a.port())
+    /// How the kubelet learns that this daemon is ready.
+    pub fn probe(&self) -> Probe {
+        Probe::for_flags(&self.parsed)
     }
 }
 
@@ -219,15 +254,23 @@ fn env(name: &str, value: &str) -> Value {
     map(vec![("name", s(name)), ("value", s(value))])
 }
 
-fn http_probe(path: &str, port: u16, period: u64, failures: Option<u64>) -> Value {
-    let mut p = vec![
-        ("httpGet", map(vec![("path", s(path)), ("port", Value::Number(port.into()))])),
-        ("periodSeconds", Value::Number(period.into())),
-    ];
-    if let Some(f) = failures {
-        p.push(("failureThreshold", Value::Number(f.into())));
+/// The daemon container's privileges: written here only, so that a Pod's
+/// daemon has the same wherever inject writes one.
+pub fn security_context(opts: &Options) -> Value {
+    if opts.unprivileged {
+        map(vec![("capabilities", map(vec![("add", list(vec![s("NET_ADMIN")]))]))])
+    } else {
+        map(vec![("privileged", Value::Bool(true))])
     }
-    map(p)
+}
+
+/// What [`security_context`] gives the daemon, for the report.
+pub fn describe_privileges(opts: &Options) -> String {
+    match (opts.unprivileged, opts.platform.gke_devices()) {
+        (false, _) => "privileged: true".into(),
+        (true, true) => "capability NET_ADMIN, the GPUs through GKE's device annotation".into(),
+        (true, false) => "capability NET_ADMIN, the GPUs through the NVIDIA runtime".into(),
+    }
 }
 
 /// The daemon container (none in node mode).
@@ -262,12 +305,7 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
         envs.push(env("HEALTH_CHECK_LOG_FILE", &format!("{HEALTH_DIR}/health.log")));
     }
     c.push(("env", list(envs)));
-    let security = if opts.unprivileged {
-        map(vec![("capabilities", map(vec![("add", list(vec![s("NET_ADMIN")]))]))])
-    } else {
-        map(vec![("privileged", Value::Bool(true))])
-    };
-    c.push(("securityContext", security));
+    c.push(("securityContext", security_context(opts)));
     let mut requests = Vec::new();
     if let Some(cpu) = &opts.cpu {
         requests.push(("cpu", s(cpu)));
@@ -278,17 +316,7 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
     if !requests.is_empty() {
         c.push(("resources", map(vec![("requests", map(requests))])));
     }
-    if let Some(port) = flags.metrics_port() {
-        let p = map(vec![("name", s("metrics")), ("containerPort", Value::Number(port.into()))]);
-        c.push(("ports", list(vec![p])));
-        if opts.mode == Mode::NativeSidecar {
-            // 120 tries, 1 s apart: the workload starts within a second of ready.
-            c.push(("startupProbe", http_probe("/readyz", port, 1, Some(120))));
-        } else {
-            c.push(("readinessProbe", http_probe("/readyz", port, 2, None)));
-        }
-        c.push(("livenessProbe", http_probe("/healthz", port, 10, None)));
-    }
+    c.extend(flags.probe().fields(&flags.parsed, opts.mode, &uds));
     let mut mounts: Vec<Value> =
         libraries.then(|| mount("tcpx-libraries", LIBRARIES, true)).into_iter().collect();
     mounts.extend(HOST_MOUNTS.iter().map(|(n, _, at)| mount(n, at, false)));
@@ -321,15 +349,15 @@ mod tests {
     #[test]
     fn user_flags_replace_the_defaults_of_the_same_name_in_place() {
         let opts = Options {
-            daemon_flags: ["--monitor_shutdown", "--uds_path", "/run/x", "--tenant_isolation=enforce"]
+            daemon_flags: ["--metrics_address=0.0.0.0:9999", "--uds_path", "/run/x", "--tenant_isolation=enforce"]
                 .map(String::from)
                 .to_vec(),
             ..Options::default()
         };
         let a = args(&opts);
         assert_eq!(a[2], "--uds_path=/run/x");
-        assert_eq!(a[6], "--monitor_shutdown", "{a:?}");
-        assert!(!a.iter().any(|w| w == "--nomonitor_shutdown"), "{a:?}");
+        assert_eq!(a[5], "--metrics_address=0.0.0.0:9999", "{a:?}");
+        assert_eq!(a.iter().filter(|w| w.starts_with("--metrics_address")).count(), 1, "{a:?}");
         assert_eq!(a[4], "--tenant_isolation=enforce", "{a:?}");
         assert_eq!(a.iter().filter(|w| w.starts_with("--uds_path")).count(), 1);
     }
@@ -344,6 +372,44 @@ mod tests {
             let a = args(&opts);
             assert_eq!(a.iter().filter(|w| w.starts_with("--tenant_isolation")).count(), 1, "{a:?}");
             assert!(a.contains(&"--tenant_isolation=enforce".to_string()), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn flags_that_cannot_work_in_a_pod_are_refused_naming_the_flag() {
+        for (mode, flags, says) in [
+            (Mode::NativeSidecar, "--show_version", "--show_version: prints the version and exits"),
+            (Mode::Sidecar, "--takeover=auto", "--takeover: an upgrade hands"),
+            (Mode::NativeSidecar, "--monitor_shutdown", "--monitor_shutdown: a native sidecar that exits"),
+            (Mode::NativeSidecar, "--log_level=warning", "--log_level=warning: \"warning\" is not a level"),
+            (Mode::Sidecar, "--log_level=info,h2=loud", "--log_level=info,h2=loud: \"loud\" is not a level"),
+            (Mode::NativeSidecar, "--node_wide", "--node_wide: a node-wide daemon runs once per node"),
+        ] {
+            let opts = Options { mode, daemon_flags: vec![flags.to_string()], ..Options::default() };
+            let e = DaemonFlags::new(&opts, &[]).err().unwrap_or_else(|| panic!("{flags} taken"));
+            assert!(matches!(&e, InjectError::Option(m) if m.starts_with(says)), "{flags}: {e}");
+        }
+        // The classic sidecar ends with its last client: that is its own.
+        let opts = Options { mode: Mode::Sidecar, daemon_flags: vec!["--monitor_shutdown".into()], ..Options::default() };
+        assert!(DaemonFlags::new(&opts, &[]).is_ok());
+    }
+
+    #[test]
+    fn injecting_again_keeps_the_flags_that_differ_from_the_modes_own() {
+        for mode in [Mode::NativeSidecar, Mode::Sidecar] {
+            let opts = Options {
+                mode,
+                daemon_flags: ["--rx_pool_size=1073741824", "--setup_param=--verbose 64 1 1"].map(String::from).to_vec(),
+                ..Options::default()
+            };
+            let f = DaemonFlags::new(&opts, &[]).unwrap();
+            let c = container(&opts, &f).unwrap();
+            let words = super::super::migrate::argv(&c);
+            assert_eq!(chosen(mode, &words), ["--setup_param=--verbose 64 1 1", "--rx_pool_size=1073741824"], "{mode:?}");
+            // Written with the defaults only: nothing to keep.
+            let plain = Options { mode, ..Options::default() };
+            let c = container(&plain, &DaemonFlags::new(&plain, &[]).unwrap()).unwrap();
+            assert!(chosen(mode, &super::super::migrate::argv(&c)).is_empty(), "{mode:?}");
         }
     }
 

@@ -1,0 +1,125 @@
+//! Which of the daemon's flags make sense for a daemon inject puts in a
+//! Pod, and the daemon's own rules for the values it reads only once it
+//! starts (`--log_level`): inject refuses, naming the flag, what the daemon
+//! would refuse or what could never work in a Pod, rather than writing a
+//! Pod whose daemon exits at once or is restarted forever.
+
+use crate::config::flags::Flags;
+
+use super::Mode;
+
+/// Why a daemon flag has no place in a Pod's daemon, whatever its value.
+pub fn not_for_a_pod(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "show_version" => {
+            "prints the version and exits: a daemon container that exits at once never gets ready \
+             (the image's version: `docker run --rm IMAGE --show_version`)"
+        }
+        "help" => "prints the help and exits: a daemon container that exits at once never gets ready",
+        "takeover" | "takeover_timeout" | "after_handover" => {
+            "an upgrade hands a running daemon's NICs and clients to a new one on the same node \
+             (`tcpx-rxdm upgrade`, the DaemonSet's rollout); a daemon in a Pod starts and ends with \
+             its Pod, with nothing to take over"
+        }
+        "node_wide" => {
+            "a node-wide daemon runs once per node (deploy/kubernetes/daemonset.yaml); Pods use it \
+             with --mode=node"
+        }
+        _ => return None,
+    })
+}
+
+/// The levels `--log_level` takes, alone or as `TARGET=LEVEL`.
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// The level a person most likely meant by a word that is none.
+fn meant_level(word: &str) -> Option<&'static str> {
+    Some(match word.to_ascii_lowercase().as_str() {
+        "warning" | "warnings" => "warn",
+        "err" | "errors" | "fatal" | "critical" => "error",
+        "information" | "notice" => "info",
+        "verbose" | "debug1" => "debug",
+        "all" => "trace",
+        "none" | "quiet" => "off",
+        _ => return None,
+    })
+}
+
+/// `--log_level`: comma-separated directives, each a level or
+/// `TARGET=LEVEL`. A word that is no level would be read as a target and
+/// leave the daemon silent, so it is refused.
+// Stands in for the daemon's own check until `config` has one.
+pub fn log_level(value: &str) -> Result<(), String> {
+    let levels = LEVELS.join(", ");
+    for directive in value.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let (target, level) = match directive.rsplit_once('=') {
+            Some((t, l)) => (Some(t), l),
+            None => (None, directive),
+        };
+        if target == Some("") {
+            return Err(format!("{directive:?}: no target before '='"));
+        }
+        if LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+            continue;
+        }
+        let hint = meant_level(level).map(|l| format!("; did you mean {l}?")).unwrap_or_default();
+        return Err(format!(
+            "{level:?} is not a level ({levels}, or TARGET=LEVEL, e.g. info,tcpx_rxdm=debug){hint}"
+        ));
+    }
+    Ok(())
+}
+
+/// The daemon's flags as the daemon of `mode` would run with them:
+/// refused, naming the flag, where they could not work.
+pub fn check(flags: &Flags, mode: Mode) -> Result<(), String> {
+    log_level(&flags.log_level).map_err(|e| format!("--log_level={}: {e}", flags.log_level))?;
+    if mode == Mode::NativeSidecar {
+        let ends = if flags.monitor_shutdown {
+            Some("--monitor_shutdown")
+        } else if flags.shutdown_when_all_clients_exited {
+            Some("--shutdown_when_all_clients_exited")
+        } else {
+            None
+        };
+        if let Some(flag) = ends {
+            return Err(format!(
+                "{flag}: a native sidecar that exits is started again by the kubelet (restartPolicy: \
+                 Always); it ends with its Pod. For a daemon that ends with its workload, use --mode=sidecar"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_level_is_levels_or_target_levels_and_a_slip_gets_the_word_meant() {
+        for good in ["info", "WARN", "debug,h2=off", "tcpx_rxdm::inject=trace", "info,", "off"] {
+            assert_eq!(log_level(good), Ok(()), "{good}");
+        }
+        let e = log_level("warning").unwrap_err();
+        assert_eq!(
+            e,
+            "\"warning\" is not a level (off, error, warn, info, debug, trace, or TARGET=LEVEL, e.g. \
+             info,tcpx_rxdm=debug); did you mean warn?"
+        );
+        assert!(log_level("verbose").unwrap_err().ends_with("did you mean debug?"));
+        assert!(log_level("info,tcpx_rxdm=loud").unwrap_err().starts_with("\"loud\" is not a level"));
+        assert!(log_level("=info").unwrap_err().contains("no target"));
+        assert!(!log_level("tcpx_rxdm").unwrap_err().contains("did you mean"));
+    }
+
+    #[test]
+    fn flags_for_one_process_or_one_node_have_a_reason() {
+        for f in ["show_version", "takeover", "after_handover", "takeover_timeout", "node_wide", "help"] {
+            assert!(not_for_a_pod(f).is_some(), "{f}");
+        }
+        for f in ["uds_path", "rx_pool_size", "log_level", "metrics_address", "tenant_isolation"] {
+            assert!(not_for_a_pod(f).is_none(), "{f}");
+        }
+    }
+}
