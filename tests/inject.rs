@@ -312,7 +312,7 @@ fn the_gke_guide_pod_is_migrated_to_one_daemon_with_its_flags() {
     for mode in [Mode::NativeSidecar, Mode::Sidecar] {
         let (out, report) = transform(&guide(), &opts(mode, Nccl::Inline)).unwrap();
         golden(&format!("tests/inject/gke-guide-pod.{}.yaml", mode.name()), &out);
-        assert!(report[0].contains("migrated reference daemon tcpx-daemon"), "{report:#?}");
+        assert!(report[0].contains("converted reference daemon tcpx-daemon"), "{report:#?}");
         let pod = &docs(&out)[0];
         check_template(pod, mode, Nccl::Inline);
         let all = containers(&pod["spec"]);
@@ -365,7 +365,11 @@ fn a_reference_daemon_that_cannot_be_converted_is_refused_by_name() {
         text[text.find("    - name: tcpx-daemon").unwrap()..i].replace("name: tcpx-daemon", "name: rxdm-2");
     let two = format!("{}{second}{}", &text[..i], &text[i..]);
     let e = transform(&two, &Options::default()).unwrap_err().to_string();
-    assert!(e.contains("containers[rxdm-2]") && e.contains("second reference daemon"), "{e}");
+    assert!(
+        e.contains("containers[rxdm-2]")
+            && e.contains("a second TCPX daemon (besides reference daemon tcpx-daemon)"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -58,14 +58,24 @@ fn job_with(pod_line: &str, trainer_lines: &str) -> String {
 fn refused_input_names_object_and_field_exits_1_and_writes_nothing() {
     let cases = [
         ("not: [yaml".to_string(), "not YAML"),
-        (job_with("      hostNetwork: false\n", ""), "Job/train: spec.template.spec.hostNetwork: false"),
+        (
+            job_with("      hostNetwork: false\n", ""),
+            "Job/train: spec.template.spec.hostNetwork: false; inject runs the daemon in the node's network namespace",
+        ),
+        (
+            job_with("      hostNetwork: false\n", ""),
+            "It does not write Pods that get their NICs through GKE multi-networking",
+        ),
         (
             job_with("      volumes:\n      - name: tcpx-socket\n        emptyDir: {}\n", ""),
-            "Job/train: spec.template.spec.volumes[tcpx-socket]: a volume of this name exists",
+            "Job/train: spec.template.spec.volumes[tcpx-socket]: a volume of a name inject gives its own",
         ),
         (
             job_with("", "      - name: tcpx-daemon\n        image: busybox\n"),
-            "Job/train: spec.template.spec.containers[tcpx-daemon]: a container of this name exists",
+            "Job/train: spec.template.spec.containers[tcpx-daemon]: a container of the name inject gives its \
+             daemon, which inject did not write (the template has no tcpx-rxdm.io/injected record) and which \
+             runs neither tcpx-rxdm nor tcpgpudmarxd (image busybox). If it is a TCPX daemon you wrote, remove \
+             it and run inject again",
         ),
         (
             job_with("", "        env:\n        - name: NCCL_ALGO\n          value: Tree\n"),
@@ -77,7 +87,9 @@ fn refused_input_names_object_and_field_exits_1_and_writes_nothing() {
         ),
         (
             job_with("", "        volumeMounts:\n        - name: scratch\n          mountPath: /run/tcpx\n"),
-            "Job/train: spec.template.spec.containers[trainer].volumeMounts[scratch]: /run/tcpx is mounted already",
+            "Job/train: spec.template.spec.containers[trainer].volumeMounts[scratch]: volume scratch is mounted \
+             at /run/tcpx, where inject mounts the daemon's socket folder (its volume tcpx-socket). If a TCPX \
+             daemon you wrote serves that folder, remove its container, this mount and the volume",
         ),
     ];
     for (input, want) in cases {
@@ -212,7 +224,10 @@ fn a_template_without_a_gpu_container_is_said_to_get_nothing() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(doc(&out), doc(NO_GPU), "a template without GPUs changed");
     assert!(
-        err.contains("Deployment/web spec.template: no container requests nvidia.com/gpu; nothing injected"),
+        err.contains(
+            "Deployment/web spec.template: no container requests nvidia.com/gpu; left as it is (TCPX goes \
+             only to GPU containers)"
+        ),
         "{err}"
     );
     assert!(err.contains("nothing was injected") && err.contains("--require-gpu"), "{err}");
@@ -223,12 +238,17 @@ fn a_template_without_a_gpu_container_is_said_to_get_nothing() {
     // With a GPU Job beside it: one template has TCPX, the other is named.
     let (code, _, err) = inject(&[], &format!("{JOB}---\n{NO_GPU}"));
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("1 pod template(s) left without TCPX"), "{err}");
+    assert!(err.contains("1 pod template(s) left as they are"), "{err}");
 
     // --require-gpu makes it an error: exit 1, nothing written, the template named.
     let (code, out, err) = inject(&["--require-gpu"], &format!("{JOB}---\n{NO_GPU}"));
     assert_eq!((code, out.as_str()), (1, ""), "{err}");
-    assert!(err.contains("Deployment/web spec.template: no container requests nvidia.com/gpu"), "{err}");
+    assert!(
+        err.contains(
+            "Deployment/web: no pod template has a container that requests nvidia.com/gpu (--require-gpu)"
+        ),
+        "{err}"
+    );
     assert!(err.contains("nothing written"), "{err}");
     assert_eq!(inject(&["--require-gpu"], JOB).0, 0);
 }

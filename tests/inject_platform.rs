@@ -132,7 +132,7 @@ fn gpu_operator_output_in_every_mode_has_the_runtime_class_and_no_gke_path() {
             // The plugin is in the image: no library volume at all.
             assert!(volume(spec, "tcpx-libraries").is_none());
         }
-        assert!(report.iter().any(|l| l.ends_with(", gpu-operator)")), "{report:#?}");
+        assert!(report.iter().any(|l| l.lines().next().unwrap().ends_with(", gpu-operator)")), "{report:#?}");
         // Idempotent, and --uninject gives the input back.
         assert_eq!(transform(&out, &o).unwrap().0, out, "{mode:?}");
         let back = transform(&out, &Options { uninject: true, ..o.clone() }).unwrap().0;

@@ -131,6 +131,12 @@ pub fn shared_args() -> Vec<Arg> {
     ]
 }
 
+/// `--gpu_nic_preset` for the daemon in a Pod: a preset file is in the
+/// daemon's container, not where inject runs.
+fn in_the_pod(a: Arg) -> Arg {
+    a.value_parser(inject::pod_flags::preset)
+}
+
 /// `inject`, with `serve` as its subcommand.
 pub fn inject() -> Command {
     Command::new("inject")
@@ -158,6 +164,7 @@ pub fn inject() -> Command {
              requests nvidia.com/gpu",
         ))
         .args(daemon_args(&[]))
+        .mut_arg("gpu_nic_preset", in_the_pod)
         .after_help(
             "Exit status: 0 written; 1 input refused (nothing written); 2 bad options.\n\n\
              `tcpx-rxdm inject serve --help`: the same change as an admission webhook.",
@@ -301,6 +308,7 @@ pub fn serve() -> Command {
         )
         .args(shared_args())
         .args(daemon_args(&[]))
+        .mut_arg("gpu_nic_preset", in_the_pod)
         .after_help("Exit status: 0 stopped by SIGTERM or SIGINT; 1 could not serve; 2 bad options.")
 }
 

@@ -114,8 +114,8 @@ fn diff(a: &impl serde::Serialize, b: &impl serde::Serialize) -> String {
 /// output parses again into as many documents; injecting the output again
 /// changes nothing; `--uninject` of the output gives back the content of
 /// the input (as `--uninject` of the input does, for an input injected
-/// before; a reference daemon converted is not given back); no pod
-/// template is made less valid.
+/// before; a TCPX daemon converted included); no pod template is made less
+/// valid.
 pub fn inject(data: &[u8]) {
     let Some((opts, _, text)) = input(data, |b| {
         let docs: Vec<String> = (0..=b.below(3))
@@ -139,11 +139,7 @@ pub fn inject(data: &[u8]) {
     let (plain, _) = docs(&text).expect("--uninject of an input inject took");
     let (back, plain) = (yaml_docs(&back).unwrap(), yaml_docs(&plain).unwrap());
     assert_eq!(back.len(), plain.len());
-    for ((b, p), i) in back.iter().zip(&plain).zip(&input_docs) {
-        // A Pod running the reference daemon is converted: that one goes for good.
-        if yaml(i).contains("tcpgpudmarxd") {
-            continue;
-        }
+    for (b, p) in back.iter().zip(&plain) {
         let (b, p) = (content(b), content(p));
         assert!(b == p, "--uninject after inject:\n{}\nis not the input's content:\n{}", yaml(&b), yaml(&p));
     }

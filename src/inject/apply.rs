@@ -138,10 +138,8 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
         let Some(r) = prior else {
             return Ok(Done::plain(Outcome::NotInjected, "not injected; unchanged".into()));
         };
-        let mut done = Done::plain(
-            Outcome::Removed,
-            format!("removed ({} {} injection)", r.version, r.mode.name()),
-        );
+        let mut done =
+            Done::plain(Outcome::Removed, format!("removed ({} {} injection)", r.version, r.mode.name()));
         done.details = super::report::removed(&before, &r);
         match converted {
             Converted::Restored(what) => done.line.push_str(&format!("; {what}")),
@@ -159,7 +157,11 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
     let injected = template::inject(tpl, &opts, object, at, &kept)?;
     let Some(Injected { summary, details, warnings, image }) = injected else {
         let daemon = tpl.get("spec").and_then(|spec| {
-            LISTS.iter().filter_map(|l| spec.get(*l)?.as_sequence()).flatten().find(|c| migrate::kind(c).is_some())
+            LISTS
+                .iter()
+                .filter_map(|l| spec.get(*l)?.as_sequence())
+                .flatten()
+                .find(|c| migrate::kind(c).is_some())
         });
         let outcome = if prior.is_none() && daemon.is_some() { Outcome::Daemon } else { Outcome::NoGpu };
         let line = match prior {

@@ -88,7 +88,10 @@ pub fn pod(annotations: Option<&Value>, spec: &Value, object: &str, at: &str) ->
 pub fn names_free(spec: &Value, object: &str, at: &str) -> Result<(), InjectError> {
     let err = |field: String, why: String| InjectError::field(object, format!("{at}{field}"), why);
     for list in LISTS {
-        let Some(c) = spec.get(list).and_then(Value::as_sequence).and_then(|cs| cs.iter().find(|c| name_of(c) == DAEMON))
+        let Some(c) = spec
+            .get(list)
+            .and_then(Value::as_sequence)
+            .and_then(|cs| cs.iter().find(|c| name_of(c) == DAEMON))
         else {
             continue;
         };
@@ -111,7 +114,10 @@ pub fn names_free(spec: &Value, object: &str, at: &str) -> Result<(), InjectErro
     {
         return Err(err(
             format!("spec.volumes[{}]", name_of(v)),
-            format!("a volume of a name inject gives its own ({}); rename yours and its mounts", VOLUMES.join(", ")),
+            format!(
+                "a volume of a name inject gives its own ({}); rename yours and its mounts",
+                VOLUMES.join(", ")
+            ),
         ));
     }
     Ok(())
@@ -173,7 +179,9 @@ pub fn gpu_containers(spec: &Value, adds: &Adds, object: &str, at: &str) -> Resu
                 }
             }
             if adds.nccl == Nccl::ConfigMap
-                && c.get("envFrom").and_then(Value::as_sequence).is_some_and(|ef| ef.iter().any(is_our_configmap))
+                && c.get("envFrom")
+                    .and_then(Value::as_sequence)
+                    .is_some_and(|ef| ef.iter().any(is_our_configmap))
             {
                 kept.push(format!("{cn}:envFrom"));
             }
@@ -187,8 +195,13 @@ pub fn gpu_containers(spec: &Value, adds: &Adds, object: &str, at: &str) -> Resu
                     ));
                 }
                 let path = m.get("mountPath").and_then(Value::as_str).unwrap_or_default();
-                if let Some(ours) = adds.mounts.iter().find(|x| x.get("mountPath").and_then(Value::as_str) == Some(path)) {
-                    return Err(err(field(&format!("volumeMounts[{mn}]")), taken_path(spec, &cn, &mn, path, ours)));
+                if let Some(ours) =
+                    adds.mounts.iter().find(|x| x.get("mountPath").and_then(Value::as_str) == Some(path))
+                {
+                    return Err(err(
+                        field(&format!("volumeMounts[{mn}]")),
+                        taken_path(spec, &cn, &mn, path, ours),
+                    ));
                 }
             }
         }
@@ -210,10 +223,16 @@ fn taken_path(spec: &Value, container: &str, volume: &str, path: &str, ours: &Va
         .filter_map(|l| spec.get(*l)?.as_sequence())
         .flatten()
         .filter(|c| name_of(c) != container)
-        .filter(|c| c.get("volumeMounts").and_then(Value::as_sequence).is_some_and(|ms| ms.iter().any(|m| name_of(m) == volume)))
+        .filter(|c| {
+            c.get("volumeMounts")
+                .and_then(Value::as_sequence)
+                .is_some_and(|ms| ms.iter().any(|m| name_of(m) == volume))
+        })
         .map(|c| match migrate::kind(c) {
             Some(_) => name_of(c),
-            None => format!("{} (image {})", name_of(c), c.get("image").and_then(Value::as_str).unwrap_or("none")),
+            None => {
+                format!("{} (image {})", name_of(c), c.get("image").and_then(Value::as_str).unwrap_or("none"))
+            }
         })
         .collect();
     let shared = match &others[..] {
@@ -227,6 +246,10 @@ fn taken_path(spec: &Value, container: &str, volume: &str, path: &str, ours: &Va
          run inject again (it adds its own daemon; pass your daemon's flags to inject); otherwise mount \
          {volume} elsewhere{}",
         name_of(ours),
-        if name_of(ours) == "tcpx-socket" { ", or give the daemon another folder with --uds_path=DIR" } else { "" }
+        if name_of(ours) == "tcpx-socket" {
+            ", or give the daemon another folder with --uds_path=DIR"
+        } else {
+            ""
+        }
     )
 }

@@ -95,7 +95,10 @@ fn parse_words(words: &[String]) -> Result<Vec<Flag>, InjectError> {
 /// `core` of them form the GKE guide's command line in the classic sidecar.
 pub struct DaemonFlags {
     list: Vec<Flag>,
+    /// As the daemon reads them; a preset file (`preset_file`) as `auto`.
     pub parsed: Flags,
+    /// `--gpu_nic_preset` names a file, read on the node.
+    pub preset_file: Option<String>,
 }
 
 /// Flags the guide's command line holds, in its order.
@@ -177,7 +180,18 @@ impl DaemonFlags {
                 None => list.push(f),
             }
         }
-        let argv = std::iter::once("tcpx-rxdm".to_string()).chain(list.iter().map(Flag::word));
+        // A preset file is read on the node, not where inject runs: parsed
+        // here as `auto` (the machine's preset), its path kept in the Pod.
+        let preset_file = list
+            .iter()
+            .find(|f| f.key() == "gpu_nic_preset")
+            .and_then(|f| f.value.clone())
+            .filter(|v| pod_flags::is_preset_file(v));
+        let words = list.iter().map(|f| match (&preset_file, f.key()) {
+            (Some(_), "gpu_nic_preset") => "--gpu_nic_preset=auto".to_string(),
+            _ => f.word(),
+        });
+        let argv = std::iter::once("tcpx-rxdm".to_string()).chain(words);
         let parsed = Flags::parse_args(argv).map_err(|e| {
             let text = e.to_string();
             InjectError::Option(format!(
@@ -190,8 +204,19 @@ impl DaemonFlags {
         }
         if opts.mode != Mode::Node {
             pod_flags::check(&parsed, opts.mode).map_err(InjectError::Option)?;
+            match &preset_file {
+                Some(file) if opts.nccl == super::Nccl::Inline => {
+                    return Err(InjectError::Option(format!(
+                        "--gpu_nic_preset={file}: a preset file is read on the node, so inject cannot write \
+                         the NCCL settings for it: use --nccl=file (the daemon writes them on the node) or \
+                         --nccl=configmap"
+                    )))
+                }
+                Some(_) => {}
+                None => pod_flags::topology(&parsed).map_err(InjectError::Option)?,
+            }
         }
-        Ok(DaemonFlags { list, parsed })
+        Ok(DaemonFlags { list, parsed, preset_file })
     }
 
     pub fn uds_path(&self) -> String {
@@ -349,9 +374,14 @@ mod tests {
     #[test]
     fn user_flags_replace_the_defaults_of_the_same_name_in_place() {
         let opts = Options {
-            daemon_flags: ["--metrics_address=0.0.0.0:9999", "--uds_path", "/run/x", "--tenant_isolation=enforce"]
-                .map(String::from)
-                .to_vec(),
+            daemon_flags: [
+                "--metrics_address=0.0.0.0:9999",
+                "--uds_path",
+                "/run/x",
+                "--tenant_isolation=enforce",
+            ]
+            .map(String::from)
+            .to_vec(),
             ..Options::default()
         };
         let a = args(&opts);
@@ -390,7 +420,11 @@ mod tests {
             assert!(matches!(&e, InjectError::Option(m) if m.starts_with(says)), "{flags}: {e}");
         }
         // The classic sidecar ends with its last client: that is its own.
-        let opts = Options { mode: Mode::Sidecar, daemon_flags: vec!["--monitor_shutdown".into()], ..Options::default() };
+        let opts = Options {
+            mode: Mode::Sidecar,
+            daemon_flags: vec!["--monitor_shutdown".into()],
+            ..Options::default()
+        };
         assert!(DaemonFlags::new(&opts, &[]).is_ok());
     }
 
@@ -399,13 +433,19 @@ mod tests {
         for mode in [Mode::NativeSidecar, Mode::Sidecar] {
             let opts = Options {
                 mode,
-                daemon_flags: ["--rx_pool_size=1073741824", "--setup_param=--verbose 64 1 1"].map(String::from).to_vec(),
+                daemon_flags: ["--rx_pool_size=1073741824", "--setup_param=--verbose 64 1 1"]
+                    .map(String::from)
+                    .to_vec(),
                 ..Options::default()
             };
             let f = DaemonFlags::new(&opts, &[]).unwrap();
             let c = container(&opts, &f).unwrap();
             let words = super::super::migrate::argv(&c);
-            assert_eq!(chosen(mode, &words), ["--setup_param=--verbose 64 1 1", "--rx_pool_size=1073741824"], "{mode:?}");
+            assert_eq!(
+                chosen(mode, &words),
+                ["--setup_param=--verbose 64 1 1", "--rx_pool_size=1073741824"],
+                "{mode:?}"
+            );
             // Written with the defaults only: nothing to keep.
             let plain = Options { mode, ..Options::default() };
             let c = container(&plain, &DaemonFlags::new(&plain, &[]).unwrap()).unwrap();

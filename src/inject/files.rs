@@ -120,7 +120,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::create_dir(d.join("sub")).unwrap();
-        for (f, t) in [("b.yaml", "b"), ("a.yml", "a"), ("c.json", "c"), ("notes.txt", "x"), ("sub/d.yaml", "d")] {
+        for (f, t) in
+            [("b.yaml", "b"), ("a.yml", "a"), ("c.json", "c"), ("notes.txt", "x"), ("sub/d.yaml", "d")]
+        {
             std::fs::write(d.join(f), t).unwrap();
         }
         let texts = |r| -> Vec<String> {
@@ -131,7 +133,11 @@ mod tests {
         let empty = d.join("sub");
         std::fs::remove_file(empty.join("d.yaml")).unwrap();
         let e = read(&[empty.display().to_string()], false).unwrap_err();
-        assert!(e.to_string().ends_with("a folder with no .yaml, .yml or .json file (-R reads its subfolders too)"), "{e}");
+        assert!(
+            e.to_string()
+                .ends_with("a folder with no .yaml, .yml or .json file (-R reads its subfolders too)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -144,10 +150,16 @@ mod tests {
         let got: Vec<String> = read(&names, false).unwrap().into_iter().map(|s| s.text).collect();
         assert_eq!(got, ["b", "a"]);
         let e = read(&["/nonexistent/x.yaml".into()], false).unwrap_err();
-        assert_eq!((e.to_string().as_str(), e.exit_code()), ("/nonexistent/x.yaml: no such file or folder", 1));
+        assert_eq!(
+            (e.to_string().as_str(), e.exit_code()),
+            ("/nonexistent/x.yaml: no such file or folder", 1)
+        );
         let e = read(&["-".into(), "-".into()], false).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         let e = read(&["https://example.com/job.yaml".into()], false).unwrap_err();
-        assert!(e.to_string().contains("curl -fsSL https://example.com/job.yaml | tcpx-rxdm inject -f -"), "{e}");
+        assert!(
+            e.to_string().contains("curl -fsSL https://example.com/job.yaml | tcpx-rxdm inject -f -"),
+            "{e}"
+        );
     }
 }

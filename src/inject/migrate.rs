@@ -26,7 +26,8 @@ const CARRIED: [&str; 7] = [
 
 /// Flags that say how the daemon ends, which inject sets for each mode:
 /// left out of what is carried, and said so.
-const ENDS: [&str; 4] = ["monitor_shutdown", "shutdown_file", "shutdown_when_all_clients_exited", "wait_time_before_exit"];
+const ENDS: [&str; 4] =
+    ["monitor_shutdown", "shutdown_file", "shutdown_when_all_clients_exited", "wait_time_before_exit"];
 
 /// Flags naming a path inside the container (its image or its mounts),
 /// which inject's daemon container does not have.
@@ -180,7 +181,9 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
         };
         let (n, v) = match flag.split_once('=') {
             Some((n, v)) => (n.to_string(), v.to_string()),
-            None if BOOL_FLAGS.contains(&flag) || flag.strip_prefix("no").is_some_and(|b| BOOL_FLAGS.contains(&b)) => {
+            None if BOOL_FLAGS.contains(&flag)
+                || flag.strip_prefix("no").is_some_and(|b| BOOL_FLAGS.contains(&b)) =>
+            {
                 (flag.to_string(), String::new())
             }
             None => (flag.to_string(), it.next().unwrap_or_default()),

@@ -4,7 +4,8 @@
 //! would refuse or what could never work in a Pod, rather than writing a
 //! Pod whose daemon exits at once or is restarted forever.
 
-use crate::config::flags::Flags;
+use crate::config::flags::{Flags, PRESET_NAMES};
+use crate::config::presets;
 
 use super::Mode;
 
@@ -90,6 +91,39 @@ pub fn check(flags: &Flags, mode: Mode) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether a `--gpu_nic_preset` value names a file (as the daemon tells
+/// one: a '/' or an extension), which only the node has.
+pub fn is_preset_file(value: &str) -> bool {
+    !PRESET_NAMES.contains(&value)
+        && (value.contains('/') || std::path::Path::new(value).extension().is_some())
+}
+
+/// `--gpu_nic_preset` as inject's command line takes it: a preset's name,
+/// or a file in the daemon's container (not looked for here).
+pub fn preset(value: &str) -> Result<String, String> {
+    if PRESET_NAMES.contains(&value) || is_preset_file(value) {
+        return Ok(value.to_string());
+    }
+    Err(format!(
+        "unknown preset (expected one of {}, or the path of a preset file in the daemon's container)",
+        PRESET_NAMES.join(", ")
+    ))
+}
+
+/// The topology the flags give, where it does not depend on the node (a
+/// preset by name, or `manual` with an inline one): the daemon's own
+/// reading of it, so that a bad one is refused here.
+pub fn topology(flags: &Flags) -> Result<(), String> {
+    let on_node = ["auto", "a6"].contains(&flags.gpu_nic_preset.as_str())
+        || (flags.gpu_nic_preset == "manual"
+            && flags.gpu_nic_topology.is_some()
+            && flags.gpu_nic_topology_proto.is_none());
+    if on_node {
+        return Ok(());
+    }
+    presets::resolve_topology(flags).map(drop).map_err(|e| format!("daemon flags: {e}"))
 }
 
 #[cfg(test)]

@@ -63,7 +63,8 @@ impl Probe {
         p.extend(failures.map(|f| ("failureThreshold", Value::Number(f.into()))));
         out.push((key, map(p)));
         if let Probe::Http { port } = self {
-            let live = map(vec![("httpGet", http("/healthz", *port)), ("periodSeconds", Value::Number(10.into()))]);
+            let live =
+                map(vec![("httpGet", http("/healthz", *port)), ("periodSeconds", Value::Number(10.into()))]);
             out.push(("livenessProbe", live));
         }
         out
@@ -74,9 +75,9 @@ impl Probe {
         let key = if mode == Mode::NativeSidecar { "startupProbe" } else { "readinessProbe" };
         match self {
             Probe::Http { port } => format!("{key} GET /readyz on port {port}, livenessProbe GET /healthz"),
-            Probe::Exec { why } => format!(
-                "{key} runs `tcpx-rxdm status mine` in the container ({why}); no livenessProbe"
-            ),
+            Probe::Exec { why } => {
+                format!("{key} runs `tcpx-rxdm status mine` in the container ({why}); no livenessProbe")
+            }
         }
     }
 }
@@ -118,13 +119,17 @@ mod tests {
 
     #[test]
     fn the_exec_probe_asks_the_containers_own_daemon_on_its_folder() {
-        let argv = ["tcpx-rxdm", "--metrics_address=127.0.0.1:9999", "--uds_path=/run/tcpx-a"].map(String::from);
+        let argv =
+            ["tcpx-rxdm", "--metrics_address=127.0.0.1:9999", "--uds_path=/run/tcpx-a"].map(String::from);
         let flags = Flags::parse_args(argv).unwrap();
         let fields = Probe::for_flags(&flags).fields(&flags, Mode::NativeSidecar, "/run/tcpx-a");
         let keys: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
         assert_eq!(keys, ["ports", "startupProbe"]);
         let cmd = &fields[1].1["exec"]["command"];
-        assert_eq!(cmd, &Value::Sequence([IMAGE_BIN, "status", "mine", "--uds_path=/run/tcpx-a"].map(s).to_vec()));
+        assert_eq!(
+            cmd,
+            &Value::Sequence([IMAGE_BIN, "status", "mine", "--uds_path=/run/tcpx-a"].map(s).to_vec())
+        );
         assert_eq!(fields[0].1[0]["containerPort"], Value::Number(9999.into()));
     }
 }

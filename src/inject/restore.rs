@@ -35,14 +35,21 @@ const LISTS: [&str; 2] = ["initContainers", "containers"];
 /// mounts, and those volumes where no other container mounts them. Returns
 /// a line for the report and the text for [`SAVED`].
 pub fn remove(spec: &mut Value, r: &Reference) -> Result<(String, String), String> {
-    let mut saved = Saved { list: r.list.clone(), index: 0, container: Value::Null, volumes: vec![], mounts: vec![] };
+    let mut saved =
+        Saved { list: r.list.clone(), index: 0, container: Value::Null, volumes: vec![], mounts: vec![] };
     if let Some(cs) = spec.get_mut(&r.list).and_then(Value::as_sequence_mut) {
         if let Some(i) = cs.iter().position(|c| name_of(c) == r.name) {
             (saved.index, saved.container) = (i, cs.remove(i));
         }
     }
-    let gone: Vec<String> =
-        saved.container.get("volumeMounts").and_then(Value::as_sequence).into_iter().flatten().map(name_of).collect();
+    let gone: Vec<String> = saved
+        .container
+        .get("volumeMounts")
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .map(name_of)
+        .collect();
     let mut still_used = Vec::new();
     for list in LISTS {
         for c in spec.get_mut(list).and_then(Value::as_sequence_mut).into_iter().flatten() {
@@ -83,7 +90,8 @@ pub fn remove(spec: &mut Value, r: &Reference) -> Result<(String, String), Strin
             spec.as_mapping_mut().map(|m| m.remove(key));
         }
     }
-    let text = serde_json::to_string(&saved).map_err(|e| format!("it cannot be kept for --uninject ({e})"))?;
+    let text =
+        serde_json::to_string(&saved).map_err(|e| format!("it cannot be kept for --uninject ({e})"))?;
     let flags = match (&r.carried[..], &r.dropped[..]) {
         ([], []) => "no flags".to_string(),
         (c, []) => format!("flags carried: {}", c.join(" ")),
@@ -109,7 +117,8 @@ fn insert_at(items: &mut Vec<Value>, i: usize, v: Value) {
 /// Puts back what [`remove`] took (its [`SAVED`] text). Returns the report's
 /// words for it, or why it cannot be (nothing changed then).
 pub fn restore(spec: &mut Value, text: &str) -> Result<String, String> {
-    let saved: Saved = serde_json::from_str(text).map_err(|e| format!("not what inject writes there ({e})"))?;
+    let saved: Saved =
+        serde_json::from_str(text).map_err(|e| format!("not what inject writes there ({e})"))?;
     let name = name_of(&saved.container);
     let Some(kind) = migrate::kind(&saved.container).filter(|_| LISTS.contains(&saved.list.as_str())) else {
         return Err("it holds no TCPX daemon container to give back".into());
@@ -134,8 +143,16 @@ pub fn restore(spec: &mut Value, text: &str) -> Result<String, String> {
             .find(|c| name_of(c) == *cn)
             .ok_or_else(|| format!("its mount {} was in container {cn}, which is gone", name_of(m)))?;
         let at = m.get("mountPath");
-        if c.get("volumeMounts").and_then(Value::as_sequence).into_iter().flatten().any(|x| x.get("mountPath") == at) {
-            return Err(format!("container {cn} mounts something at {} again", migrate::strings(at.map(|a| Value::Sequence(vec![a.clone()])).as_ref()).join("")));
+        if c.get("volumeMounts")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+            .any(|x| x.get("mountPath") == at)
+        {
+            return Err(format!(
+                "container {cn} mounts something at {} again",
+                migrate::strings(at.map(|a| Value::Sequence(vec![a.clone()])).as_ref()).join("")
+            ));
         }
     }
     insert_at(seq_mut(spec, &saved.list), saved.index, saved.container);

@@ -77,8 +77,13 @@ pub fn inject(
         .collect();
     let devices = (opts.unprivileged && opts.mode != Mode::Node && opts.platform.gke_devices())
         .then(daemon::device_annotation);
-    if let Some((k, _)) = devices.as_ref().filter(|(k, _)| meta.get("annotations").and_then(|a| a.get(k.as_str())).is_some()) {
-        return Err(err(format!("metadata.annotations[{k}]"), "set already; --unprivileged adds its own".into()));
+    if let Some((k, _)) =
+        devices.as_ref().filter(|(k, _)| meta.get("annotations").and_then(|a| a.get(k.as_str())).is_some())
+    {
+        return Err(err(
+            format!("metadata.annotations[{k}]"),
+            "set already; --unprivileged adds its own".into(),
+        ));
     }
     let reference = migrate::find(spec, object, at)?;
     let mut carried = kept.to_vec();
@@ -93,7 +98,10 @@ pub fn inject(
     let saved = match &reference {
         Some(r) => {
             let (line, text) = restore::remove(spec, r).map_err(|why| {
-                err(format!("spec.{}[{}]", r.list, r.name), format!("{} to convert, but {why}", r.kind.describe()))
+                err(
+                    format!("spec.{}[{}]", r.list, r.name),
+                    format!("{} to convert, but {why}", r.kind.describe()),
+                )
             })?;
             details.push(line);
             if !r.privileged && !opts.unprivileged {
@@ -226,4 +234,3 @@ fn annotate(tpl: &mut Value, pairs: Vec<(String, String)>) {
         ann.insert(s(&k), s(&v));
     }
 }
-

@@ -73,7 +73,9 @@ pub fn memory(text: &str) -> Result<String, String> {
         (Some(v), _) if v >= 0.0 => Ok(text.to_string()),
         (Some(_), _) => Err("a request is not negative".into()),
         (None, Some(m)) => Err(format!("not a Kubernetes quantity (bytes take no B); did you mean {m}?")),
-        (None, None) => Err("not a Kubernetes quantity of memory: bytes with a unit, e.g. 512Mi or 2Gi".into()),
+        (None, None) => {
+            Err("not a Kubernetes quantity of memory: bytes with a unit, e.g. 512Mi or 2Gi".into())
+        }
     }
 }
 
@@ -102,9 +104,12 @@ pub fn image(text: &str) -> Result<String, String> {
     if path.is_empty() || path.split('/').any(str::is_empty) {
         return Err(format!("no repository name; {example}"));
     }
-    if let Some(c) = path.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(*c)))
+    if let Some(c) =
+        path.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(*c)))
     {
-        return Err(format!("the repository {path} holds {c:?}: lowercase letters, digits, '.', '_', '-' and '/' only"));
+        return Err(format!(
+            "the repository {path} holds {c:?}: lowercase letters, digits, '.', '_', '-' and '/' only"
+        ));
     }
     Ok(text.to_string())
 }
@@ -120,7 +125,9 @@ mod tests {
         }
         assert_eq!(quantity("1.5k"), Some(1500.0));
         assert_eq!(quantity("+1E2"), Some(100.0));
-        for bad in ["", "lots", "1GB", "1gi", "1K", "1 Gi", " 2", "1e", "1e+", ".", "Gi", "1.2.3", "1Mi2", "inf"] {
+        for bad in
+            ["", "lots", "1GB", "1gi", "1K", "1 Gi", " 2", "1e", "1e+", ".", "Gi", "1.2.3", "1Mi2", "inf"]
+        {
             assert_eq!(quantity(bad), None, "{bad:?}");
         }
     }

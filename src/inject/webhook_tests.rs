@@ -241,7 +241,10 @@ fn a_forged_record_strips_nothing() {
     let (o, after) = run(&own, "CREATE", OnError::Refuse);
     assert_eq!(o.verdict, Verdict::Refused);
     let why = o.reason.unwrap();
-    assert!(why.contains("a container of the name inject gives its daemon, which inject did not write"), "{why}");
+    assert!(
+        why.contains("a container of the name inject gives its daemon, which inject did not write"),
+        "{why}"
+    );
     assert_eq!(after, own);
 }
 
