@@ -63,6 +63,8 @@ pub struct Reference {
     pub dropped: Vec<String>,
     /// Whether it ran `privileged: true`.
     pub privileged: bool,
+    /// Its image, where it is this daemon's (`tcpx-rxdm`): kept.
+    pub image: Option<String>,
 }
 
 /// The words of a `command` or `args` list; a number or boolean as its YAML
@@ -210,5 +212,6 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
         carried.push(word);
     }
     let privileged = c.get("securityContext").and_then(|s| s.get("privileged")) == Some(&Value::Bool(true));
-    Ok(Some(Reference { kind, list: list.to_string(), name, carried, dropped, privileged }))
+    let image = c.get("image").and_then(Value::as_str).filter(|i| i.contains("tcpx-rxdm")).map(String::from);
+    Ok(Some(Reference { kind, list: list.to_string(), name, carried, dropped, privileged, image }))
 }

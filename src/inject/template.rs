@@ -86,6 +86,15 @@ pub fn inject(
         ));
     }
     let reference = migrate::find(spec, object, at)?;
+    // A converted daemon that ran this daemon's image keeps it, unless --image says otherwise.
+    let adopted;
+    let opts = match reference.as_ref().and_then(|r| r.image.as_ref()).filter(|_| !opts.given.image) {
+        Some(image) => {
+            adopted = Options { image: image.clone(), ..opts.clone() };
+            &adopted
+        }
+        None => opts,
+    };
     let mut carried = kept.to_vec();
     carried.extend(reference.iter().flat_map(|r| r.carried.iter().cloned()));
     let flags = DaemonFlags::new(opts, &carried)?;
