@@ -325,7 +325,9 @@ pub fn serve_config(m: &ArgMatches) -> Result<ServeConfig, String> {
         listen: *m.get_one::<SocketAddr>("listen").expect("has a default"),
         cert: path("tls_cert"),
         key: path("tls_key"),
-        inject: options(m)?,
+        // The webhook never injects a Pod twice, and its operator's options
+        // decide: a converted daemon's image is not the Pod author's to choose.
+        inject: Options { given: Given::ALL, ..options(m)? },
         on_error,
         max_body: usize::try_from(*m.get_one::<u64>("max_request_bytes").expect("has a default"))
             .unwrap_or(usize::MAX),
