@@ -7,10 +7,11 @@
 use serde_norway::Value;
 
 use super::daemon::{self, NODE_SOCKET_DIR};
+use super::lists::LISTS;
 use super::migrate;
 use super::platform::Platform;
 use super::record::{record, Outcome, Record};
-use super::template::{self, Injected, LISTS};
+use super::template::{self, Injected};
 use super::undo::{self, Converted};
 use super::{name_of, InjectError, Mode, Options, ANNOTATION, DAEMON, DEFAULT_IMAGE, GPU_RESOURCE, VERSION};
 

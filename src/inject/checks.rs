@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 use serde_norway::Value;
 
 use super::daemon::VOLUMES;
+use super::lists::LISTS;
 use super::migrate;
-use super::template::{is_our_configmap, LISTS};
 use super::{is_gpu, name_of, show, InjectError, Nccl, ANNOTATION, DAEMON};
-use crate::nccl::env::UNIX_CLIENT_PREFIX;
+use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
 
 /// GKE's multi-networking annotations: the Pod gets extra NICs in a
 /// network namespace of its own, which a host-network Pod has not.
@@ -21,6 +21,11 @@ const HOST_NETWORK: &str = "inject runs the daemon in the node's network namespa
     (hostNetwork: true), where the GPU NICs are, as GKE's TCPX guide does. It does not write Pods \
     that get their NICs through GKE multi-networking (a network namespace of their own): such a Pod \
     needs a daemon container written by hand (deploy/README.md, Least privileges)";
+
+/// Whether an `envFrom` entry is the ConfigMap `--nccl=configmap` adds.
+pub fn is_our_configmap(e: &Value) -> bool {
+    e.get("configMapRef").and_then(|r| r.get("name")).and_then(Value::as_str) == Some(CONFIGMAP_NAME)
+}
 
 /// An env entry's value for a message: quoted, or how it is set otherwise.
 fn shown(v: Option<&str>) -> String {

@@ -21,17 +21,7 @@ pub const VOLUMES: [&str; 5] = ["tcpx-libraries", "tcpx-sys", "tcpx-proc-sys", "
 /// The node-wide daemon's socket folder on the host.
 pub const NODE_SOCKET_DIR: &str = "/run/tcpx";
 
-pub fn s(v: &str) -> Value {
-    Value::String(v.to_string())
-}
-
-pub fn map(pairs: Vec<(&str, Value)>) -> Value {
-    let mut m = Mapping::new();
-    for (k, v) in pairs {
-        m.insert(s(k), v);
-    }
-    Value::Mapping(m)
-}
+pub use super::lists::{map, s};
 
 fn list(items: Vec<Value>) -> Value {
     Value::Sequence(items)
@@ -107,6 +97,11 @@ const CORE: [&str; 4] = ["gpu_nic_preset", "gpu_shmem_type", "uds_path", "setup_
 /// Inject's values for [`CORE`], in its order: the guide's.
 const CORE_DEFAULTS: [&str; 4] = ["a3vm", "fd", "/run/tcpx", "--verbose 128 2 0"];
 
+/// `\"--verbose 128 2 0 \"` (quotes kept literally, as the guide writes it) → `--verbose 128 2 0`.
+pub fn unquote(v: &str) -> String {
+    v.trim_matches(|c: char| c == '\\' || c == '"' || c == '\'' || c.is_whitespace()).to_string()
+}
+
 /// The daemon's flags inject writes for `mode` when given none.
 fn defaults(mode: Mode) -> Vec<Flag> {
     let mut list: Vec<Flag> = CORE.iter().zip(CORE_DEFAULTS).map(|(n, v)| Flag::new(n, v)).collect();
@@ -144,7 +139,7 @@ pub fn chosen(mode: Mode, words: &[String]) -> Vec<String> {
         .into_iter()
         .map(|f| match (f.key(), &f.value) {
             // The classic sidecar's quoted form of the guide.
-            ("setup_param", Some(v)) => Flag::new(&f.name, &super::migrate::unquote(v)),
+            ("setup_param", Some(v)) => Flag::new(&f.name, &unquote(v)),
             _ => f,
         })
         .filter(|f| !defaults.contains(f))
@@ -362,112 +357,5 @@ pub fn device_annotation() -> (String, String) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::flags::TenantIsolation;
-
-    fn args(opts: &Options) -> Vec<String> {
-        let f = DaemonFlags::new(opts, &[]).unwrap();
-        f.list.iter().map(Flag::word).collect()
-    }
-
-    #[test]
-    fn user_flags_replace_the_defaults_of_the_same_name_in_place() {
-        let opts = Options {
-            daemon_flags: [
-                "--metrics_address=0.0.0.0:9999",
-                "--uds_path",
-                "/run/x",
-                "--tenant_isolation=enforce",
-            ]
-            .map(String::from)
-            .to_vec(),
-            ..Options::default()
-        };
-        let a = args(&opts);
-        assert_eq!(a[2], "--uds_path=/run/x");
-        assert_eq!(a[5], "--metrics_address=0.0.0.0:9999", "{a:?}");
-        assert_eq!(a.iter().filter(|w| w.starts_with("--metrics_address")).count(), 1, "{a:?}");
-        assert_eq!(a[4], "--tenant_isolation=enforce", "{a:?}");
-        assert_eq!(a.iter().filter(|w| w.starts_with("--uds_path")).count(), 1);
-    }
-
-    #[test]
-    fn a_daemon_in_the_pod_runs_without_tenant_checks_unless_told() {
-        for mode in [Mode::NativeSidecar, Mode::Sidecar] {
-            let opts = Options { mode, ..Options::default() };
-            let f = DaemonFlags::new(&opts, &[]).unwrap();
-            assert_eq!(f.parsed.tenant_isolation, TenantIsolation::Off, "{mode:?}");
-            let opts = Options { mode, daemon_flags: vec!["--tenant_isolation=enforce".into()], ..opts };
-            let a = args(&opts);
-            assert_eq!(a.iter().filter(|w| w.starts_with("--tenant_isolation")).count(), 1, "{a:?}");
-            assert!(a.contains(&"--tenant_isolation=enforce".to_string()), "{a:?}");
-        }
-    }
-
-    #[test]
-    fn flags_that_cannot_work_in_a_pod_are_refused_naming_the_flag() {
-        for (mode, flags, says) in [
-            (Mode::NativeSidecar, "--show_version", "--show_version: prints the version and exits"),
-            (Mode::Sidecar, "--takeover=auto", "--takeover: an upgrade hands"),
-            (Mode::NativeSidecar, "--monitor_shutdown", "--monitor_shutdown: a native sidecar that exits"),
-            (Mode::NativeSidecar, "--log_level=warning", "--log_level=warning: \"warning\" is not a level"),
-            (Mode::Sidecar, "--log_level=info,h2=loud", "--log_level=info,h2=loud: \"loud\" is not a level"),
-            (Mode::NativeSidecar, "--node_wide", "--node_wide: a node-wide daemon runs once per node"),
-        ] {
-            let opts = Options { mode, daemon_flags: vec![flags.to_string()], ..Options::default() };
-            let e = DaemonFlags::new(&opts, &[]).err().unwrap_or_else(|| panic!("{flags} taken"));
-            assert!(matches!(&e, InjectError::Option(m) if m.starts_with(says)), "{flags}: {e}");
-        }
-        // The classic sidecar ends with its last client: that is its own.
-        let opts = Options {
-            mode: Mode::Sidecar,
-            daemon_flags: vec!["--monitor_shutdown".into()],
-            ..Options::default()
-        };
-        assert!(DaemonFlags::new(&opts, &[]).is_ok());
-    }
-
-    #[test]
-    fn injecting_again_keeps_the_flags_that_differ_from_the_modes_own() {
-        for mode in [Mode::NativeSidecar, Mode::Sidecar] {
-            let opts = Options {
-                mode,
-                daemon_flags: ["--rx_pool_size=1073741824", "--setup_param=--verbose 64 1 1"]
-                    .map(String::from)
-                    .to_vec(),
-                ..Options::default()
-            };
-            let f = DaemonFlags::new(&opts, &[]).unwrap();
-            let c = container(&opts, &f).unwrap();
-            let words = super::super::migrate::argv(&c);
-            assert_eq!(
-                chosen(mode, &words),
-                ["--setup_param=--verbose 64 1 1", "--rx_pool_size=1073741824"],
-                "{mode:?}"
-            );
-            // Written with the defaults only: nothing to keep.
-            let plain = Options { mode, ..Options::default() };
-            let c = container(&plain, &DaemonFlags::new(&plain, &[]).unwrap()).unwrap();
-            assert!(chosen(mode, &super::super::migrate::argv(&c)).is_empty(), "{mode:?}");
-        }
-    }
-
-    #[test]
-    fn the_classic_sidecar_keeps_the_guides_command_line() {
-        let opts = Options { mode: Mode::Sidecar, ..Options::default() };
-        let f = DaemonFlags::new(&opts, &[]).unwrap();
-        let c = container(&opts, &f).unwrap();
-        let cmd: Vec<&str> =
-            c["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-        assert_eq!(cmd[0], REFERENCE_BIN);
-        assert_eq!(
-            &cmd[1..7],
-            ["--gpu_nic_preset", "a3vm", "--gpu_shmem_type", "fd", "--uds_path", "/run/tcpx"]
-        );
-        assert_eq!(cmd[8], r#"\"--verbose 128 2 0 \""#);
-        // Which the daemon reads as the plain value.
-        let argv = cmd.iter().map(|s| s.to_string());
-        assert_eq!(Flags::parse_args(argv).unwrap().setup_param, f.parsed.setup_param);
-    }
-}
+#[path = "daemon_tests.rs"]
+mod tests;

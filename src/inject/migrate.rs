@@ -3,8 +3,7 @@
 //! `tcpx-rxdm` daemon container. Its flags are carried over to the injected
 //! daemon where they mean the same there; the container and the volumes
 //! only it used are removed, so that a Pod never runs two daemons, and kept
-//! in the template ([`super::restore`]) so that `--uninject` brings them
-//! back. A flag that cannot be carried is refused with the container's name
+//! in the template (by `restore`) so that `--uninject` brings them back. A flag that cannot be carried is refused with the container's name
 //! and why: converting it is a human's call.
 
 use serde_norway::Value;
@@ -94,20 +93,8 @@ pub fn kind(c: &Value) -> Option<Kind> {
         return Some(Kind::Reference);
     }
     let ours = binary == Some("tcpx-rxdm") || (binary.is_none() && image.contains("tcpx-rxdm"));
-    let command = argv.iter().skip(usize::from(binary.is_some())).next().is_some_and(|w| !w.starts_with('-'));
+    let command = argv.get(usize::from(binary.is_some())).is_some_and(|w| !w.starts_with('-'));
     (ours && !command).then_some(Kind::Ours)
-}
-
-/// `\"--verbose 128 2 0 \"` (quotes kept literally, as the guide writes it) → `--verbose 128 2 0`.
-pub fn unquote(v: &str) -> String {
-    v.trim_matches(|c: char| c == '\\' || c == '"' || c == '\'' || c.is_whitespace()).to_string()
-}
-
-/// Whether `name` is one of the daemon's flags (`noNAME` for a boolean).
-fn is_daemon_flag(name: &str) -> bool {
-    let base = name.strip_prefix("no").filter(|b| BOOL_FLAGS.contains(b)).unwrap_or(name);
-    use clap::CommandFactory as _;
-    Flags::command().get_arguments().any(|a| a.get_long() == Some(base))
 }
 
 /// Why a flag of a daemon being converted cannot be carried over (`None`:
@@ -127,13 +114,6 @@ fn not_carried(name: &str, value: &str) -> Option<String> {
     }
     if let Some(why) = not_for_a_pod(name) {
         return Some(format!("has no place in a Pod's daemon: {why}; remove it from this container"));
-    }
-    if !is_daemon_flag(name) {
-        return Some(
-            "is a flag of neither tcpgpudmarxd nor tcpx-rxdm; remove it from this container, or convert \
-             it by hand"
-                .into(),
-        );
     }
     None
 }
@@ -192,7 +172,7 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
         };
         let word = match (v.is_empty() && !flag.contains('='), n.as_str()) {
             (true, _) => format!("--{n}"),
-            (_, "setup_param") => format!("--{n}={}", unquote(&v)),
+            (_, "setup_param") => format!("--{n}={}", super::daemon::unquote(&v)),
             _ => format!("--{n}={v}"),
         };
         let base = n.strip_prefix("no").filter(|b| BOOL_FLAGS.contains(b)).unwrap_or(&n);
@@ -207,6 +187,16 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
         if let Err(e) = Flags::parse_args(["tcpx-rxdm".to_string(), word.clone()]) {
             let e = e.to_string();
             let first = e.lines().next().unwrap_or_default().trim_start_matches("error: ");
+            if first.starts_with("unexpected argument") {
+                return Err(InjectError::field(
+                    object,
+                    field("command"),
+                    format!(
+                        "{what} flag --{n} is a flag of neither tcpgpudmarxd nor tcpx-rxdm; remove it from \
+                         this container, or convert it by hand"
+                    ),
+                ));
+            }
             return Err(InjectError::field(object, field("command"), format!("{what} flag {word}: {first}")));
         }
         carried.push(word);

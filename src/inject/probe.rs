@@ -8,7 +8,7 @@
 
 use serde_norway::Value;
 
-use super::daemon::{map, s};
+use super::lists::{map, s};
 use super::Mode;
 use crate::config::flags::Flags;
 

@@ -136,7 +136,7 @@ pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
     })
 }
 
-/// What inject did to a pod template (`template::apply`).
+/// What inject did to a pod template (`apply`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// TCPX added to a template that had none.

@@ -112,7 +112,7 @@ pub fn warnings(opts: &Options, flags: &DaemonFlags, asked: u64) -> Vec<String> 
 pub fn removed(before: &Value, rec: &Record) -> Vec<String> {
     let Some(spec) = before.get("spec") else { return Vec::new() };
     let containers: Vec<&Value> =
-        super::template::LISTS.iter().filter_map(|l| spec.get(*l)?.as_sequence()).flatten().collect();
+        super::lists::LISTS.iter().filter_map(|l| spec.get(*l)?.as_sequence()).flatten().collect();
     let mut out = Vec::new();
     if containers.iter().any(|c| name_of(c) == DAEMON) {
         out.push(format!("daemon: container {DAEMON} removed"));

@@ -56,14 +56,12 @@ pub fn remove(spec: &mut Value, r: &Reference) -> Result<(String, String), Strin
             let (gpu, cn) = (is_gpu(c), name_of(c));
             if let Some(ms) = c.get_mut("volumeMounts").and_then(Value::as_sequence_mut) {
                 if gpu {
-                    let mut i = 0;
-                    for m in std::mem::take(ms) {
+                    for (i, m) in std::mem::take(ms).into_iter().enumerate() {
                         if gone.contains(&name_of(&m)) {
                             saved.mounts.push((cn.clone(), i, m));
                         } else {
                             ms.push(m);
                         }
-                        i += 1;
                     }
                 }
                 still_used.extend(ms.iter().map(name_of));
@@ -149,10 +147,8 @@ pub fn restore(spec: &mut Value, text: &str) -> Result<String, String> {
             .flatten()
             .any(|x| x.get("mountPath") == at)
         {
-            return Err(format!(
-                "container {cn} mounts something at {} again",
-                migrate::strings(at.map(|a| Value::Sequence(vec![a.clone()])).as_ref()).join("")
-            ));
+            let at = at.and_then(Value::as_str).unwrap_or("its path");
+            return Err(format!("container {cn} mounts something at {at} again"));
         }
     }
     insert_at(seq_mut(spec, &saved.list), saved.index, saved.container);

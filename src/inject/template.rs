@@ -1,15 +1,15 @@
 //! One pod template (`{metadata, spec}`): the change itself and its
 //! record in [`ANNOTATION`], which says what was set at pod level and which
 //! variables the containers already had, so that undoing
-//! ([`super::undo`]) removes exactly what was added. Injecting again first
-//! undoes the recorded change ([`super::apply`]), so a second run changes
+//! (`undo`) removes exactly what was added. Injecting again first
+//! undoes the recorded change (`apply`), so a second run changes
 //! nothing and a newer version replaces an older one in place.
 
 use serde_norway::{Mapping, Value};
 
 use super::checks::{self, Adds};
 use super::daemon::{self, map, s, DaemonFlags};
-use super::lists::seq_mut;
+use super::lists::{seq_mut, LISTS};
 use super::migrate;
 use super::record::{Record, GRACE_SECONDS};
 use super::restore::{self, SAVED};
@@ -17,21 +17,6 @@ use super::{
     is_gpu, limits, machine, name_of, InjectError, Mode, Nccl, Options, ANNOTATION, DAEMON, VERSION,
 };
 use crate::nccl::env::CONFIGMAP_NAME;
-
-/// The names of the container lists, init containers first.
-pub const LISTS: [&str; 2] = ["initContainers", "containers"];
-
-/// The variables that `Nccl::Inline` adds (the generator's, for the default machine).
-pub fn inline_names() -> Vec<String> {
-    let flags = DaemonFlags::new(&Options::default(), &[]).expect("the default flags parse");
-    machine::nccl_env(machine::DEFAULT, &flags.parsed)
-        .map(|e| e.vars.into_iter().map(|v| v.name).collect())
-        .unwrap_or_default()
-}
-
-pub fn is_our_configmap(e: &Value) -> bool {
-    e.get("configMapRef").and_then(|r| r.get("name")).and_then(Value::as_str) == Some(CONFIGMAP_NAME)
-}
 
 /// What [`inject`] did to a template.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,12 +4,22 @@
 
 use serde_norway::Value;
 
+use super::checks::is_our_configmap;
+use super::daemon::DaemonFlags;
 use super::daemon::{self, s, VOLUMES};
+use super::lists::LISTS;
 use super::lists::{drop_empty, retain_list};
 use super::record::{set_value, Record};
 use super::restore::{self, SAVED};
-use super::template::{inline_names, is_our_configmap, LISTS};
-use super::{is_gpu, name_of, InjectError, Nccl, ANNOTATION, DAEMON};
+use super::{is_gpu, machine, name_of, InjectError, Nccl, Options, ANNOTATION, DAEMON};
+
+/// The variables that `Nccl::Inline` adds (the generator's, for the default machine).
+fn inline_names() -> Vec<String> {
+    let flags = DaemonFlags::new(&Options::default(), &[]).expect("the default flags parse");
+    machine::nccl_env(machine::DEFAULT, &flags.parsed)
+        .map(|e| e.vars.into_iter().map(|v| v.name).collect())
+        .unwrap_or_default()
+}
 
 fn env_names(nccl: Nccl) -> Vec<String> {
     let mut n = vec!["LD_LIBRARY_PATH".to_string()];
