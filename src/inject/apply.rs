@@ -115,6 +115,16 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
     if !tpl.is_mapping() {
         return Err(InjectError::field(object, at.trim_end_matches('.'), "not a pod template (a mapping)"));
     }
+    // The record goes into the annotations: a template whose metadata or
+    // annotations hold something else would lose it (the API server
+    // refuses such a template anyway).
+    let meta = tpl.get("metadata");
+    for (field, v) in [("metadata", meta), ("metadata.annotations", meta.and_then(|m| m.get("annotations")))]
+    {
+        if v.is_some_and(|v| !v.is_mapping() && !v.is_null()) {
+            return Err(InjectError::field(object, format!("{at}{field}"), "not a mapping"));
+        }
+    }
     let before = tpl.clone();
     let prior = match record(tpl) {
         Some(Ok(r)) => Some(r),
@@ -169,7 +179,7 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
             None => match daemon {
                 Some(d) => format!(
                     "runs a TCPX daemon itself (container {}) and no container requests {GPU_RESOURCE}: \
-                     nothing to inject; the Pods that use a node-wide daemon get inject --mode=node",
+                     nothing to inject; workloads use a node-wide daemon through inject --mode=node",
                     name_of(d)
                 ),
                 None => format!(

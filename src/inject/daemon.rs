@@ -161,7 +161,9 @@ impl DaemonFlags {
         if opts.mode == Mode::Node {
             if let Some(f) = user.iter().find(|f| f.key() != "uds_path") {
                 return Err(InjectError::Option(format!(
-                    "--{}: with --mode=node only --uds_path (the node daemon's socket folder) applies",
+                    "--{}: with --mode=node the Pod has no daemon of its own; only --uds_path (where the \
+                     workload finds the node daemon's sockets) applies. The node-wide daemon's flags are \
+                     set in its DaemonSet (deploy/kubernetes/daemonset.yaml)",
                     f.name
                 )));
             }
