@@ -501,3 +501,27 @@ fn gke_multi_networking_and_host_network_false_are_refused_saying_what_inject_su
     assert!(err.contains("Job/train: spec.template.metadata.annotations[networking.gke.io/default-interface]: GKE multi-networking, which a host-network Pod cannot use; inject runs the daemon in the node's network namespace (hostNetwork: true)"), "{err}");
     assert!(err.contains("Remove the multi-networking annotations to use inject"), "{err}");
 }
+
+#[test]
+fn a_bare_file_an_empty_input_and_a_daemon_without_gpus_are_said_plainly() {
+    let (code, out, err) = inject(&["job.yaml"], "");
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        err.contains("job.yaml: input files go after -f, as with kubectl (`tcpx-rxdm inject -f job.yaml`)"),
+        "{err}"
+    );
+    let (code, _, err) = inject(&["sreve"], "");
+    assert_eq!(code, 2);
+    assert!(err.contains("no command sreve (inject has one: serve)"), "{err}");
+    let (code, out, err) = inject(&[], "# nothing here\n");
+    assert_eq!((code, out.as_str()), (0, ""));
+    assert!(err.contains("stdin: no Kubernetes documents; nothing written"), "{err}");
+    // A hand-written daemon beside a workload that asks for no GPU: nothing
+    // wired, and the reason is the workload's missing request.
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: rxdm\n    \
+               image: registry.example/tcpx-rxdm:1\n  - name: trainer\n    image: t\n";
+    let (code, out, err) = inject(&[], pod);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(docs(&out), docs(pod));
+    assert!(err.contains("Pod/p: runs a TCPX daemon (container rxdm), but no container requests nvidia.com/gpu; left as it is. The container that runs NCCL must request GPUs"), "{err}");
+}

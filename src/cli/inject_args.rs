@@ -157,6 +157,8 @@ pub fn inject() -> Command {
                 .help("Input: a file, a folder's manifests, or `-` for stdin; again for more, read in order"),
         )
         .arg(bool_arg("recursive").short('R').help("With a folder for -f, its subfolders too"))
+        // kubectl takes files only after -f: a file given bare is named, with the fix.
+        .arg(Arg::new("bare").value_name("FILE").num_args(1..).hide(true))
         .args(shared_args())
         .arg(bool_arg("uninject").help("Remove what inject added, nothing else"))
         .arg(bool_arg("require_gpu").long("require-gpu").help(
@@ -206,6 +208,14 @@ pub fn options(m: &ArgMatches) -> Result<Options, String> {
 /// What `inject` (not `serve`) was asked. The daemon's flags are checked
 /// here, once, whatever the input holds.
 pub fn invocation(m: &ArgMatches) -> Result<Invocation, String> {
+    if let Some(f) = m.get_many::<String>("bare").and_then(|mut f| f.next()) {
+        let path = f.contains(['.', '/']) || std::path::Path::new(f).exists();
+        return Err(if path {
+            format!("{f}: input files go after -f, as with kubectl (`tcpx-rxdm inject -f {f}`); `-f -` reads stdin")
+        } else {
+            format!("no command {f} (inject has one: serve); input files go after -f (`tcpx-rxdm inject -f FILE`)")
+        });
+    }
     let opts = options(m)?;
     check_daemon_flags(&opts)?;
     Ok(Invocation {

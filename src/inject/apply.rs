@@ -167,19 +167,28 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
     }
     let injected = template::inject(tpl, &opts, object, at, &kept)?;
     let Some(Injected { summary, details, warnings, image }) = injected else {
-        let daemon = tpl.get("spec").and_then(|spec| {
-            LISTS
-                .iter()
-                .filter_map(|l| spec.get(*l)?.as_sequence())
-                .flatten()
-                .find(|c| migrate::kind(c).is_some())
-        });
-        let outcome = if prior.is_none() && daemon.is_some() { Outcome::Daemon } else { Outcome::NoGpu };
+        let all: Vec<&Value> = tpl
+            .get("spec")
+            .map(|spec| LISTS.iter().filter_map(|l| spec.get(*l)?.as_sequence()).flatten().collect())
+            .unwrap_or_default();
+        let daemon = all.iter().find(|c| migrate::kind(c).is_some());
+        // A template of nothing but a daemon is the node-wide daemon's own.
+        let only_daemons = all.iter().all(|c| migrate::kind(c).is_some());
+        let outcome = match (&prior, daemon) {
+            (None, Some(_)) if only_daemons => Outcome::Daemon,
+            _ => Outcome::NoGpu,
+        };
         let line = match prior {
             None => match daemon {
-                Some(d) => format!(
+                Some(d) if only_daemons => format!(
                     "runs a TCPX daemon itself (container {}) and no container requests {GPU_RESOURCE}: \
                      nothing to inject; workloads use a node-wide daemon through inject --mode=node",
+                    name_of(d)
+                ),
+                Some(d) => format!(
+                    "runs a TCPX daemon (container {}), but no container requests {GPU_RESOURCE}; left as \
+                     it is. The container that runs NCCL must request GPUs (resources.limits) for inject to \
+                     wire it to a daemon",
                     name_of(d)
                 ),
                 None => format!(

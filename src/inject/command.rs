@@ -131,6 +131,10 @@ pub fn main(inv: Invocation) -> u8 {
             }
         }
     }
+    if applied.is_empty() {
+        let from: Vec<&str> = sources.iter().map(|s| s.path.as_deref().unwrap_or("stdin")).collect();
+        eprintln!("tcpx-rxdm inject: {}: no Kubernetes documents; nothing written", from.join(", "));
+    }
     for a in &applied {
         eprintln!("{}", a.text());
     }
