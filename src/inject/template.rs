@@ -122,6 +122,14 @@ pub fn inject(
         ours.extend(env.vars.iter().map(|v| (v.name.clone(), v.value.clone())));
     }
     let mounts = daemon::workload_mounts(opts, &uds);
+    let path = |m: &Value| m.get("mountPath").and_then(Value::as_str).unwrap_or_default().to_string();
+    if let Some(other) = mounts.iter().find(|m| name_of(m) != "tcpx-socket" && path(m) == uds) {
+        return Err(InjectError::Option(format!(
+            "--uds_path={uds}: where inject mounts its volume {} in the GPU containers; choose another \
+             socket folder",
+            name_of(other)
+        )));
+    }
     let adds = Adds { env: &ours, libraries, uds: &uds, mounts: &mounts, nccl: opts.nccl };
     let kept = checks::gpu_containers(spec, &adds, object, at)?;
 
