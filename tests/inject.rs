@@ -465,17 +465,7 @@ spec:
 /// Options as the command line gives them when none is named: each keeps
 /// the earlier injection's value.
 fn again() -> Options {
-    Options {
-        given: Given {
-            mode: false,
-            nccl: false,
-            image: false,
-            unprivileged: false,
-            resources: false,
-            platform: false,
-        },
-        ..Options::default()
-    }
+    Options { given: Given::NONE, ..Options::default() }
 }
 
 /// What a new user brings: a JobSet with a CPU-only coordinator, a Pod with
@@ -557,7 +547,7 @@ fn the_recorded_mode_stays_unless_mode_is_given() {
     assert!(report[0].ends_with("already injected (0.1.0, sidecar); unchanged"), "{report:#?}");
     let explicit = Options {
         mode: Mode::NativeSidecar,
-        given: Given { mode: true, ..again().given },
+        given: Given { mode: true, ..Given::NONE },
         ..Options::default()
     };
     let (native, report) = transform(&sidecar, &explicit).unwrap();

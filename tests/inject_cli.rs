@@ -491,6 +491,12 @@ fn injecting_again_keeps_the_recorded_mode_unless_mode_is_given() {
         doc(&native)["spec"]["template"]["spec"]["initContainers"][0]["image"],
         "registry.example/tcpx-rxdm:1"
     );
+    // One request given again changes that one; the other stays.
+    let (_, sized, _) = inject(&["--daemon-cpu=1", "--daemon-memory=1Gi"], JOB);
+    let (code, resized, err) = inject(&["--daemon-cpu=2"], &sized);
+    assert_eq!(code, 0, "{err}");
+    let requests = &doc(&resized)["spec"]["template"]["spec"]["initContainers"][0]["resources"]["requests"];
+    assert_eq!((requests["cpu"].as_str(), requests["memory"].as_str()), (Some("2"), Some("1Gi")));
 }
 
 #[test]

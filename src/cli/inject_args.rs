@@ -199,7 +199,8 @@ pub fn options(m: &ArgMatches) -> Result<Options, String> {
             nccl: given("nccl"),
             image: given("image"),
             unprivileged: given("unprivileged"),
-            resources: given("daemon_cpu") || given("daemon_memory"),
+            cpu: given("daemon_cpu"),
+            memory: given("daemon_memory"),
             platform: given("platform") || given("nccl_plugin"),
         },
     })

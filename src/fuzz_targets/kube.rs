@@ -138,15 +138,7 @@ pub fn inject(data: &[u8]) {
     }
     // Again with no option named (the command line's `inject -f out.yaml`):
     // each template keeps what its earlier injection chose.
-    let none = Given {
-        mode: false,
-        nccl: false,
-        image: false,
-        unprivileged: false,
-        resources: false,
-        platform: false,
-    };
-    let (kept, _) = command::transform(&out, &Options { given: none, ..opts.clone() })
+    let (kept, _) = command::transform(&out, &Options { given: Given::NONE, ..opts.clone() })
         .unwrap_or_else(|e| panic!("its own output refused with no option named: {e}\n{out}"));
     for (o, k) in output_docs.iter().zip(yaml_docs(&kept).unwrap()) {
         assert!(*o == k, "injecting again with no option named changed:\n{}", diff(o, &k));

@@ -83,9 +83,12 @@ fn kept_options(opts: &Options, prior: &Record, spec: &Value) -> (Options, Vec<S
         let privileged = d.get("securityContext").and_then(|s| s.get("privileged"));
         o.unprivileged = privileged != Some(&Value::Bool(true));
     }
-    if !g.resources {
-        let request = |k: &str| d.get("resources")?.get("requests")?.get(k)?.as_str().map(String::from);
-        (o.cpu, o.memory) = (request("cpu"), request("memory"));
+    let request = |k: &str| d.get("resources")?.get("requests")?.get(k)?.as_str().map(String::from);
+    if !g.cpu {
+        o.cpu = request("cpu");
+    }
+    if !g.memory {
+        o.memory = request("memory");
     }
     (o, daemon::chosen(prior.mode, &migrate::argv(d)))
 }

@@ -159,14 +159,34 @@ pub struct Given {
     pub nccl: bool,
     pub image: bool,
     pub unprivileged: bool,
-    pub resources: bool,
+    /// `--daemon-cpu`, `--daemon-memory`.
+    pub cpu: bool,
+    pub memory: bool,
     pub platform: bool,
 }
 
 impl Given {
     /// Every option given: the options decide alone.
-    pub const ALL: Given =
-        Given { mode: true, nccl: true, image: true, unprivileged: true, resources: true, platform: true };
+    pub const ALL: Given = Given {
+        mode: true,
+        nccl: true,
+        image: true,
+        unprivileged: true,
+        cpu: true,
+        memory: true,
+        platform: true,
+    };
+    /// None given: on a template injected before, every option keeps the
+    /// earlier injection's value (`tcpx-rxdm inject -f out.yaml`).
+    pub const NONE: Given = Given {
+        mode: false,
+        nccl: false,
+        image: false,
+        unprivileged: false,
+        cpu: false,
+        memory: false,
+        platform: false,
+    };
 }
 
 impl Default for Options {
