@@ -59,8 +59,11 @@ fn flags_that_cannot_work_in_a_pod_are_refused_naming_the_flag() {
         (Mode::NativeSidecar, "--log_level=warning", "--log_level=warning: \"warning\" is not a level"),
         (Mode::Sidecar, "--log_level=info,h2=loud", "--log_level=info,h2=loud: \"loud\" is not a level"),
         (Mode::NativeSidecar, "--node_wide", "--node_wide: a node-wide daemon runs once per node"),
+        (Mode::Sidecar, "--sim_fault=add_rule:EIO:1", "--sim_fault and --sim_delay need --nic_backend=sim"),
+        (Mode::Sidecar, "--gpu_backend=host --gpu_shmem_type=file", "--gpu_shmem_type=file needs CUDA pools"),
     ] {
-        let opts = Options { mode, daemon_flags: vec![flags.to_string()], ..Options::default() };
+        let daemon_flags = flags.split(' ').map(String::from).collect();
+        let opts = Options { mode, daemon_flags, ..Options::default() };
         let e = DaemonFlags::new(&opts, &[]).err().unwrap_or_else(|| panic!("{flags} taken"));
         assert!(matches!(&e, InjectError::Option(m) if m.starts_with(says)), "{flags}: {e}");
     }

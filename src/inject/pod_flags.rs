@@ -4,8 +4,9 @@
 //! would refuse or what could never work in a Pod, rather than writing a
 //! Pod whose daemon exits at once or is restarted forever.
 
-use crate::config::flags::{Flags, PRESET_NAMES};
+use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind, PRESET_NAMES};
 use crate::config::presets;
+use crate::gpu::ShmemType;
 
 use super::Mode;
 
@@ -72,9 +73,25 @@ pub fn log_level(value: &str) -> Result<(), String> {
 }
 
 /// The daemon's flags as the daemon of `mode` would run with them:
-/// refused, naming the flag, where they could not work.
+/// refused, naming the flag, where they could not work (the daemon's own
+/// checks of flags that go together, made before it touches a NIC).
 pub fn check(flags: &Flags, mode: Mode) -> Result<(), String> {
     log_level(&flags.log_level).map_err(|e| format!("--log_level={}: {e}", flags.log_level))?;
+    let sim = match flags.nic_backend {
+        NicBackendKind::Sim => true,
+        NicBackendKind::Auto => flags.gpu_nic_preset == "sim",
+        NicBackendKind::Ethtool => false,
+    };
+    if (!flags.sim_fault.is_empty() || !flags.sim_delay.is_empty()) && !sim {
+        return Err("--sim_fault and --sim_delay need --nic_backend=sim (or --gpu_nic_preset=sim)".into());
+    }
+    let host_pools =
+        flags.gpu_backend == GpuBackendKind::Host || (flags.gpu_backend == GpuBackendKind::Auto && sim);
+    if flags.gpu_shmem_type == ShmemType::File && host_pools {
+        return Err("--gpu_shmem_type=file needs CUDA pools, but the pools would be host memory \
+                    (--gpu_backend=cuda)"
+            .into());
+    }
     if mode == Mode::NativeSidecar {
         let ends = if flags.monitor_shutdown {
             Some("--monitor_shutdown")
