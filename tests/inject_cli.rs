@@ -361,26 +361,27 @@ fn inject_checks_its_own_values_and_the_daemons_flags_naming_each() {
         (&["--image=Registry/TCPX:1"][..], "the repository Registry/TCPX holds 'R'"),
         (&["--daemon-memory=1GB"][..], "invalid value '1GB' for '--daemon-memory <QUANTITY>': not a Kubernetes quantity (bytes take no B); did you mean 1Gi (binary, 1024-based) or 1G (decimal)?"),
         (&["--daemon-cpu=lots"][..], "invalid value 'lots' for '--daemon-cpu <QUANTITY>': not a Kubernetes quantity of CPU"),
-        (&["--log_level=warning"][..], "--log_level=warning: \"warning\" is not a level"),
-        (&["--log_level=verbose", "--mode=sidecar"][..], "did you mean debug?"),
+        (&["--log_level=verbose"][..], "invalid value 'verbose' for '--log_level"),
+        (&["--log_level=info,tcpx_rxdm=debug", "--mode=sidecar"][..], "invalid value 'info,tcpx_rxdm=debug' for '--log_level"),
         (&["--show_version"][..], "--show_version: prints the version and exits"),
         (&["--takeover"][..], "--takeover: an upgrade hands a running daemon's NICs"),
         (&["--after_handover=wait"][..], "--after_handover: an upgrade"),
         (&["--monitor_shutdown"][..], "--monitor_shutdown: a native sidecar that exits is started again by the kubelet"),
         (&["--gpu_nic_preset=manual", "--nccl=file"][..], "--gpu_nic_preset=manual needs --gpu_nic_topology or --gpu_nic_topology_proto"),
         (&["--gpu_nic_preset=/etc/tcpx/a.textproto"][..], "a preset file is read on the node, so inject cannot write the NCCL settings for it"),
-        (&["serve", "--on-error=allow", "--log_level=warning"][..], "\"warning\" is not a level"),
+        (&["serve", "--on-error=allow", "--log_level=loud"][..], "invalid value 'loud' for '--log_level"),
     ] {
         let (code, out, err) = inject(args, JOB);
         assert_eq!((code, out.as_str()), (2, ""), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: want {says:?}, got {err}");
     }
-    // Good values of the same: taken, a preset file kept for the node.
+    // Good values of the same: taken, `warning` written as the daemon names it, a
+    // preset file kept for the node.
     let (code, out, err) = inject(
         &[
             "--daemon-memory=1Gi",
             "--daemon-cpu=0.5",
-            "--log_level=warn",
+            "--log_level=warning",
             "--nccl=file",
             "--gpu_nic_preset=/etc/tcpx/a.textproto",
         ],
@@ -388,7 +389,7 @@ fn inject_checks_its_own_values_and_the_daemons_flags_naming_each() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("- --gpu_nic_preset=/etc/tcpx/a.textproto") && out.contains("- --log_level=warn"),
+        out.contains("- --gpu_nic_preset=/etc/tcpx/a.textproto") && out.contains("- --log_level=warn\n"),
         "{out}"
     );
 }

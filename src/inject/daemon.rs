@@ -177,6 +177,12 @@ impl DaemonFlags {
                 None => list.push(f),
             }
         }
+        // The level as the daemon names it (`warning` → `warn`).
+        for f in list.iter_mut().filter(|f| f.key() == "log_level") {
+            let level =
+                pod_flags::log_level(f.value.as_deref().unwrap_or_default()).map_err(InjectError::Option)?;
+            f.value = Some(level.to_string());
+        }
         // A preset file is read on the node, not where inject runs: parsed
         // here as `auto` (the machine's preset), its path kept in the Pod.
         let preset_file = list

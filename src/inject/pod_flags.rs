@@ -1,8 +1,9 @@
 //! Which of the daemon's flags make sense for a daemon inject puts in a
-//! Pod, and the daemon's own rules for the values it reads only once it
-//! starts (`--log_level`): inject refuses, naming the flag, what the daemon
-//! would refuse or what could never work in a Pod, rather than writing a
-//! Pod whose daemon exits at once or is restarted forever.
+//! Pod, and the daemon's own rules for the values and the combinations it
+//! checks (`--log_level`, sim flags, shared-memory pools): inject refuses,
+//! naming the flag, what the daemon would refuse or what could never work
+//! in a Pod, rather than writing a Pod whose daemon exits at once or is
+//! restarted forever.
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind, PRESET_NAMES};
 use crate::config::presets;
@@ -31,52 +32,43 @@ pub fn not_for_a_pod(name: &str) -> Option<&'static str> {
     })
 }
 
-/// The levels `--log_level` takes, alone or as `TARGET=LEVEL`.
-const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+/// The levels `--log_level` takes.
+const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
 /// The level a person most likely meant by a word that is none.
 fn meant_level(word: &str) -> Option<&'static str> {
     Some(match word.to_ascii_lowercase().as_str() {
-        "warning" | "warnings" => "warn",
         "err" | "errors" | "fatal" | "critical" => "error",
         "information" | "notice" => "info",
-        "verbose" | "debug1" => "debug",
+        "verbose" => "debug",
         "all" => "trace",
-        "none" | "quiet" => "off",
         _ => return None,
     })
 }
 
-/// `--log_level`: comma-separated directives, each a level or
-/// `TARGET=LEVEL`. A word that is no level would be read as a target and
-/// leave the daemon silent, so it is refused.
-// Stands in for the daemon's own check until `config` has one.
-pub fn log_level(value: &str) -> Result<(), String> {
-    let levels = LEVELS.join(", ");
-    for directive in value.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        let (target, level) = match directive.rsplit_once('=') {
-            Some((t, l)) => (Some(t), l),
-            None => (None, directive),
-        };
-        if target == Some("") {
-            return Err(format!("{directive:?}: no target before '='"));
-        }
-        if LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
-            continue;
-        }
-        let hint = meant_level(level).map(|l| format!("; did you mean {l}?")).unwrap_or_default();
-        return Err(format!(
-            "{level:?} is not a level ({levels}, or TARGET=LEVEL, e.g. info,tcpx_rxdm=debug){hint}"
-        ));
+/// `--log_level` by the daemon's rule: a level's name in any case, or
+/// `warning` for warn (per-module filters go in `RUST_LOG`). Returns the
+/// level's name, which inject writes: a daemon built before `warning` was
+/// taken reads `warn` too.
+// Stands in for `config`'s own check of the value until inject can call it.
+pub fn log_level(value: &str) -> Result<&'static str, String> {
+    let word = value.trim().to_ascii_lowercase();
+    let word = if word == "warning" { "warn" } else { word.as_str() };
+    if let Some(level) = LEVELS.iter().find(|l| **l == word) {
+        return Ok(level);
     }
-    Ok(())
+    let hint = meant_level(value.trim()).map(|l| format!("; did you mean {l}?")).unwrap_or_default();
+    Err(format!(
+        "invalid value '{value}' for '--log_level': expected one of {} (`warning` is taken for warn; \
+         per-module filters go in RUST_LOG){hint}",
+        LEVELS.join(", ")
+    ))
 }
 
 /// The daemon's flags as the daemon of `mode` would run with them:
 /// refused, naming the flag, where they could not work (the daemon's own
 /// checks of flags that go together, made before it touches a NIC).
 pub fn check(flags: &Flags, mode: Mode) -> Result<(), String> {
-    log_level(&flags.log_level).map_err(|e| format!("--log_level={}: {e}", flags.log_level))?;
     let sim = match flags.nic_backend {
         NicBackendKind::Sim => true,
         NicBackendKind::Auto => flags.gpu_nic_preset == "sim",
@@ -148,20 +140,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_log_level_is_levels_or_target_levels_and_a_slip_gets_the_word_meant() {
-        for good in ["info", "WARN", "debug,h2=off", "tcpx_rxdm::inject=trace", "info,", "off"] {
-            assert_eq!(log_level(good), Ok(()), "{good}");
+    fn a_log_level_is_a_level_in_any_case_or_warning_and_a_slip_gets_the_word_meant() {
+        for (good, level) in [("info", "info"), ("WARN", "warn"), ("warning", "warn"), (" Debug ", "debug")] {
+            assert_eq!(log_level(good), Ok(level), "{good}");
         }
-        let e = log_level("warning").unwrap_err();
+        let e = log_level("verbose").unwrap_err();
         assert_eq!(
             e,
-            "\"warning\" is not a level (off, error, warn, info, debug, trace, or TARGET=LEVEL, e.g. \
-             info,tcpx_rxdm=debug); did you mean warn?"
+            "invalid value 'verbose' for '--log_level': expected one of error, warn, info, debug, trace \
+             (`warning` is taken for warn; per-module filters go in RUST_LOG); did you mean debug?"
         );
-        assert!(log_level("verbose").unwrap_err().ends_with("did you mean debug?"));
-        assert!(log_level("info,tcpx_rxdm=loud").unwrap_err().starts_with("\"loud\" is not a level"));
-        assert!(log_level("=info").unwrap_err().contains("no target"));
-        assert!(!log_level("tcpx_rxdm").unwrap_err().contains("did you mean"));
+        for bad in ["info,h2=off", "tcpx_rxdm=debug", "off", "loud", ""] {
+            assert!(log_level(bad).unwrap_err().starts_with(&format!("invalid value '{bad}'")), "{bad}");
+        }
+        assert!(!log_level("loud").unwrap_err().contains("did you mean"));
     }
 
     #[test]
