@@ -73,8 +73,8 @@ fn inject_passes_the_daemon_flags_given_on_in_order() {
         panic!("inject")
     };
     assert_eq!(inv.opts.daemon_flags, ["--leases=false", "--tenant_isolation=enforce"]);
-    assert!(inv.require_gpu && !inv.image_given);
-    assert_eq!(inv.file.as_deref(), Some("-"));
+    assert!(inv.require_gpu && !inv.opts.given.image && !inv.opts.given.mode);
+    assert_eq!(inv.files, ["-"]);
     let Ok(Invocation::InjectServe(cfg)) =
         parse_line(&["inject", "serve", "--on-error=allow", "--mode=sidecar"])
     else {
