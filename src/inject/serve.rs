@@ -25,24 +25,23 @@
 //! Each review is logged (uid, Pod, operation, verdict, reason, time), as
 //! is each refused or slow request.
 
+mod connection;
 pub mod conns;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::rustls::{self, ServerConfig};
 
 use super::certs;
-use super::transport::{held_bytes, read_body, BodyError, BodyRules, Budget, WriteDeadline};
+use super::transport::{held_bytes, read_body, BodyError, BodyRules, Budget};
 use super::webhook::{self, OnError, Verdict};
 use super::Options;
 
@@ -149,7 +148,7 @@ pub async fn bind(cfg: ServeConfig) -> Result<(SocketAddr, impl std::future::Fut
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let tls = Arc::new(tls);
     let listener =
         tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| format!("{}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -184,72 +183,10 @@ pub async fn bind(cfg: ServeConfig) -> Result<(SocketAddr, impl std::future::Fut
             if evicted {
                 shared.made_room("TLS handshakes");
             }
-            tokio::spawn(connection(tcp, peer, acceptor.clone(), shared.clone(), ticket));
+            tokio::spawn(connection::serve(tcp, peer, tls.clone(), shared.clone(), ticket));
         }
     };
     Ok((addr, serve))
-}
-
-/// One client connection, holding its place until it ends or is closed to
-/// make room.
-async fn connection(
-    tcp: tokio::net::TcpStream,
-    peer: SocketAddr,
-    acceptor: tokio_rustls::TlsAcceptor,
-    shared: Arc<Shared>,
-    ticket: conns::Ticket,
-) {
-    let limit = shared.cfg.timeout;
-    let start = Instant::now();
-    let handshake = async {
-        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT.min(limit), acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(e)) => {
-                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                return None;
-            }
-            Err(_) => {
-                tracing::debug!(%peer, "TLS handshake not done in time");
-                return None;
-            }
-        };
-        let Ok(evicted) = tokio::time::timeout_at(start + limit, ticket.serve()).await else {
-            tracing::warn!(%peer, "no connection place came free within the request timeout: closed");
-            return None;
-        };
-        if evicted {
-            shared.made_room("connections served");
-        }
-        Some(tls)
-    };
-    let tls = tokio::select! {
-        biased;
-        () = ticket.closed() => return tracing::debug!(%peer, "closed in its handshake to make room"),
-        tls = handshake => match tls {
-            Some(tls) => tls,
-            None => return,
-        },
-    };
-    let expired = Arc::new(AtomicBool::new(false));
-    let io = TokioIo::new(WriteDeadline::new(tls, limit, expired.clone()));
-    let track = ticket.track();
-    let svc = hyper::service::service_fn(move |req| handle(req, shared.clone(), peer, track.clone()));
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limit)
-        .max_buf_size(READ_BUFFER)
-        .serve_connection(io, svc);
-    tokio::select! {
-        biased;
-        () = ticket.closed() => tracing::debug!(%peer, "closed while waiting on its client, to make room"),
-        done = conn => if let Err(e) = done {
-            if expired.load(Ordering::Relaxed) {
-                tracing::warn!(%peer, "reply not taken within {:.1} s: connection closed", limit.as_secs_f64());
-            } else {
-                tracing::debug!(%peer, error = %e, "connection ended");
-            }
-        },
-    }
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>, json: bool) -> Response<Full<Bytes>> {

@@ -5,9 +5,11 @@
 //! client (a handshake not finished, an idle keep-alive, a request still
 //! arriving, a reply not taken) is closed to make room once it has had
 //! [`EVICT_AFTER`]; one whose request the server is working on (a review
-//! queued or running) is never closed for room. So clients that connect and
-//! stall cannot keep a new connection waiting longer than that: a legitimate
-//! handshake takes milliseconds, and it is the youngest.
+//! queued or running) is never closed for room, nor is a handshake whose
+//! ClientHello came whole (its client did its part; the server's handshake
+//! deadline bounds it), however slowly a loaded server answers it. So clients that connect and stall cannot keep a new
+//! connection waiting longer than that: a legitimate handshake takes
+//! milliseconds, and it is the youngest.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,6 +39,8 @@ pub enum Stage {
 struct Entry {
     stage: Stage,
     since: Instant,
+    /// Its ClientHello came whole (a handshake under way, or done).
+    hello: bool,
     close: Arc<Notify>,
 }
 
@@ -51,8 +55,14 @@ struct Table {
 impl Table {
     /// The connection in `stage` that has been there longest, if it has
     /// been there [`EVICT_AFTER`] by `now`; else when the first will have.
+    /// A handshake whose ClientHello came whole is not one: its client
+    /// did its part, and the handshake deadline bounds it.
     fn oldest(&self, stage: Stage, now: Instant) -> Result<u64, Option<Instant>> {
-        let oldest = self.entries.iter().filter(|(_, e)| e.stage == stage).min_by_key(|(_, e)| e.since);
+        let oldest = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.stage == stage && !(stage == Stage::Handshake && e.hello))
+            .min_by_key(|(_, e)| e.since);
         match oldest {
             Some((id, e)) if now.duration_since(e.since) >= EVICT_AFTER => Ok(*id),
             Some((_, e)) => Err(Some(e.since + EVICT_AFTER)),
@@ -147,7 +157,9 @@ impl Conns {
         let id = t.next;
         t.next += 1;
         let close = Arc::new(Notify::new());
-        t.entries.insert(id, Entry { stage: Stage::Handshake, since: Instant::now(), close: close.clone() });
+        let entry =
+            Entry { stage: Stage::Handshake, since: Instant::now(), hello: false, close: close.clone() };
+        t.entries.insert(id, entry);
         t.handshakes += 1;
         (Ticket { conns: self.clone(), id, close }, evicted)
     }
@@ -164,6 +176,13 @@ impl Ticket {
     /// Ready once the connection was closed to make room for another.
     pub async fn closed(&self) {
         self.close.notified().await
+    }
+
+    /// Its ClientHello came whole: no longer closed for room.
+    pub fn said_hello(&self) {
+        if let Some(e) = self.conns.lock().entries.get_mut(&self.id) {
+            e.hello = true;
+        }
     }
 
     /// What the connection's requests report their stage through.
@@ -293,6 +312,31 @@ mod tests {
         assert!(!evicted && !was_closed(&c));
         drop(a);
         assert_eq!(conns.counts(), (2, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handshake_under_way_is_not_closed_for_room() {
+        let conns = Conns::new(2, 4);
+        let (under_way, _) = conns.admit();
+        under_way.said_hello();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (stalled, _) = conns.admit();
+        // The one under way is older, but the stalled one goes, once it had its time.
+        let t = Instant::now();
+        conns.room_for_handshake().await;
+        assert_eq!(t.elapsed(), EVICT_AFTER);
+        let (next, evicted) = conns.admit();
+        assert!(evicted && was_closed(&stalled) && !was_closed(&under_way));
+        // With none stalled, room comes only when one ends.
+        next.said_hello();
+        let waiting = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.room_for_handshake().await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiting.is_finished());
+        drop(under_way);
+        waiting.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
