@@ -144,7 +144,8 @@ impl Conns {
     /// A new connection in its handshake. Where the handshakes are full,
     /// the oldest one that has had its time is closed for it (the returned
     /// `true`). Call it after [`Conns::room_for_handshake`]: places only
-    /// free up and ages only grow in between.
+    /// free up and ages only grow in between (should that one's ClientHello
+    /// come whole in between, this one is taken all the same: one over).
     pub fn admit(self: &Arc<Self>) -> (Ticket, bool) {
         let mut t = self.lock();
         let mut evicted = false;
