@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let daemon_line = !args.get(1).is_some_and(|w| cli::is_command(w));
+    let daemon_line = !cli::is_command_line(&args);
     let invocation = match cli::parse(args) {
         Ok(i) => i,
         Err(e) => {
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            tracing::error!(error = %e, "could not start the async runtime");
+            eprintln!("tcpx-rxdm: could not start the async runtime: {e}");
             failed_status(&format!("could not start the async runtime: {e}"), 1);
             return ExitCode::from(1);
         }
@@ -56,7 +56,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line per fatal error: the log goes to stderr, i.e. the journal.
-            tracing::error!(error = %e, "tcpx-rxdm stopped");
+            // A filter that hides errors (RUST_LOG=off, a target-only
+            // directive) must not make a failed start silent.
+            if tracing::enabled!(tracing::Level::ERROR) {
+                tracing::error!(error = %e, "tcpx-rxdm stopped");
+            } else {
+                eprintln!("tcpx-rxdm: {e}");
+            }
             failed_status(&e.to_string(), e.exit_code().into());
             ExitCode::from(e.exit_code())
         }
@@ -81,7 +87,7 @@ async fn serve(flags: Flags) -> Result<(), daemon::DaemonError> {
 
 fn init_logging(flags: &Flags) {
     let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&flags.log_level))
+        .or_else(|_| EnvFilter::try_new(flags.log_level.name()))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder =
@@ -124,6 +130,10 @@ fn subcommand(invocation: Invocation) -> u8 {
         Invocation::Inject(inv) => tcpx_rxdm::inject::command::main(inv),
         Invocation::InjectServe(cfg) => tcpx_rxdm::inject::serve::main(*cfg),
         Invocation::Upgrade(opts) => tcpx_rxdm::upgrade::main(&opts),
+        Invocation::Version => {
+            println!("tcpx-rxdm {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
         Invocation::Completions(shell) => {
             cli::write_completions(shell, &mut std::io::stdout());
             0

@@ -20,7 +20,7 @@ const DAEMON_ONLY: [&str; 4] =
 
 #[test]
 fn help_lists_every_command_one_line_each_before_the_daemon_flags() {
-    let want = ["status", "doctor", "nccl-env", "inject", "upgrade", "completions", "man"];
+    let want = ["status", "doctor", "nccl-env", "inject", "upgrade", "completions", "man", "version"];
     assert!(want.iter().all(|w| commands().iter().any(|c| c == w)), "{:?}", commands());
     for args in [&["--help"][..], &["-h"], &["help"]] {
         let (code, out, err) = run_bin(args);
@@ -160,10 +160,87 @@ fn errors_name_the_real_cause() {
         let name = flag.split('=').next().unwrap();
         assert!(err.contains(name) && err.contains(why), "{flag}: {err}");
     }
-    // Daemon flags before a command: an error that says so.
-    let (code, _, err) = run_bin(&["--uds_path=/tmp/x", "status"]);
+}
+
+#[test]
+fn options_before_a_command_are_the_commands_as_with_kubectl() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("nobody-here");
+    let flag = format!("--uds_path={}", uds.display());
+    let (code, _, err) = run_bin(&[&flag, "status"]);
+    assert_eq!(code, 1, "asked the folder given before the command: {err}");
+    assert!(err.contains(&format!("no daemon answers at {}", uds.display())), "{err}");
+    let (same, _, err_after) = run_bin(&["status", &flag]);
+    assert_eq!((same, err_after), (code, err));
+    // The value in the next word, and an option the command does not take.
+    let (code, _, err) = run_bin(&["--uds_path", uds.to_str().unwrap(), "status", "--json"]);
+    assert!(code == 1 && err.contains("no daemon answers"), "{err}");
+    let (code, _, err) = run_bin(&["--metrics_address=:1", "upgrade"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("status") && err.contains("--uds_path"), "{err}");
+    assert!(err.contains("--metrics_address") && err.contains("Usage: tcpx-rxdm upgrade"), "{err}");
+}
+
+#[test]
+fn version_as_a_command_too() {
+    let (code, out, err) = run_bin(&["version"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, format!("tcpx-rxdm {}\n", env!("CARGO_PKG_VERSION")).as_str()),
+        "{err}"
+    );
+}
+
+#[test]
+fn reference_flags_we_do_not_take_name_what_to_do_instead() {
+    for (name, instead) in tcpx_rxdm::config::retired::RETIRED {
+        // (`-helpfull` is `-h` and more letters: the help itself.)
+        let single = (!name.starts_with('h')).then(|| format!("-{name}=1"));
+        for typed in std::iter::once(format!("--{name}")).chain(single) {
+            let (code, _, err) = run_bin(&[&typed]);
+            assert_eq!(code, 2, "{typed}: {err}");
+            assert!(err.contains(&format!("--{name} is a flag the reference tcpgpudmarxd takes")), "{err}");
+            assert!(err.contains(instead), "{typed}: {err}");
+        }
+    }
+    let (code, _, err) = run_bin(&["--enable_quickack"]);
+    assert!(code == 2 && err.contains("--setup_param=\"--verbose 128 2 1\""), "{err}");
+    // On a command that takes the daemon's flags, with that command's usage.
+    let (code, _, err) = run_bin(&["doctor", "--logtostderr"]);
+    assert!(code == 2 && err.contains("stderr") && err.contains("Usage: tcpx-rxdm doctor"), "{err}");
+}
+
+#[test]
+fn log_level_takes_the_levels_listed_and_refuses_others_by_name() {
+    for bad in ["verbose", "warn,tcpx_rxdm=debug"] {
+        let (code, _, err) = run_bin(&[&format!("--log_level={bad}")]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains("--log_level") && err.contains("error, warn, info, debug, trace"), "{err}");
+    }
+    let (code, out, _) = run_bin(&["--log_level=warning", "--show_version"]);
+    assert_eq!((code, out.starts_with("tcpx-rxdm ")), (0, true));
+}
+
+#[test]
+fn a_failed_start_is_printed_whatever_the_log_filter() {
+    // A NIC that is not there: exit 2 before anything is touched.
+    let dir = tempfile::tempdir().unwrap();
+    let line =
+        ["--gpu_nic_preset=a3vm", "--metrics_address=", &format!("--uds_path={}", dir.path().display())];
+    for (level, filter) in [
+        ("--log_level=error", None),
+        ("--log_level=info", Some("off")),
+        ("--log_level=info", Some("warning")),
+    ] {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(line).arg(level).env_remove("RUST_LOG");
+        if let Some(f) = filter {
+            cmd.env("RUST_LOG", f);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{level} RUST_LOG={filter:?}: {err}");
+        assert!(err.contains("eth1"), "{level} RUST_LOG={filter:?}: the cause is not printed: {err:?}");
+    }
 }
 
 #[test]

@@ -210,6 +210,13 @@ fn migrating_lists_every_daemon_flag() {
     for f in refused.iter().filter(|f| help.contains_key(*f)) {
         problems.push(format!("{f} is listed as not accepted but --help has it"));
     }
+    // Those the daemon refuses with a way forward (`config::retired`) are the ones listed.
+    let retired: BTreeSet<String> =
+        tcpx_rxdm::config::retired::RETIRED.iter().map(|(n, _)| format!("--{n}")).collect();
+    for f in refused.symmetric_difference(&retired) {
+        problems
+            .push(format!("{f}: listed as not accepted, or refused with advice (config::retired), not both"));
+    }
     assert!(problems.is_empty(), "docs/MIGRATING.md, section Flags:\n{}", problems.join("\n"));
 }
 

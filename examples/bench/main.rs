@@ -345,14 +345,11 @@ fn start_daemon(bin: &Path, extra: &[String]) -> (Server, Duration) {
 fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(bin);
-    cmd.args([
-        "--gpu_nic_preset=sim",
-        &format!("--metrics_address={metrics}"),
-        "--nomonitor_shutdown",
-        "--log_level=warn,tcpx_rxdm::daemon=info",
-    ])
-    .arg(format!("--uds_path={}", dir.path().display()))
-    .args(extra);
+    cmd.args(["--gpu_nic_preset=sim", &format!("--metrics_address={metrics}"), "--nomonitor_shutdown"])
+        .arg(format!("--uds_path={}", dir.path().display()))
+        .args(extra)
+        // Per-module filters are RUST_LOG's (--log_level takes one level).
+        .env("RUST_LOG", "warn,tcpx_rxdm::daemon=info");
     let sock = dir.path().join("rx_rule_manager");
     let t = Instant::now();
     let s = spawn_until(cmd, true, READY_LINE, dir, sock);

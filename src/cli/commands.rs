@@ -235,3 +235,10 @@ pub fn man() -> Command {
                 .help("Write every page into DIR instead"),
         )
 }
+
+pub fn version() -> Command {
+    Command::new("version").about("Print the version (as --version and --show_version do)").long_about(
+        "Prints `tcpx-rxdm VERSION`, as --version and the reference's --show_version do. The \
+             running daemon's version is in `tcpx-rxdm status` (its first line).",
+    )
+}

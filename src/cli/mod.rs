@@ -45,6 +45,8 @@ pub enum Invocation {
     InjectServe(Box<ServeConfig>),
     Upgrade(upgrade::Options),
     Completions(Shell),
+    /// `version`: what `--version` prints.
+    Version,
     /// The man page on stdout, or every page written to a folder.
     Man {
         dir: Option<PathBuf>,
@@ -76,21 +78,29 @@ pub fn command() -> Command {
         .subcommand(commands::upgrade())
         .subcommand(commands::completions())
         .subcommand(commands::man())
+        .subcommand(commands::version())
         .after_help(AFTER_HELP)
 }
 
-/// Whether `word` names a command (so that an error is not the daemon's).
-pub fn is_command(word: &str) -> bool {
-    command().find_subcommand(word).is_some() || word == "help"
+/// Whether the command line (program name first) runs a command rather
+/// than the daemon (so that an error is not the daemon's).
+pub fn is_command_line(args: &[String]) -> bool {
+    let cmd = command();
+    let argv = absl::options_after_command(&cmd, absl::normalize(&cmd, args.iter().cloned()));
+    argv.get(1).is_some_and(|w| cmd.find_subcommand(w).is_some() || w == "help")
 }
 
 /// Parses a command line (program name first). Never panics and never
 /// exits: `--help`, `--version` and bad command lines are errors to print
-/// (`exit_code()` 0 for the first two, 2 for usage errors).
+/// (`exit_code()` 0 for the first two, 2 for usage errors). Options given
+/// before a command's name are the command's (`--uds_path=/x status`).
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Invocation, clap::Error> {
     let mut cmd = command();
-    let argv = absl::normalize(&cmd, args);
-    let m = cmd.try_get_matches_from_mut(argv)?;
+    let argv = absl::options_after_command(&cmd, absl::normalize(&cmd, args));
+    let m = match cmd.try_get_matches_from_mut(argv.clone()) {
+        Ok(m) => m,
+        Err(e) => return Err(retired_flag(&mut cmd, &argv, e)),
+    };
     let Some((name, sub)) = m.subcommand() else {
         return Flags::from_matches(&mut cmd, &m).map(|f| Invocation::Daemon(Box::new(f)));
     };
@@ -122,10 +132,32 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Invocation, clap
         "upgrade" => Invocation::Upgrade(commands::upgrade_options(sub)),
         "completions" => Invocation::Completions(*sub.get_one::<Shell>("shell").expect("required")),
         "man" => Invocation::Man { dir: sub.get_one::<PathBuf>("dir").cloned() },
+        "version" => Invocation::Version,
         other => {
             return Err(clap::Error::raw(ErrorKind::InvalidSubcommand, format!("no such command {other}\n")))
         }
     })
+}
+
+/// An unknown flag that a reference daemon's command line may carry
+/// (`--enable_quickack`, absl's logging flags): the error says what to do
+/// instead, still a usage error (exit 2). Any other error is returned as is.
+fn retired_flag(cmd: &mut Command, argv: &[String], e: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return e;
+    }
+    let Some(ContextValue::String(typed)) = e.get(ContextKind::InvalidArg) else { return e };
+    let Some((name, instead)) = crate::config::retired::instead_of(typed) else { return e };
+    cmd.build();
+    let target = match argv.get(1).and_then(|w| cmd.find_subcommand_mut(w)) {
+        Some(sub) => sub,
+        None => cmd,
+    };
+    target.error(
+        ErrorKind::UnknownArgument,
+        format!("--{name} is a flag the reference tcpgpudmarxd takes and tcpx-rxdm does not: {instead}"),
+    )
 }
 
 /// Writes the completion script for `shell`.

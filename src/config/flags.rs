@@ -11,8 +11,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+pub use super::flag_values::{parse_byte_size, ListenAddr, LogLevel, UDS_PATH_MAX};
 use super::flag_values::{parse_listen_addr, parse_mode, parse_uds_path, parse_wait};
-pub use super::flag_values::{ListenAddr, UDS_PATH_MAX};
 use crate::gpu::BinderKind;
 use crate::gpu::ShmemType;
 use crate::host::tuning::TuningParams;
@@ -163,8 +163,9 @@ pub struct Flags {
     /// Folder for the Unix sockets (created if missing).
     #[arg(long = "uds_path", default_value = "/run/tcpx", value_parser = parse_uds_path)]
     pub uds_path: PathBuf,
-    /// Bytes per GPU pool; 0 = the topology's value or 4 GiB.
-    #[arg(long = "rx_pool_size", default_value_t = 0)]
+    /// Bytes per GPU pool, or with a unit: K, M, G, T (powers of 1024: 2G =
+    /// 2147483648); 0 = the topology's value or 4 GiB.
+    #[arg(long = "rx_pool_size", default_value = "0", value_parser = parse_byte_size)]
     pub rx_pool_size: u64,
     /// Rule slots per NIC; 0 = the topology's value. Ignored for a3vm.
     #[arg(long = "max_rx_rules", default_value_t = 0)]
@@ -221,9 +222,11 @@ pub struct Flags {
     /// Log format.
     #[arg(long = "log_format", value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides.
-    #[arg(long = "log_level", default_value = "info")]
-    pub log_level: String,
+    /// Least severe events logged (warning is taken for warn); a fatal error is
+    /// printed whatever the level. RUST_LOG, a tracing filter with per-module
+    /// directives, overrides it.
+    #[arg(long = "log_level", value_enum, ignore_case = true, default_value = "info")]
+    pub log_level: LogLevel,
     /// Root of sysfs (default /hostsysfs when present, else /sys).
     #[arg(long = "sysfs_root")]
     pub sysfs_root: Option<PathBuf>,
