@@ -118,6 +118,49 @@ fn completions_for_each_shell_name_the_commands() {
     assert!(err.contains("possible values") && err.contains("bash"), "{err}");
 }
 
+/// What bash's completion offers for the last of `words` (the script as
+/// installed, its function found with `complete -p`, called as bash calls it).
+fn bash_completes(script: &std::path::Path, words: &[&str]) -> Vec<String> {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let program = format!(
+        "source '{}'\n\
+         f=$(complete -p tcpx-rxdm | sed -n 's/.* -F \\([^ ]*\\) .*/\\1/p')\n\
+         [ -n \"$f\" ] || {{ echo 'no completion function for tcpx-rxdm' >&2; exit 3; }}\n\
+         COMP_WORDS=({})\nCOMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))\n\
+         \"$f\" tcpx-rxdm \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        quoted.join(" ")
+    );
+    let out = std::process::Command::new("bash").args(["--norc", "--noprofile", "-c", &program]).output();
+    let out = out.expect("bash runs (the completion test needs it)");
+    assert!(out.status.success(), "{words:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+}
+
+#[test]
+fn bash_completes_the_options_of_each_command() {
+    let (code, script, _) = run_bin(&["completions", "bash"]);
+    assert_eq!(code, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tcpx-rxdm");
+    std::fs::write(&path, script).unwrap();
+    for (words, want) in [
+        (&["tcpx-rxdm", "st"][..], "status"),
+        (&["tcpx-rxdm", "--uds"], "--uds_path"),
+        (&["tcpx-rxdm", "inject", "--im"], "--image"),
+        (&["tcpx-rxdm", "inject", "serve", "--on"], "--on-error"),
+        (&["tcpx-rxdm", "nccl-env", "--for"], "--format"),
+        (&["tcpx-rxdm", "status", "--js"], "--json"),
+        (&["tcpx-rxdm", "doctor", "--gpu_nic"], "--gpu_nic_preset"),
+        (&["tcpx-rxdm", "upgrade", "--ti"], "--timeout"),
+        (&["tcpx-rxdm", "completions", "ba"], "bash"),
+    ] {
+        let offered = bash_completes(&path, words);
+        assert!(offered.iter().any(|o| o == want), "{words:?}: offered {offered:?}, not {want}");
+    }
+}
+
 #[test]
 fn the_man_pages_come_from_the_same_definitions() {
     let (code, out, _) = run_bin(&["man"]);

@@ -162,7 +162,27 @@ fn retired_flag(cmd: &mut Command, argv: &[String], e: clap::Error) -> clap::Err
 
 /// Writes the completion script for `shell`.
 pub fn write_completions(shell: Shell, out: &mut dyn std::io::Write) {
-    clap_complete::generate(shell, &mut command(), "tcpx-rxdm", out);
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command(), BIN_NAME, &mut script);
+    if shell == Shell::Bash {
+        script = bash_case_labels_fixed(&script);
+    }
+    let _ = out.write_all(&script);
+}
+
+const BIN_NAME: &str = "tcpx-rxdm";
+
+/// clap_complete (4.6.11, the newest) names a subcommand's state in bash
+/// `tcpx__rxdm__subcmd__inject` where it walks the words, but labels the
+/// branch that completes its options `tcpx__subcmd__rxdm__subcmd__inject`
+/// (the hyphen in the binary's name turned into a separator): no branch
+/// matched, so no subcommand's options were offered. The labels are renamed
+/// to the states.
+fn bash_case_labels_fixed(script: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(script);
+    let wrong = format!("{}__subcmd__", BIN_NAME.replace('-', "__subcmd__"));
+    let right = format!("{}__subcmd__", BIN_NAME.replace('-', "__"));
+    text.replace(&wrong, &right).into_bytes()
 }
 
 /// Writes the top-level man page, or every page into `dir` (returning their paths).
