@@ -166,12 +166,28 @@ fn the_man_pages_come_from_the_same_definitions() {
     let (code, out, _) = run_bin(&["man"]);
     assert_eq!(code, 0);
     assert!(out.starts_with(".ie") && out.contains(".TH tcpx-rxdm 1"), "{out}");
-    let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = run_bin(&["man", &format!("--dir={}", dir.path().display())]);
+    assert!(out.contains(".SH \"EXIT STATUS\"") && out.contains(".SH \"SIGNALS\""), "{out}");
+    // A folder not there yet is made, as `install -D` would.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("share/man/man1");
+    let (code, out, err) = run_bin(&["man", &format!("--dir={}", dir.display())]);
     assert_eq!(code, 0, "{err}");
     for c in commands() {
-        let page = dir.path().join(format!("tcpx-rxdm-{c}.1"));
+        let page = dir.join(format!("tcpx-rxdm-{c}.1"));
         assert!(page.is_file() && out.contains(&page.display().to_string()), "{c}: {out}");
+    }
+    // Every page another page points to was written; on stdout too.
+    let (_, top, _) = run_bin(&["man"]);
+    let pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .chain(std::iter::once(top))
+        .collect();
+    for page in &pages {
+        for named in page.split_whitespace().filter(|w| w.starts_with("tcpx") && w.ends_with("(1)")) {
+            let file = named.trim_end_matches("(1)").replace("\\-", "-");
+            assert!(dir.join(format!("{file}.1")).is_file(), "{named} is named but no page was written");
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use daemon_args::DAEMON_HEADING;
 mod commands;
 mod daemon_args;
 mod inject_args;
+pub mod pages;
 
 /// What the command line asks for.
 #[derive(Debug)]
@@ -53,16 +54,6 @@ pub enum Invocation {
     },
 }
 
-/// How to read the top-level page.
-const AFTER_HELP: &str = "\
-Without a command, tcpx-rxdm runs the daemon with the daemon flags above (the
-reference tcpgpudmarxd's flags, in its absl forms: --flag=V, --flag V, -flag=V,
--flag V; booleans also --flag and --noflag). A flag given again overrides the
-earlier value, so words appended to a command line change any flag it already
-sets; only --sim_fault and --sim_delay add up.
-
-`tcpx-rxdm help COMMAND` (or `tcpx-rxdm COMMAND --help`) shows a command's page.";
-
 /// The whole tree.
 pub fn command() -> Command {
     Flags::command()
@@ -79,7 +70,8 @@ pub fn command() -> Command {
         .subcommand(commands::completions())
         .subcommand(commands::man())
         .subcommand(commands::version())
-        .after_help(AFTER_HELP)
+        .after_help(pages::after_help())
+        .after_long_help(pages::after_long_help())
 }
 
 /// Whether the command line (program name first) runs a command rather
@@ -190,19 +182,7 @@ pub fn write_man(
     dir: Option<&std::path::Path>,
     out: &mut dyn std::io::Write,
 ) -> std::io::Result<Vec<PathBuf>> {
-    match dir {
-        None => clap_mangen::Man::new(command()).render(out).map(|()| Vec::new()),
-        Some(dir) => {
-            clap_mangen::generate_to(command(), dir)?;
-            let mut pages: Vec<PathBuf> = std::fs::read_dir(dir)?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "1"))
-                .collect();
-            pages.sort();
-            Ok(pages)
-        }
-    }
+    pages::write_man(command(), dir, out)
 }
 
 #[cfg(test)]
