@@ -80,9 +80,19 @@ fn failed_status(why: &str, code: i32) {
 async fn serve(flags: Flags) -> Result<(), daemon::DaemonError> {
     // Handlers first, so that a signal during startup is kept, not fatal.
     let shutdown = daemon::shutdown_on_signals(flags.node_wide).map_err(daemon::DaemonError::Signals)?;
-    let mut config = daemon::load_config_waiting_for_nics(flags).await?;
+    let mut shutdown = Box::pin(shutdown);
+    // Nothing is touched while waiting for NICs: a signal ends the wait at once, exit 0.
+    let loaded = tokio::select! {
+        loaded = daemon::load_config_waiting_for_nics(flags) => loaded?,
+        why = &mut shutdown => {
+            tracing::info!(reason = %why, "stopped while waiting for the NICs; nothing was touched");
+            daemon::notify::send(&daemon::notify::status(&format!("stopped while waiting for the NICs: {why}")));
+            return Ok(());
+        }
+    };
+    let daemon::Loaded { mut config, dir } = loaded;
     let backends = daemon::select_backends(&mut config)?;
-    daemon::run(config, backends, shutdown).await
+    daemon::run_in(config, backends, shutdown, dir).await
 }
 
 fn init_logging(flags: &Flags) {

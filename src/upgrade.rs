@@ -85,6 +85,8 @@ struct Daemon {
     pid: u32,
     process: Process,
     ready: bool,
+    /// What it waits for, while it is starting (`--wait_for_nics`).
+    starting: Option<String>,
 }
 
 impl Daemon {
@@ -109,7 +111,8 @@ fn answering(uds: &Path, wait: Duration) -> Result<Daemon, String> {
              a takeover may be under way; try again"
         ));
     }
-    Ok(Daemon { pid, process, ready: v["ready"].as_bool() == Some(true) })
+    let starting = v["starting"]["waiting_for"].as_str().map(str::to_string);
+    Ok(Daemon { pid, process, ready: v["ready"].as_bool() == Some(true), starting })
 }
 
 /// The daemon serving `uds`, checked able to take part in an upgrade.
@@ -136,6 +139,11 @@ fn serving_daemon(uds: &Path) -> Result<Daemon, String> {
         ));
     }
     let pid = d.pid;
+    if let Some(what) = &d.starting {
+        return Err(format!(
+            "pid {pid} is still starting (waiting for {what}): there is nothing to hand over yet; nothing sent"
+        ));
+    }
     let Some(here) = d.process.pid_here() else {
         return Err(format!(
             "pid {pid} runs in a pid namespace this command cannot see into: run it where the daemon runs"

@@ -174,7 +174,7 @@ fn readme_flag_table_matches_help() {
 }
 
 /// README's table that starts with the header row `header`, as rows of cells.
-fn table_after<'a>(doc: &'a str, header: &str) -> Vec<Vec<String>> {
+fn table_after(doc: &str, header: &str) -> Vec<Vec<String>> {
     let at = doc.find(header).unwrap_or_else(|| panic!("no table with header {header:?}"));
     table_rows(&doc[at..])
 }

@@ -151,20 +151,12 @@ pub fn nccl_env_options(cmd: &mut Command, m: &ArgMatches) -> Result<NcclOptions
     Ok(NcclOptions { format, check, env_file, json, machine: m.get_one::<String>("machine").cloned() })
 }
 
-/// A duration: whole seconds, or a number with `ms`, `s` or `m`; more than
-/// zero and at most an hour.
+/// A duration as the daemon's duration flags take it, more than zero.
 fn upgrade_timeout(s: &str) -> Result<Duration, String> {
-    let (digits, ms) = match (s.strip_suffix("ms"), s.strip_suffix('s'), s.strip_suffix('m')) {
-        (Some(d), _, _) => (d, 1),
-        (None, Some(d), _) => (d, 1000),
-        (None, None, Some(d)) => (d, 60_000),
-        _ => (s, 1000),
-    };
-    let total = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(ms));
-    total
-        .filter(|t| (1..=3_600_000).contains(t))
-        .map(Duration::from_millis)
-        .ok_or_else(|| "expected a duration above 0, up to 1 hour: 60, 60s, 1500ms, 2m".into())
+    crate::config::flags::parse_wait(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| "expected a duration above 0, up to 1 hour: 60, 60s, 1500ms, 2m or 1h".into())
 }
 
 /// `upgrade`: the folder (the daemon's own `--uds_path`, with its default
@@ -193,7 +185,7 @@ pub fn upgrade() -> Command {
                 .value_name("DURATION")
                 .default_value("60s")
                 .value_parser(upgrade_timeout)
-                .help("How long to wait: seconds, or with a unit (500ms, 90s, 2m)"),
+                .help("How long to wait: seconds, or with a unit (500ms, 90s, 2m, 1h)"),
         )
         .after_help(
             "Exit status: 0 upgraded; 1 not upgraded (the old daemon serves on; its log says why); \

@@ -35,24 +35,26 @@ pub(super) fn parse_uds_path(s: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(s))
 }
 
-/// `--wait_for_nics`: whole seconds, or a number with `ms`, `s` or `m`.
-pub(super) fn parse_wait(s: &str) -> Result<Duration, String> {
-    let (digits, unit_ms) = if let Some(d) = s.strip_suffix("ms") {
-        (d, 1)
-    } else if let Some(d) = s.strip_suffix('s') {
-        (d, 1000)
-    } else if let Some(d) = s.strip_suffix('m') {
-        (d, 60_000)
-    } else {
-        (s, 1000)
+/// A duration flag (`--wait_for_nics`, `--takeover_timeout`, `upgrade
+/// --timeout`): whole seconds, or a whole number with `ms`, `s`, `m` (or
+/// `min`) or `h`, as systemd writes time spans; at most an hour.
+pub fn parse_wait(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let unit_ms = match unit {
+        "ms" => Some(1),
+        "" | "s" => Some(1000),
+        "m" | "min" => Some(60_000),
+        "h" => Some(3_600_000),
+        _ => None,
     };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit_ms))
+    unit_ms
+        .zip(digits.parse::<u64>().ok())
+        .and_then(|(unit, n)| n.checked_mul(unit))
         .filter(|ms| *ms <= 3_600_000)
         .map(Duration::from_millis)
-        .ok_or_else(|| "expected a duration of at most 1 hour: 90, 90s, 1500ms or 2m".into())
+        .ok_or_else(|| "expected a duration of at most 1 hour: 90, 90s, 1500ms, 2m or 1h".into())
 }
 
 /// `--metrics_address`: `None` when set empty (HTTP disabled).

@@ -11,8 +11,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-pub use super::flag_values::{parse_byte_size, ListenAddr, LogLevel, UDS_PATH_MAX};
-use super::flag_values::{parse_listen_addr, parse_mode, parse_uds_path, parse_wait};
+pub use super::flag_values::{parse_byte_size, parse_wait, ListenAddr, LogLevel, UDS_PATH_MAX};
+use super::flag_values::{parse_listen_addr, parse_mode, parse_uds_path};
 use crate::gpu::BinderKind;
 use crate::gpu::ShmemType;
 use crate::host::tuning::TuningParams;
@@ -282,8 +282,9 @@ pub struct Flags {
           default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub node_wide: bool,
     /// How long to wait for the topology's NICs to appear (a NIC slow to come up at
-    /// boot) before failing: seconds, or with a unit (500ms, 90s, 2m); 0 fails at once.
-    /// With discovery (auto, a6) it waits until discovery finds the NICs.
+    /// boot) before failing: seconds, or with a unit (500ms, 90s, 2m, 1h); 0 fails at
+    /// once. With discovery (auto, a6) it waits until discovery finds the NICs.
+    /// `tcpx-rxdm status` says what it waits for; SIGTERM ends the wait (exit 0).
     #[arg(long = "wait_for_nics", default_value = "0", value_parser = parse_wait)]
     pub wait_for_nics: Duration,
     /// Take over the NICs, pools, rules and clients of the daemon serving this

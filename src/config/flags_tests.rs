@@ -194,7 +194,9 @@ fn wait_for_nics_takes_seconds_or_a_unit() {
     assert_eq!(parse(&["--wait_for_nics=90s"]).unwrap().wait_for_nics, Duration::from_secs(90));
     assert_eq!(parse(&["--wait_for_nics", "1500ms"]).unwrap().wait_for_nics, Duration::from_millis(1500));
     assert_eq!(parse(&["--wait_for_nics=2m"]).unwrap().wait_for_nics, Duration::from_secs(120));
-    for bad in ["-1", "soon", "5h", "61m", ""] {
+    assert_eq!(parse(&["--wait_for_nics=2min"]).unwrap().wait_for_nics, Duration::from_secs(120));
+    assert_eq!(parse(&["--wait_for_nics=1h"]).unwrap().wait_for_nics, Duration::from_secs(3600));
+    for bad in ["-1", "soon", "5h", "61m", "", "1.5s", "2 m"] {
         let e = parse(&[&format!("--wait_for_nics={bad}")]).unwrap_err();
         assert!(e.to_string().contains("--wait_for_nics"), "{bad}: {e}");
     }

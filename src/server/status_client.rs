@@ -84,6 +84,17 @@ fn human_duration(secs: f64) -> String {
 /// The `status` reply for people.
 pub fn status_text(v: &Value) -> String {
     let mut out = String::new();
+    if let Some(s) = v.get("starting") {
+        // A daemon waiting for its NICs (--wait_for_nics): nothing else to show yet.
+        return format!(
+            "tcpx-rxdm {} (pid {}): starting, waiting for {} ({} of up to {}; --wait_for_nics)\n",
+            v["version"].as_str().unwrap_or("?"),
+            v["pid"],
+            s["waiting_for"].as_str().unwrap_or("its NICs"),
+            human_duration(s["waited_seconds"].as_f64().unwrap_or(0.0)),
+            human_duration(s["wait_for_nics_seconds"].as_f64().unwrap_or(0.0)),
+        );
+    }
     let ready = if v["ready"].as_bool() == Some(true) { "ready" } else { "NOT ready" };
     out += &format!(
         "tcpx-rxdm {} (pid {}): {ready}, up {}\n",
