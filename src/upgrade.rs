@@ -125,7 +125,8 @@ fn serving_daemon(uds: &Path) -> Result<Daemon, String> {
             return Err(format!("no daemon serves {} ({} is missing)", uds.display(), lock.display()))
         }
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(format!("{}: permission denied: run as the daemon's user (root)", lock.display()))
+            let hint = crate::server::status::run_as_hint(uds, "upgrade");
+            return Err(format!("{}: permission denied: {hint}", lock.display()));
         }
         Err(e) => return Err(format!("{}: {e}", lock.display())),
     };
@@ -176,7 +177,7 @@ pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
     let pid = old.pid;
     old.process.signal(nix::sys::signal::Signal::SIGUSR2).map_err(|e| match e {
         nix::errno::Errno::EPERM => {
-            format!("not allowed to signal pid {pid}: run as the daemon's user (root)")
+            format!("not allowed to signal pid {pid}: {}", crate::server::status::run_as_hint(uds, "upgrade"))
         }
         nix::errno::Errno::ESRCH => format!("pid {pid} exited before it was asked; nothing sent"),
         e => format!("signalling pid {pid}: {e}"),

@@ -298,7 +298,7 @@ pub async fn status_json(state: &ServerState) -> Value {
 
 #[path = "status_client.rs"]
 mod client;
-pub use client::{ask, ask_on, client_main, connect, flows_text, status_text};
+pub use client::{ask, ask_on, client_main, connect, daemon_user, flows_text, run_as_hint, status_text};
 
 #[cfg(test)]
 mod tests {

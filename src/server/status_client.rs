@@ -26,11 +26,38 @@ pub fn connect(uds: &Path) -> Result<std::os::unix::net::UnixStream, String> {
         ),
         std::io::ErrorKind::PermissionDenied => format!(
             "{}: permission denied: it shows every client's flows, so only the daemon's user may read it \
-             (--status_socket_mode, 0600 by default); run as that user (root)",
-            path.display()
+             (--status_socket_mode, 0600 by default); {}",
+            path.display(),
+            run_as_hint(uds, "status")
         ),
         _ => format!("{}: {e}", path.display()),
     })
+}
+
+/// Who the daemon serving `uds` runs as, as far as this user can tell: the
+/// owner of its status socket, else of its lock file, else of the folder;
+/// with the file that told.
+pub fn daemon_user(uds: &Path) -> Option<(u32, std::path::PathBuf)> {
+    let files = [uds.join(SOCKET), uds.join(crate::server::socket_dir::LOCK_FILE), uds.to_path_buf()];
+    files.into_iter().find_map(|f| crate::host::users::owner(&f).map(|uid| (uid, f)))
+}
+
+/// What to do when the daemon's files are not this user's to use: run
+/// `tcpx-rxdm COMMAND` as the user who owns them, named.
+pub fn run_as_hint(uds: &Path, command: &str) -> String {
+    let line = format!("tcpx-rxdm {command} --uds_path={}", uds.display());
+    match daemon_user(uds) {
+        Some((0, file)) => format!("run it as root, who owns {} (`sudo {line}`)", file.display()),
+        Some((uid, file)) => {
+            let who = crate::host::users::describe(uid);
+            let name = who.split(' ').next().unwrap_or_default();
+            format!(
+                "run it as the daemon's user, {who}, who owns {} (`sudo -u {name} {line}`)",
+                file.display()
+            )
+        }
+        None => format!("run it as the daemon's user (`{line}`)"),
+    }
 }
 
 /// Sends `request` on a connection already made to the status socket and
