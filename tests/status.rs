@@ -158,9 +158,11 @@ fn flows_larger_than_a_frame_arrive_whole() {
 
 #[test]
 fn status_answers_not_ready_while_startup_finishes() {
-    // Every private-flag change takes 300 ms: enabling header split on four
-    // NICs after the status socket opened keeps startup going for seconds.
-    let d = no_http(&["--sim_delay=set_priv_flag:300"]);
+    // Every private-flag change takes 500 ms: enabling header split on four
+    // NICs, one after another, after the status socket opened keeps startup
+    // going for 4 s, against one status call. (Priming makes the same
+    // changes, before the socket opens, so a held call would hold it shut.)
+    let d = no_http(&["--sim_delay=set_priv_flag:500"]);
     let sock = d.dir.path().join("rxdm_status");
     wait_until(Duration::from_secs(20), || sock.exists());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

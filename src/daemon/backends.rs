@@ -66,10 +66,7 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
             sim.inject(f.clone());
         }
         for d in &flags.sim_delay {
-            match &d.ifname {
-                Some(ifname) => sim.delay_on(ifname, d.op, d.by),
-                None => sim.delay(d.op, d.by),
-            }
+            sim.stall(d.ifname.as_deref(), d.op, d.stall());
         }
         Arc::new(sim)
     } else {

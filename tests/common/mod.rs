@@ -69,6 +69,39 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
     t.elapsed()
 }
 
+/// A simulated NIC operation held until the test lets it go
+/// (`--sim_delay=OP:until=FILE[:IFNAME]`): tests of "nothing waits for a
+/// slow NIC" assert order, not time.
+pub struct Hold {
+    _dir: tempfile::TempDir,
+    go: PathBuf,
+}
+
+impl Hold {
+    pub fn new() -> Hold {
+        let dir = tempfile::tempdir().unwrap();
+        let go = dir.path().join("go");
+        Hold { _dir: dir, go }
+    }
+
+    /// The daemon flag holding every call of `op` (on `ifname`, or every NIC).
+    pub fn flag(&self, op: &str, ifname: Option<&str>) -> String {
+        let on = ifname.map(|i| format!(":{i}")).unwrap_or_default();
+        format!("--sim_delay={op}:until={}{on}", self.go.display())
+    }
+
+    /// Waits until a call is held (up to a minute, which only bounds a hang).
+    pub fn wait_held(&self) {
+        let marker = tcpx_rxdm::nic::sim::held_marker(&self.go);
+        wait_until(Duration::from_secs(60), || marker.exists());
+    }
+
+    /// Lets every held call go, and those to come.
+    pub fn release(&self) {
+        std::fs::write(&self.go, b"").unwrap();
+    }
+}
+
 pub struct Daemon {
     pub child: Child,
     pub dir: tempfile::TempDir,
