@@ -36,11 +36,34 @@ pub fn status() -> Command {
                 .help("What to ask: the daemon's status (default), flows, or mine"),
         )
         .arg(bool_arg("json").help("Print the daemon's answer as JSON"))
+        .arg(output_arg())
         // The daemon's others are accepted (a daemon's command line may be given), unused.
         .args(daemon_args(&["uds_path"]))
         .after_help(
             "Exit status: 0 answered and ready; 1 unreachable, refused or not ready; 2 bad arguments.",
         )
+}
+
+/// `-o json` / `--output=json`, as kubectl writes it: the same as `--json`.
+fn output_arg() -> Arg {
+    Arg::new("output")
+        .short('o')
+        .long("output")
+        .value_name("FORMAT")
+        .value_parser(["text", "json"])
+        .help("text (default) or json; -o json is --json")
+}
+
+/// Whether `--json` or `-o json` was asked for; the two differing is a usage error.
+pub fn json_output(cmd: &mut Command, m: &ArgMatches) -> Result<bool, clap::Error> {
+    let json = m.get_flag("json");
+    match m.get_one::<String>("output").map(String::as_str) {
+        Some("json") => Ok(true),
+        Some(_) if json => {
+            Err(cmd.error(ErrorKind::ArgumentConflict, "--json and --output=text differ: give one of them"))
+        }
+        _ => Ok(json),
+    }
 }
 
 /// The daemon's flags the doctor's checks read.
@@ -73,6 +96,7 @@ pub fn doctor() -> Command {
         )
         .args_override_self(true)
         .arg(bool_arg("json").help("Print the report as JSON"))
+        .arg(output_arg())
         .args(daemon_args(&DOCTOR_READS))
         .after_help("Exit status: 0 ready; 1 not ready; 2 bad flags.")
 }
@@ -96,6 +120,8 @@ pub fn nccl_env() -> Command {
         .arg(
             Arg::new("format")
                 .long("format")
+                .short('o')
+                .visible_alias("output")
                 .value_name("FORMAT")
                 .value_parser(PossibleValuesParser::new(Format::NAMES))
                 .default_value("env")

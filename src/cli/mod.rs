@@ -103,9 +103,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Invocation, clap
         "status" => Invocation::Status {
             flags: flags(sub_cmd, sub)?,
             what: sub.get_one::<String>("what").cloned(),
-            json: sub.get_flag("json"),
+            json: commands::json_output(sub_cmd, sub)?,
         },
-        "doctor" => Invocation::Doctor { flags: flags(sub_cmd, sub)?, json: sub.get_flag("json") },
+        "doctor" => {
+            Invocation::Doctor { flags: flags(sub_cmd, sub)?, json: commands::json_output(sub_cmd, sub)? }
+        }
         "nccl-env" => {
             let opts = commands::nccl_env_options(sub_cmd, sub)?;
             Invocation::NcclEnv { flags: flags(sub_cmd, sub)?, opts }

@@ -61,13 +61,24 @@ pub fn parse_wait(s: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListenAddr(pub Option<SocketAddr>);
 
+/// Also `:PORT` (every address, as Go servers and Prometheus write it) and
+/// `localhost:PORT` (loopback); no other host name is looked up.
 pub(super) fn parse_listen_addr(s: &str) -> Result<ListenAddr, String> {
     if s.is_empty() {
         return Ok(ListenAddr(None));
     }
-    s.parse()
-        .map(|a| ListenAddr(Some(a)))
-        .map_err(|_| "expected HOST:PORT, e.g. 0.0.0.0:9467, or empty".into())
+    let spelled = if let Some(port) = s.strip_prefix(':') {
+        format!("0.0.0.0:{port}")
+    } else if let Some(port) = s.strip_prefix("localhost:") {
+        format!("127.0.0.1:{port}")
+    } else {
+        s.to_string()
+    };
+    spelled.parse().map(|a| ListenAddr(Some(a))).map_err(|_| {
+        "expected IP:PORT (0.0.0.0:9467, 127.0.0.1:9467, [::]:9467), :PORT for every address, \
+         localhost:PORT, or empty to turn HTTP off"
+            .into()
+    })
 }
 
 /// `--log_level`: the least severe events logged. `RUST_LOG` (a tracing

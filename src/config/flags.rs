@@ -197,7 +197,8 @@ pub struct Flags {
     /// How pools are bound to NIC queues.
     #[arg(long = "bind_backend", default_value = "auto", value_parser = names_parser::<BinderKind>(BinderKind::NAMES))]
     pub bind_backend: BinderKind,
-    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz, /debug/*); empty disables.
+    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz, /debug/*): IP:PORT,
+    /// :PORT (every address) or localhost:PORT; empty disables.
     #[arg(long = "metrics_address", default_value = "0.0.0.0:9467", value_parser = parse_listen_addr)]
     pub metrics_address: ListenAddr,
     /// Mode of the socket files, octal.

@@ -252,3 +252,16 @@ fn rx_pool_size_takes_bytes_or_binary_units() {
     assert!(e.contains("1G or 1GiB"), "{e}");
     assert!(parse(&["--rx_pool_size=99999999T"]).unwrap_err().to_string().contains("64 bits"));
 }
+
+#[test]
+fn metrics_address_takes_the_forms_servers_are_given() {
+    let addr = |v: &str| parse(&[&format!("--metrics_address={v}")]).map(|f| f.metrics_address.0);
+    assert_eq!(addr(":9467").unwrap(), Some("0.0.0.0:9467".parse().unwrap()));
+    assert_eq!(addr("localhost:9000").unwrap(), Some("127.0.0.1:9000".parse().unwrap()));
+    assert_eq!(addr("[::1]:9467").unwrap(), Some("[::1]:9467".parse().unwrap()));
+    assert_eq!(addr("").unwrap(), None);
+    for bad in ["example.com:9467", "9467", ":http", "0.0.0.0"] {
+        let e = addr(bad).unwrap_err().to_string();
+        assert!(e.contains("--metrics_address") && e.contains("IP:PORT"), "{bad}: {e}");
+    }
+}
