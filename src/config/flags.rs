@@ -258,7 +258,8 @@ pub struct Flags {
     pub sim_fault: Vec<Fault>,
     /// Simulated NIC delay OP:DELAY or OP:DELAY:IFNAME for every call of OP, on every NIC or
     /// only IFNAME (repeatable); DELAY in milliseconds or with a unit, e.g.
-    /// del_rule:50, del_rule:50ms, add_rule:200us, add_rule:1000:eth1.
+    /// del_rule:50, del_rule:50ms, add_rule:200us, add_rule:1000:eth1; or until=FILE:
+    /// each call waits until FILE exists.
     #[arg(long = "sim_delay", action = ArgAction::Append)]
     pub sim_delay: Vec<SimDelay>,
     /// Claim simulated NICs too (real ones always are), so that a second
