@@ -135,7 +135,9 @@ fn shuffle<T>(v: &mut [T], mut seed: u64) {
 fn a_new_daemon_that_fails_at_any_step_leaves_the_old_one_serving_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");
-    let mut old = daemon(&folder, &["--takeover_timeout=2s"], &[]).ready();
+    // Each side waits 10 s for the other: a step of a loaded machine's new
+    // daemon fits; the stalled one is stopped after it.
+    let mut old = daemon(&folder, &["--takeover_timeout=10s"], &[]).ready();
     let pid = old.child.id();
     let holder = common::ClientProcess::run(
         &[(folder.join("rx_rule_manager"), install_frame(4000, GPU0))],
