@@ -40,7 +40,8 @@ pub fn status() -> Command {
         // The daemon's others are accepted (a daemon's command line may be given), unused.
         .args(daemon_args(&["uds_path"]))
         .after_help(
-            "Exit status: 0 answered and ready; 1 unreachable, refused or not ready; 2 bad arguments.",
+            "Exit status: 0 answered and ready; 1 unreachable, refused or not ready (still starting, e.g. \
+             waiting for its NICs: the first line says what for); 2 bad arguments.",
         )
 }
 
