@@ -299,3 +299,19 @@ fn open_files_are_judged_by_the_hard_limit_the_daemon_raises_to() {
     );
     assert!(out.contains("raise the hard limit to 4352"), "{out}");
 }
+
+#[test]
+fn tuning_scripts_that_are_not_there_are_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let flag = format!("--tuning_script_path={}", dir.path().display());
+    let (_, out, _) = doctor(&["--gpu_nic_preset=a3vm", &flag]);
+    let tuning = line(&out, "host", "tuning");
+    assert!(tuning.starts_with("! tuning:") && tuning.contains("setup.sh or"), "{out}");
+    for f in ["setup.sh", "teardown.sh"] {
+        std::fs::write(dir.path().join(f), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(dir.path().join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (_, out, _) = doctor(&["--gpu_nic_preset=a3vm", &flag]);
+    assert!(line(&out, "host", "tuning").starts_with("✔ tuning:"), "{out}");
+}

@@ -44,7 +44,9 @@ pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
 
     let tuning_applies =
         !ctx.sim_nic && flags.tuning_script_path.is_none() && flags.setup_param != SetupParam::Off;
-    if !tuning_applies {
+    if let (false, Some(dir)) = (ctx.sim_nic, &flags.tuning_script_path) {
+        check_tuning_scripts(r, dir);
+    } else if !tuning_applies {
         let why = if ctx.sim_nic {
             "simulated NICs: the daemon does no host tuning"
         } else if flags.tuning_script_path.is_some() {
@@ -126,6 +128,36 @@ pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
             }
         }
         Err(e) => r.add(s, "open files", Status::Warn, format!("getrlimit: {e}"), None),
+    }
+}
+
+/// `--tuning_script_path`: the daemon runs `setup.sh` at start and
+/// `teardown.sh` at exit; a missing one is logged and the node runs untuned.
+fn check_tuning_scripts(r: &mut Report, dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let missing: Vec<String> = ["setup.sh", "teardown.sh"]
+        .iter()
+        .filter(|f| {
+            !std::fs::metadata(dir.join(f)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .map(|f| dir.join(f).display().to_string())
+        .collect();
+    if missing.is_empty() {
+        r.add(
+            "host",
+            "tuning",
+            Status::Pass,
+            format!("--tuning_script_path: {} runs the scripts", dir.display()),
+            None,
+        );
+    } else {
+        r.add(
+            "host",
+            "tuning",
+            Status::Warn,
+            format!("--tuning_script_path: no executable {}; the daemon logs the failure and leaves the host untuned", missing.join(" or ")),
+            Some("install the scripts there, or drop --tuning_script_path for the built-in tuning".into()),
+        );
     }
 }
 
