@@ -10,8 +10,9 @@
 //!
 //! While it waits the daemon says so: one log line naming what is missing,
 //! then one at most every [`PROGRESS_EVERY`]; and it locks the socket folder
-//! and answers `tcpx-rxdm status` with what it waits for (not with a
-//! takeover, whose folder the serving daemon holds). Nothing else is touched
+//! and answers `tcpx-rxdm status` with what it waits for (not with
+//! `--takeover`, whose folder the serving daemon holds, nor with
+//! `--takeover=auto` when a daemon serves the folder). Nothing else is touched
 //! yet: the caller may drop the future at any time (a signal), which removes
 //! the files it made.
 
@@ -150,11 +151,16 @@ impl Waiting {
             dir: None,
             status: None,
         };
-        if flags.takeover == Takeover::Off {
+        // With --takeover the folder is the serving daemon's; with auto, when
+        // one serves it (its lock is held), it answers `status` meanwhile.
+        if flags.takeover != Takeover::On {
             let gid = flags.socket_group.as_deref().map(resolve_group).transpose();
             let gid = gid.map_err(DaemonError::SocketGroup)?;
-            let mut dir = SocketDir::lock(&flags.uds_path, flags.socket_mode, gid)
-                .map_err(DaemonError::LockSocketDir)?;
+            let mut dir = match SocketDir::lock(&flags.uds_path, flags.socket_mode, gid) {
+                Ok(dir) => dir,
+                Err(SocketDirError::Locked { .. }) if flags.takeover == Takeover::Auto => return Ok(w),
+                Err(e) => return Err(DaemonError::LockSocketDir(e)),
+            };
             let l = dir
                 .bind_with_mode(status::SOCKET, flags.status_socket_mode)
                 .map_err(DaemonError::Endpoint)?;

@@ -9,14 +9,19 @@ use std::path::Path;
 const HANG: Duration = Duration::from_secs(60);
 
 fn flags(sysfs: &Path, preset: &Path, wait: &str, uds: &Path) -> Flags {
-    Flags::parse_args([
+    flags_with(sysfs, preset, wait, uds, &[])
+}
+
+fn flags_with(sysfs: &Path, preset: &Path, wait: &str, uds: &Path, extra: &[&str]) -> Flags {
+    let mut args = vec![
         "tcpx-rxdm".to_string(),
         format!("--sysfs_root={}", sysfs.display()),
         format!("--gpu_nic_preset={}", preset.display()),
         format!("--wait_for_nics={wait}"),
         format!("--uds_path={}", uds.display()),
-    ])
-    .unwrap()
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Flags::parse_args(args).unwrap()
 }
 
 /// A fabricated sysfs with `class/net`, a preset file naming `eth7`, and a socket folder.
@@ -107,6 +112,27 @@ async fn a_nic_that_appears_within_the_bound_is_waited_for_and_status_says_so() 
     drop(dir);
     assert!(!sock.exists() && !l.uds.exists(), "what the wait made is removed with the folder");
     drop(l.tmp);
+}
+
+#[tokio::test]
+async fn with_takeover_auto_the_folder_is_taken_only_when_no_daemon_serves_it() {
+    let l = layout();
+    let auto = |l: &Layout| flags_with(&l.sysfs, &l.preset, "1h", &l.uds, &["--takeover=auto"]);
+    // No daemon: the waiting one answers status.
+    let waiting = tokio::spawn(load(auto(&l)));
+    assert_eq!(status_while_waiting(&l.uds).await["starting"]["missing_nics"], json!(["eth7"]));
+    waiting.abort();
+    let _ = waiting.await;
+    // A daemon holds the folder: the waiting one leaves it alone, and still waits.
+    let held = SocketDir::lock(&l.uds, 0o660, None).unwrap();
+    let waiting = tokio::spawn(load(auto(&l)));
+    let sock = l.uds.join(status::SOCKET);
+    tokio::time::sleep(POLL * 4).await;
+    assert!(!waiting.is_finished() && !sock.exists(), "took the folder of a daemon serving it");
+    l.nic_appears();
+    let Loaded { dir, .. } = within(waiting).await.unwrap().unwrap();
+    assert!(dir.is_none());
+    drop(held);
 }
 
 #[tokio::test]
