@@ -137,12 +137,9 @@ struct StatusWhileWaiting {
 }
 
 impl Waiting {
-    /// Says what is missing (log, service manager) and locks the folder.
+    /// Locks the folder and answers `status`, then says what is missing (log, service manager).
     fn start(flags: &Flags, missing: &DaemonError) -> Result<Waiting, DaemonError> {
         let (what, _) = waiting_for(missing);
-        let bound = crate::types::secs(flags.wait_for_nics);
-        tracing::warn!(waiting_for = %what, wait_for_nics = %bound, "NICs not there yet; waiting for them");
-        notify::send(&notify::status(&format!("waiting up to {bound} for {what}")));
         let mut w = Waiting {
             started: Instant::now(),
             bound: flags.wait_for_nics,
@@ -151,6 +148,16 @@ impl Waiting {
             dir: None,
             status: None,
         };
+        w.lock_and_answer(flags, missing)?;
+        // Said once `status` answers, so that whoever reads this can ask.
+        let bound = crate::types::secs(flags.wait_for_nics);
+        tracing::warn!(waiting_for = %w.said, wait_for_nics = %bound, "NICs not there yet; waiting for them");
+        notify::send(&notify::status(&format!("waiting up to {bound} for {}", w.said)));
+        Ok(w)
+    }
+
+    /// Locks the folder and answers `status` from it, where it is this daemon's to take.
+    fn lock_and_answer(&mut self, flags: &Flags, missing: &DaemonError) -> Result<(), DaemonError> {
         // With --takeover the folder is the serving daemon's; with auto, when
         // one serves it (its lock is held), it answers `status` meanwhile.
         if flags.takeover != Takeover::On {
@@ -158,7 +165,7 @@ impl Waiting {
             let gid = gid.map_err(DaemonError::SocketGroup)?;
             let mut dir = match SocketDir::lock(&flags.uds_path, flags.socket_mode, gid) {
                 Ok(dir) => dir,
-                Err(SocketDirError::Locked { .. }) if flags.takeover == Takeover::Auto => return Ok(w),
+                Err(SocketDirError::Locked { .. }) if flags.takeover == Takeover::Auto => return Ok(()),
                 Err(e) => return Err(DaemonError::LockSocketDir(e)),
             };
             let l = dir
@@ -168,13 +175,13 @@ impl Waiting {
                 let path = flags.uds_path.join(status::SOCKET);
                 DaemonError::Endpoint(SocketDirError::Bind { path, err })
             })?;
-            let (reply, rx) = watch::channel(w.reply(missing));
+            let (reply, rx) = watch::channel(self.reply(missing));
             let (stop, stopped) = watch::channel(false);
             let task = status::spawn_starting(l, rx, stopped);
-            w.dir = Some(dir);
-            w.status = Some(StatusWhileWaiting { reply, stop, task, listener });
+            self.dir = Some(dir);
+            self.status = Some(StatusWhileWaiting { reply, stop, task, listener });
         }
-        Ok(w)
+        Ok(())
     }
 
     /// The `status` reply while waiting.
