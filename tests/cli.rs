@@ -281,10 +281,12 @@ fn log_level_takes_the_levels_listed_and_refuses_others_by_name() {
 
 #[test]
 fn a_failed_start_is_printed_whatever_the_log_filter() {
-    // A NIC that is not there: exit 2 before anything is touched.
+    // A NIC that is not there (a sysfs without it): exit 2 before anything is touched.
     let dir = tempfile::tempdir().unwrap();
-    let line =
-        ["--gpu_nic_preset=a3vm", "--metrics_address=", &format!("--uds_path={}", dir.path().display())];
+    std::fs::create_dir_all(dir.path().join("sys/class/net")).unwrap();
+    let sysfs = format!("--sysfs_root={}", dir.path().join("sys").display());
+    let uds = format!("--uds_path={}", dir.path().join("uds").display());
+    let line = ["--gpu_nic_preset=a3vm", "--metrics_address=", &uds, &sysfs];
     for (level, filter) in [
         ("--log_level=error", None),
         ("--log_level=info", Some("off")),
