@@ -50,7 +50,8 @@ fn a_burst_shares_one_dump_and_a_known_hosts_connections_need_none() {
 
     // A burst of connections from a host the daemon has not seen: exact
     // lookups cannot find them, and one dump serves them all.
-    let port = a.listen(RX);
+    let mut port = a.listen(RX);
+    let mut a_listens_on_rx = true;
     let burst: Vec<(SocketAddr, SocketAddr)> = (0..16)
         .map(|_| {
             t.dial(RX, port, None);
@@ -61,8 +62,11 @@ fn a_burst_shares_one_dump_and_a_known_hosts_connections_need_none() {
     for r in a.reqs(&rm, &msgs) {
         ok(&r.expect("a reply"), "an install of the burst");
     }
-    assert_eq!(dumps(&d), 1.0, "one dump for the burst");
-    assert_eq!(lookups(&d, "dump"), 16.0);
+    // One dump for the burst; on a busy machine the first may start before
+    // the last requests are read, and one more then serves the rest.
+    let burst_dumps = dumps(&d);
+    assert!(burst_dumps == 1.0 || burst_dumps == 2.0, "{burst_dumps} dumps for 16 installs");
+    assert_eq!(lookups(&d, "dump") + lookups(&d, "exact"), 16.0);
     let rules = booked(&d);
     assert_eq!(rules.len(), 16);
     for (l, r) in &burst {
@@ -70,15 +74,21 @@ fn a_burst_shares_one_dump_and_a_known_hosts_connections_need_none() {
     }
 
     // The host is known now: its next connections, to any address of A's
-    // namespace, are found by exact lookups; no dump.
-    let port2 = a.listen(RX2);
-    for (addr, p) in [(RX, port), (RX2, port2), (RX, port), (RX2, port2)] {
-        t.dial(addr, p, None);
+    // namespace, are found by exact lookups; no dump. (An agent accepts on
+    // the listener it opened last.)
+    for addr in [RX, RX, RX2, RX2] {
+        if addr == RX2 && a_listens_on_rx {
+            port = a.listen(RX2);
+            a_listens_on_rx = false;
+        }
+        t.dial(addr, port, None);
         let (l, r) = a.accept();
+        assert_eq!(l.ip().to_string(), addr);
         ok(&a.req(&rm, &plugin_rule(l, r, GPU_A)), "an install from a known host");
     }
-    assert_eq!(lookups(&d, "exact"), 4.0);
-    assert_eq!(dumps(&d), 1.0, "no dump since");
+    let exact_before = 16.0 - lookups(&d, "dump");
+    assert_eq!(lookups(&d, "exact"), exact_before + 4.0);
+    assert_eq!(dumps(&d), burst_dumps, "no dump since");
     assert_eq!(booked(&d).len(), 20);
     assert_eq!(repaired(&d, "install"), 20.0);
 }
@@ -100,11 +110,25 @@ fn decoys_fail_none_of_the_clients_requests(mode: &str) {
     let (local, remote) = a.accept();
     // B connects to A's listener from the sending /64 with the same port: a
     // connection of A's cgroup that A never accepts, held by no process.
-    b_there.dial_from(RX, port, TX2, from);
+    let other = if remote.ip().to_string() == TX { TX2 } else { TX };
+    b_there.dial_from(RX, port, other, from);
     // And, in A's namespace, a connect from A's port to an address of the
     // sending /64 that nobody has: SYN-SENT, in B's cgroup.
     b_here.syn(NOWHERE, from, RX2, port);
     // Both fit A's garbled requests by ports and prefixes; neither is its connection.
+    let out = rx.command("ss").args(["-Htan"]).output().unwrap();
+    let sockets = String::from_utf8_lossy(&out.stdout);
+    let has = |state: &str, local: String, peer: String| {
+        sockets.lines().any(|l| l.starts_with(state) && l.contains(&local) && l.contains(&peer))
+    };
+    assert!(
+        has("ESTAB", format!("[{RX}]:{port}"), format!("[{other}]:{from}")),
+        "B's queued connection: {sockets}"
+    );
+    assert!(
+        has("SYN-SENT", format!("[{RX2}]:{port}"), format!("[{NOWHERE}]:{from}")),
+        "B's connect: {sockets}"
+    );
     for what in ["install beside the decoys", "again, by exact lookups"] {
         ok(&a.req(&rm, &plugin_rule(local, remote, GPU_A)), what);
         assert_eq!(booked(&d), [(remote.to_string(), local.to_string(), true)], "{what}");

@@ -5,9 +5,11 @@
 //!   at most `backlog` installs (those waiting for a dump included); past
 //!   that, [`Board::push`] refuses.
 //! - **A dump per namespace at a time**: an install that exact lookups did
-//!   not settle is parked on its namespace ([`Board::park`]). Once nothing
-//!   has joined for [`GATHER`], one dump serves every install parked there
-//!   ([`Next::Dump`]); those that come meanwhile wait for the next.
+//!   not settle is parked on its namespace ([`Board::park`]). Once no install
+//!   of the namespace is still to be looked up and nothing has joined for
+//!   [`GATHER`] (or [`GATHER_MAX`] after the first joined, whatever comes),
+//!   one dump serves every install parked there ([`Next::Dump`]); those that
+//!   come meanwhile wait for the next.
 //! - **A flood costs its sender**: a tenant whose installs a dump found
 //!   nothing for (a flood of flows that fit no connection) waits before its
 //!   next dump, 1 ms, then twice as long after each such dump, up to
@@ -21,6 +23,9 @@ use std::time::{Duration, Instant};
 /// How long a namespace's parked installs wait for others to join before
 /// their dump: NCCL opens its connections in bursts.
 pub const GATHER: Duration = Duration::from_millis(1);
+/// The longest parked installs wait for others of their namespace to be
+/// looked up before their dump.
+pub const GATHER_MAX: Duration = Duration::from_millis(10);
 /// The longest a tenant whose dumps find nothing waits before its next.
 pub const BACKOFF_MAX: Duration = Duration::from_millis(256);
 /// Tenants remembered while idle (their back-off), at most.
@@ -38,7 +43,8 @@ pub enum Key {
 }
 
 struct Queue<T> {
-    fresh: VecDeque<T>,
+    /// Not looked up yet, each with its namespace.
+    fresh: VecDeque<(u64, T)>,
     /// Of its installs, those parked on a namespace.
     parked: usize,
     /// Dumps in a row that found nothing for it.
@@ -60,14 +66,16 @@ impl<T> Queue<T> {
 struct Space<T> {
     parked: Vec<(Key, T)>,
     dumping: bool,
-    /// When the last install joined.
+    /// When the first install joined since the last dump, and the last one.
+    first: Instant,
     joined: Instant,
 }
 
 /// What a worker does next.
 pub enum Next<T> {
-    /// Exact lookups of one install.
-    Look(Key, T),
+    /// Exact lookups of one install, of namespace `.1`: then
+    /// [`Board::park`] or [`Board::looked`].
+    Look(Key, u64, T),
     /// One dump of namespace `.0` for the installs `.1`.
     Dump(u64, Vec<(Key, T)>),
     /// Nothing now; something may be due at this time.
@@ -80,13 +88,22 @@ pub struct Board<T> {
     /// Tenants with installs not looked up yet, in turn order.
     ring: VecDeque<Key>,
     spaces: HashMap<u64, Space<T>>,
+    /// Per namespace, its installs queued or being looked up.
+    looking: HashMap<u64, usize>,
     backlog: usize,
     waiting: usize,
 }
 
 impl<T> Board<T> {
     pub fn new(backlog: usize) -> Self {
-        Board { queues: HashMap::new(), ring: VecDeque::new(), spaces: HashMap::new(), backlog, waiting: 0 }
+        Board {
+            queues: HashMap::new(),
+            ring: VecDeque::new(),
+            spaces: HashMap::new(),
+            looking: HashMap::new(),
+            backlog,
+            waiting: 0,
+        }
     }
 
     /// Installs waiting now (not looked up yet, or parked).
@@ -94,9 +111,9 @@ impl<T> Board<T> {
         self.waiting
     }
 
-    /// Queues `item` for tenant `key`; gives it back when the tenant has
-    /// `backlog` installs waiting already.
-    pub fn push(&mut self, key: Key, item: T) -> Result<(), T> {
+    /// Queues `item` of namespace `space` for tenant `key`; gives it back
+    /// when the tenant has `backlog` installs waiting already.
+    pub fn push(&mut self, key: Key, space: u64, item: T) -> Result<(), T> {
         let q = self.queues.entry(key).or_insert_with(Queue::new);
         if q.fresh.len() + q.parked >= self.backlog {
             return Err(item);
@@ -104,7 +121,8 @@ impl<T> Board<T> {
         if q.fresh.is_empty() {
             self.ring.push_back(key);
         }
-        q.fresh.push_back(item);
+        q.fresh.push_back((space, item));
+        *self.looking.entry(space).or_default() += 1;
         self.waiting += 1;
         Ok(())
     }
@@ -112,15 +130,26 @@ impl<T> Board<T> {
     /// An install of `key`'s exact lookups did not settle: it waits for a
     /// dump of namespace `space`.
     pub fn park(&mut self, key: Key, space: u64, item: T, now: Instant) {
+        self.looked(space);
         self.queues.entry(key).or_insert_with(Queue::new).parked += 1;
-        let s = self.spaces.entry(space).or_insert_with(|| Space {
-            parked: Vec::new(),
-            dumping: false,
-            joined: now,
-        });
+        let new = || Space { parked: Vec::new(), dumping: false, first: now, joined: now };
+        let s = self.spaces.entry(space).or_insert_with(new);
+        if s.parked.is_empty() {
+            s.first = now;
+        }
         s.parked.push((key, item));
         s.joined = now;
         self.waiting += 1;
+    }
+
+    /// The lookup of an install of namespace `space` is over (settled, or parked).
+    pub fn looked(&mut self, space: u64) {
+        if let Some(n) = self.looking.get_mut(&space) {
+            *n -= 1;
+            if *n == 0 {
+                self.looking.remove(&space);
+            }
+        }
     }
 
     /// An install of `key` found its connection: whatever it waited for ends.
@@ -135,12 +164,12 @@ impl<T> Board<T> {
     pub fn next(&mut self, now: Instant) -> Next<T> {
         while let Some(key) = self.ring.pop_front() {
             let Some(q) = self.queues.get_mut(&key) else { continue };
-            let Some(item) = q.fresh.pop_front() else { continue };
+            let Some((space, item)) = q.fresh.pop_front() else { continue };
             if !q.fresh.is_empty() {
                 self.ring.push_back(key);
             }
             self.waiting -= 1;
-            return Next::Look(key, item);
+            return Next::Look(key, space, item);
         }
         let mut due: Option<Instant> = None;
         let mut soonest = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
@@ -148,8 +177,14 @@ impl<T> Board<T> {
             if s.dumping || s.parked.is_empty() {
                 continue;
             }
-            if now < s.joined + GATHER {
-                soonest(s.joined + GATHER);
+            // Gathered: none of its installs left to look up, and none
+            // joined for a while; or waited long enough, whatever comes.
+            let at = match self.looking.contains_key(&id) {
+                false => (s.joined + GATHER).min(s.first + GATHER_MAX),
+                true => s.first + GATHER_MAX,
+            };
+            if now < at {
+                soonest(at);
                 continue;
             }
             let queues = &self.queues;

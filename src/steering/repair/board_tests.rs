@@ -6,7 +6,7 @@ const B: Key = Key::Tenant(2);
 
 fn look<T>(n: Next<T>) -> (Key, T) {
     match n {
-        Next::Look(k, t) => (k, t),
+        Next::Look(k, _, t) => (k, t),
         Next::Dump(..) => panic!("a dump, not a lookup"),
         Next::Wait(_) => panic!("nothing, not a lookup"),
     }
@@ -31,9 +31,9 @@ fn tenants_take_turns_whatever_they_queued() {
     let mut b = Board::new(100);
     let now = Instant::now();
     for i in 0..5 {
-        b.push(A, i).unwrap();
+        b.push(A, 7, i).unwrap();
     }
-    b.push(B, 100).unwrap();
+    b.push(B, 7, 100).unwrap();
     assert_eq!(b.waiting(), 6);
     let order: Vec<(Key, i32)> = (0..6).map(|_| look(b.next(now))).collect();
     assert_eq!(order, [(A, 0), (B, 100), (A, 1), (A, 2), (A, 3), (A, 4)]);
@@ -45,13 +45,13 @@ fn tenants_take_turns_whatever_they_queued() {
 fn a_tenant_holds_at_most_its_backlog_parked_ones_included() {
     let mut b = Board::new(3);
     let now = Instant::now();
-    b.push(A, 1).unwrap();
-    b.push(A, 2).unwrap();
+    b.push(A, 7, 1).unwrap();
+    b.push(A, 7, 2).unwrap();
     let (_, one) = look(b.next(now));
     b.park(A, 9, one, now);
-    b.push(A, 3).unwrap();
-    assert_eq!(b.push(A, 4), Err(4), "two queued and one parked: full");
-    assert_eq!(b.push(B, 5), Ok(()), "another tenant's queue is its own");
+    b.push(A, 7, 3).unwrap();
+    assert_eq!(b.push(A, 7, 4), Err(4), "two queued and one parked: full");
+    assert_eq!(b.push(B, 7, 5), Ok(()), "another tenant's queue is its own");
     assert_eq!(b.waiting(), 4);
 }
 
@@ -60,13 +60,13 @@ fn a_namespace_is_dumped_once_for_everything_parked_on_it() {
     let mut b = Board::new(100);
     let t0 = Instant::now();
     for (k, i) in [(A, 1), (B, 2), (A, 3)] {
-        b.push(k, i).unwrap();
+        b.push(k, 7, i).unwrap();
     }
     for _ in 0..3 {
         let (k, i) = look(b.next(t0));
         b.park(k, 7, i, t0);
     }
-    b.push(B, 4).unwrap();
+    b.push(B, 8, 4).unwrap();
     let (k, i) = look(b.next(t0));
     b.park(k, 8, i, t0);
     // Nothing joined for GATHER yet: wait for stragglers.
@@ -78,7 +78,7 @@ fn a_namespace_is_dumped_once_for_everything_parked_on_it() {
     assert_eq!(dumps[0].1.iter().map(|x| x.1).collect::<Vec<_>>(), [1, 2, 3], "one dump for all three");
     assert_eq!(dumps[1].1.iter().map(|x| x.1).collect::<Vec<_>>(), [4]);
     // One dump at a time per namespace: what parks meanwhile waits for the next.
-    b.push(A, 5).unwrap();
+    b.push(A, 7, 5).unwrap();
     let (k, i) = look(b.next(t1));
     b.park(k, 7, i, t1);
     assert_eq!(wait(b.next(t1 + GATHER)), None, "namespace 7 is being dumped");
@@ -94,7 +94,7 @@ fn a_tenant_whose_dumps_find_nothing_waits_longer_each_time_and_only_it() {
     let mut a_dumped = Vec::new();
     for i in 0..12 {
         for k in [A, B] {
-            b.push(k, i).unwrap();
+            b.push(k, 7, i).unwrap();
             let (k, x) = look(b.next(now));
             b.park(k, 7, x, now);
         }
@@ -118,8 +118,41 @@ fn a_tenant_whose_dumps_find_nothing_waits_longer_each_time_and_only_it() {
     assert_eq!(Duration::from_millis(256), BACKOFF_MAX);
     // A connection found ends the wait.
     b.found(A);
-    b.push(A, 50).unwrap();
+    b.push(A, 7, 50).unwrap();
     let (k, i) = look(b.next(now));
     b.park(k, 7, i, now);
     assert_eq!(dump(b.next(now + GATHER)).1.len(), 1);
+}
+
+#[test]
+fn a_dump_waits_for_the_installs_of_its_namespace_still_being_looked_up() {
+    let mut b = Board::new(100);
+    let t0 = Instant::now();
+    b.push(A, 7, 1).unwrap();
+    b.push(A, 7, 2).unwrap();
+    let (k, i) = look(b.next(t0));
+    b.park(k, 7, i, t0);
+    let (_, second) = look(b.next(t0));
+    // The second is still being looked up (a slow worker): the dump waits for it.
+    assert_eq!(wait(b.next(t0 + GATHER * 3)), Some(t0 + GATHER_MAX));
+    let t1 = t0 + GATHER * 3;
+    b.park(A, 7, second, t1);
+    assert_eq!(wait(b.next(t1)), Some(t1 + GATHER));
+    assert_eq!(dump(b.next(t1 + GATHER)).1.len(), 2, "one dump for both");
+    // One settled by its exact lookups does not hold the next dump up either.
+    b.push(B, 7, 3).unwrap();
+    b.push(B, 7, 4).unwrap();
+    let (k, i) = look(b.next(t1));
+    b.park(k, 7, i, t1);
+    let _settled = look(b.next(t1));
+    b.looked(7);
+    b.dumped(7, &[(A, true), (A, true)], t1);
+    assert_eq!(dump(b.next(t1 + GATHER)).1.len(), 1);
+    // Nothing waits longer than GATHER_MAX for stragglers.
+    b.push(A, 9, 5).unwrap();
+    b.push(A, 9, 6).unwrap();
+    let (k, i) = look(b.next(t1));
+    b.park(k, 9, i, t1);
+    let _stuck = look(b.next(t1));
+    assert_eq!(dump(b.next(t1 + GATHER_MAX)).1.len(), 1);
 }

@@ -112,9 +112,11 @@ impl Repairs {
         started: Instant,
     ) {
         let key = key_of(&rules.tenants, &who.client);
+        // Its namespace (0: none to be had; its lookup fails).
+        let space = rules.tenants.netns_of(&who.client).map_or(0, |ns| ns.inode);
         let p = Pending { rules: rules.clone(), req, who, conn, started };
         let mut board = self.shared.board();
-        let refused = board.push(key, p).err();
+        let refused = board.push(key, space, p).err();
         self.shared.metrics.ipv6_repairs_waiting.set(board.waiting() as i64);
         drop(board);
         if let Some(p) = refused {
@@ -165,9 +167,9 @@ fn work(shared: &Shared) {
         let next = board.next(Instant::now());
         shared.metrics.ipv6_repairs_waiting.set(board.waiting() as i64);
         match next {
-            Next::Look(key, p) => {
+            Next::Look(key, space, p) => {
                 drop(board);
-                look(shared, key, p);
+                look(shared, key, space, p);
                 board = shared.board();
             }
             Next::Dump(space, batch) => {
@@ -185,8 +187,9 @@ fn work(shared: &Shared) {
     }
 }
 
-/// Exact lookups of one install: settled, it goes on; else it waits for a dump.
-fn look(shared: &Shared, key: Key, p: Pending) {
+/// Exact lookups of one install of namespace `space`: settled, it goes on;
+/// else it waits for a dump.
+fn look(shared: &Shared, key: Key, space: u64, p: Pending) {
     let found = {
         let client = &p.who.client;
         match p.rules.tenants.netns_of(client) {
@@ -194,25 +197,30 @@ fn look(shared: &Shared, key: Key, p: Pending) {
             Ok(ns) => {
                 let conn = &p.conn;
                 let held = |inodes: &[u32]| flows::held_by_opener(conn.sock(), inodes);
-                match flows::look(ns, &p.req.flow, client.tenant_id(), held) {
-                    Ok(None) => Ok(Err(ns.inode)),
-                    Ok(Some(found)) => Ok(Ok(found)),
-                    Err(e) => Err(e),
-                }
+                flows::look(ns, &p.req.flow, client.tenant_id(), held)
             }
         }
     };
     match found {
-        Ok(Err(space)) => {
+        Ok(None) => {
             shared.board().park(key, space, p, Instant::now());
             shared.wake.notify_all();
+            return;
         }
-        Ok(Ok(found)) => {
-            shared.board().found(key);
+        Ok(Some(found)) => {
+            let mut board = shared.board();
+            board.found(key);
+            board.looked(space);
+            drop(board);
             finish(shared, p, Ok(found), "exact");
         }
-        Err(e) => finish(shared, p, Err(e), "failed"),
+        Err(e) => {
+            shared.board().looked(space);
+            finish(shared, p, Err(e), "failed");
+        }
     }
+    // A dump may have waited for this lookup.
+    shared.wake.notify_all();
 }
 
 /// One dump of namespace `space` for every install in `batch`.
