@@ -72,7 +72,7 @@ fn a_namespace_is_dumped_once_for_everything_parked_on_it() {
     // Nothing joined for GATHER yet: wait for stragglers.
     assert_eq!(wait(b.next(t0)), Some(t0 + GATHER));
     let t1 = t0 + GATHER;
-    let mut dumps = vec![dump(b.next(t1)), dump(b.next(t1))];
+    let mut dumps = [dump(b.next(t1)), dump(b.next(t1))];
     dumps.sort_by_key(|d| d.0);
     assert_eq!(dumps[0].0, 7);
     assert_eq!(dumps[0].1.iter().map(|x| x.1).collect::<Vec<_>>(), [1, 2, 3], "one dump for all three");
