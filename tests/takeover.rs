@@ -179,7 +179,10 @@ print(m[:32].rstrip(b'\0').decode(), flush=True)
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn twenty_takeovers_under_load_lose_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let (folder, ctl) = (tmp.path().join("uds"), tmp.path().join("ctl"));
@@ -270,7 +273,10 @@ fn still_serves(d: &Daemon, folder: &Path, sport: i32, rules_before: usize) {
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn a_failed_takeover_leaves_the_old_daemon_serving() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");
@@ -361,7 +367,10 @@ fn a_failed_takeover_leaves_the_old_daemon_serving() {
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn takeover_auto_starts_normally_when_nobody_serves() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");
@@ -456,7 +465,10 @@ fn served(d: &Daemon, endpoint: &str) -> f64 {
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn a_connection_accepted_at_the_connection_limit_moves_with_a_takeover() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");

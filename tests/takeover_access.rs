@@ -149,7 +149,10 @@ fn a_peer_that_does_not_prove_itself_gets_one_sentence_and_the_daemon_never_paus
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn silent_peers_hold_up_no_real_takeover() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");

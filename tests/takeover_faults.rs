@@ -132,7 +132,10 @@ fn shuffle<T>(v: &mut [T], mut seed: u64) {
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn a_new_daemon_that_fails_at_any_step_leaves_the_old_one_serving_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");
@@ -180,7 +183,10 @@ fn a_new_daemon_that_fails_at_any_step_leaves_the_old_one_serving_alone() {
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn the_new_daemon_serves_when_the_old_one_dies_before_the_commit_is_answered() {
     for fault in ["old:adopted:kill", "old:commit:kill"] {
         let tmp = tempfile::tempdir().unwrap();
@@ -236,7 +242,10 @@ fn the_old_daemon_is_judged_by_its_process_not_the_pid_it_reports_from_its_names
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn a_reason_to_stop_during_a_takeover_ends_it_and_the_old_daemon_stops_at_once() {
     for trigger in ["SIGTERM", "shutdown file"] {
         let tmp = tempfile::tempdir().unwrap();
@@ -279,7 +288,10 @@ fn notified(sock: &std::os::unix::net::UnixDatagram) -> Vec<String> {
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn the_service_manager_hears_of_the_new_daemon_only_once_it_serves() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");

@@ -123,7 +123,10 @@ fn stage(old: &Daemon, new: &Daemon, seen: (usize, usize)) -> String {
 }
 
 #[test]
-#[cfg_attr(sibling_ptrace_blocked, ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)")]
+#[cfg_attr(
+    sibling_ptrace_blocked,
+    ignore = "Yama ptrace_scope 1 or more: a daemon started beside another may take it over only with CAP_SYS_PTRACE (run as root)"
+)]
 fn twenty_takeovers_cut_short_at_random_leave_exactly_one_daemon_serving() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");
