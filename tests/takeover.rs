@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::procs::leased_daemon as daemon;
 use common::{encoded, wait_until, Daemon};
 use tcpx_rxdm::daemon::READY_LINE;
 use tcpx_rxdm::wire::{client, frame};
@@ -111,14 +112,6 @@ impl Load {
         }
         total
     }
-}
-
-/// A daemon on the shared folder.
-fn daemon(folder: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-    let mut args = vec![format!("--uds_path={}", folder.display()), "--leases".to_string()];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::spawn(&args, env)
 }
 
 /// Booked rules equal the NIC's table, NIC by NIC; the number booked.

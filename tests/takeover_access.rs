@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::procs::{alive, leased_daemon as daemon, lock_pid, status_pid};
 use common::{install_frame, raw_exchange, run_bin, wait_until, Daemon, GPU0, OK_FRAME};
 use nix::sys::signal::Signal;
 use prost::Message;
@@ -24,34 +25,10 @@ use tcpx_rxdm::handover::{self, offer::Answer, proof, Hello, Offer};
 
 const FAULT: &str = "TCPX_RXDM_TEST_TAKEOVER_FAULT";
 
-fn daemon(folder: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-    let mut args = vec![format!("--uds_path={}", folder.display()), "--leases".to_string()];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::spawn(&args, env)
-}
-
-/// Whether `pid` runs (a zombie does not).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.split_whitespace().next() != Some("Z")))
-        .unwrap_or(false)
-}
-
-fn lock_pid(folder: &Path) -> u32 {
-    std::fs::read_to_string(folder.join(".rxdm.lock")).unwrap().trim().parse().unwrap()
-}
-
 /// What the status socket's daemon reports, if it answers ready.
 fn status(folder: &Path) -> Option<serde_json::Value> {
     let (code, out, _) = run_bin(&["status", "--json", &format!("--uds_path={}", folder.display())]);
     (code == 0).then(|| serde_json::from_str(&out).ok()).flatten()
-}
-
-/// The pid the status socket's daemon reports, if it answers ready.
-fn status_pid(folder: &Path) -> Option<u32> {
-    status(folder).and_then(|v| v["pid"].as_u64()).map(|p| p as u32)
 }
 
 /// A frame as the handover speaks it: 4-byte big-endian length, then the message.
@@ -144,7 +121,7 @@ fn a_peer_that_does_not_prove_itself_gets_one_sentence_and_the_daemon_never_paus
     let refused = d.wait_for_log("did not prove", Duration::from_secs(2)).unwrap();
     assert!(refused.contains(&format!("uid {}", nix::unistd::geteuid())), "{refused}");
     // It serves on, rule and all.
-    assert_eq!(lock_pid(&folder), d.child.id());
+    assert_eq!(lock_pid(&folder).unwrap(), d.child.id());
     assert_eq!(raw_exchange(&folder.join("rx_rule_uninstall"), &install_frame(5100, GPU0)), OK_FRAME);
 }
 
@@ -166,7 +143,7 @@ fn silent_peers_hold_up_no_real_takeover() {
     // A real successor, while every one of them is still connected.
     let new = daemon(&folder, &["--takeover"], &[]).ready();
     assert!(old.wait_exit(Duration::from_secs(20)).success(), "{}", old.log().join("\n"));
-    assert_eq!(lock_pid(&folder), new.child.id());
+    assert_eq!(lock_pid(&folder).unwrap(), new.child.id());
     assert_eq!(status_pid(&folder), Some(new.child.id()));
     assert!(new.wait_for_log("took over from pid", Duration::from_secs(5)).is_some());
     drop((silent, garbage));
@@ -202,7 +179,7 @@ fn a_successor_started_on_sigusr2_starts_fresh_or_adopts_when_its_predecessor_di
         );
         // Ready: the status socket names it (its lock file too).
         wait_until(Duration::from_secs(20), || status_pid(&folder) == Some(pid));
-        assert_eq!(lock_pid(&folder), pid, "{fault}");
+        assert_eq!(lock_pid(&folder).unwrap(), pid, "{fault}");
         let nics = status(&folder).unwrap()["nics"].as_array().unwrap().clone();
         let booked: u64 = nics.iter().map(|n| n["rules"].as_u64().unwrap()).sum();
         assert_eq!(booked, rules, "{fault}");
@@ -358,7 +335,7 @@ fn a_root_workload_with_a_containers_capabilities_cannot_take_the_daemon_over() 
     for l in &refused {
         assert!(l.contains("uid 0") && l.contains(&format!("cgroup {}", cg.name())), "{l}");
     }
-    assert!(alive(pid) && lock_pid(&folder) == pid && status_pid(&folder) == Some(pid));
+    assert!(alive(pid) && lock_pid(&folder) == Some(pid) && status_pid(&folder) == Some(pid));
 
     // The same jail with the daemon's capabilities and the folder writable:
     // the kernel lets it take the descriptors, and it takes over.

@@ -12,26 +12,12 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::procs::{alive, leased_daemon as daemon};
 use common::{install_frame, raw_exchange, run_bin, wait_until, Daemon, GPU0, OK_FRAME};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 const FAULT: &str = "TCPX_RXDM_TEST_TAKEOVER_FAULT";
-
-fn daemon(folder: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-    let mut args = vec![format!("--uds_path={}", folder.display()), "--leases".to_string()];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::spawn(&args, env)
-}
-
-/// Whether `pid` runs (a zombie does not).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.split_whitespace().next() != Some("Z")))
-        .unwrap_or(false)
-}
 
 fn files(folder: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(folder)

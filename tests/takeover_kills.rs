@@ -16,40 +16,15 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{install_frame, raw_exchange, run_bin, Daemon, GPU0, OK_FRAME};
+use common::procs::{alive, leased_daemon as daemon, lock_pid, status_pid};
+use common::{install_frame, raw_exchange, Daemon, GPU0, OK_FRAME};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 const TAKEOVERS: usize = 20;
 
-fn daemon(folder: &Path, extra: &[&str]) -> Daemon {
-    let mut args = vec![format!("--uds_path={}", folder.display()), "--leases".to_string()];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::spawn(&args, &[])
-}
-
-/// Whether `pid` runs (a zombie does not).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.split_whitespace().next() != Some("Z")))
-        .unwrap_or(false)
-}
-
 fn signal(pid: u32, sig: Signal) {
     let _ = kill(Pid::from_raw(pid as i32), sig);
-}
-
-/// The pid the status socket's daemon reports, if it answers ready.
-fn status_pid(folder: &Path) -> Option<u32> {
-    let (code, out, _) = run_bin(&["status", "--json", &format!("--uds_path={}", folder.display())]);
-    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-    (code == 0).then(|| v["pid"].as_u64().map(|p| p as u32)).flatten()
-}
-
-fn lock_pid(folder: &Path) -> Option<u32> {
-    std::fs::read_to_string(folder.join(".rxdm.lock")).ok()?.trim().parse().ok()
 }
 
 /// The successor `pid` started on SIGUSR2 (its child).
@@ -130,7 +105,7 @@ fn stage(old: &Daemon, new: &Daemon, seen: (usize, usize)) -> String {
 fn twenty_takeovers_cut_short_at_random_leave_exactly_one_daemon_serving() {
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("uds");
-    let mut logs = vec![daemon(&folder, &[]).ready()];
+    let mut logs = vec![daemon(&folder, &[], &[]).ready()];
     let mut reaper = Reaper(vec![logs[0].child.id()]);
     // (pid, the log it writes to: a successor started on SIGUSR2 writes to its parent's).
     let mut current = (logs[0].child.id(), 0);
@@ -177,7 +152,7 @@ fn twenty_takeovers_cut_short_at_random_leave_exactly_one_daemon_serving() {
                 std::thread::sleep(Duration::from_millis(1));
             }
         } else {
-            logs.push(daemon(&folder, &["--takeover=auto"]));
+            logs.push(daemon(&folder, &["--takeover=auto"], &[]));
             logs.last().unwrap().child.id()
         };
         let new_log = if sigusr2 { log } else { logs.len() - 1 };
@@ -232,7 +207,7 @@ fn twenty_takeovers_cut_short_at_random_leave_exactly_one_daemon_serving() {
                     assert!(t.elapsed() < Duration::from_secs(10), "{what}: the lock stays held");
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                logs.push(daemon(&folder, &[]).ready());
+                logs.push(daemon(&folder, &[], &[]).ready());
                 reaper.0.push(logs.last().unwrap().child.id());
                 current = (logs.last().unwrap().child.id(), logs.len() - 1);
                 eprintln!("{what}: killed after the takeover had ended");

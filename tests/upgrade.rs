@@ -8,21 +8,10 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::procs::{alive, lock_pid};
 use common::{install_frame, raw_exchange, run_bin, wait_until, ClientProcess, Daemon, GPU0, OK_FRAME};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-/// Whether `pid` runs (a zombie does not: the successor's parent may be gone).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.split_whitespace().next() != Some("Z")))
-        .unwrap_or(false)
-}
-
-fn lock_pid(folder: &Path) -> u32 {
-    std::fs::read_to_string(folder.join(".rxdm.lock")).unwrap().trim().parse().unwrap()
-}
 
 /// Runs `upgrade` on the folder; (exit code, stdout, stderr).
 fn upgrade(folder: &Path, timeout: &str) -> (i32, String, String) {
@@ -88,7 +77,7 @@ fn upgrade_hands_the_folder_to_a_new_process_and_the_old_one_exits() {
     assert!(old.wait_for_log(&format!("took over from pid {a}"), Duration::from_secs(30)).is_some());
     assert!(!old.log().iter().any(|l| l.contains("rules removed")), "{}", old.log().join("\n"));
     assert!(alive(b));
-    assert_eq!(lock_pid(&folder), b);
+    assert_eq!(lock_pid(&folder).unwrap(), b);
     // Its sockets name it to whoever connects: it listened on them again (the
     // kernel names whoever called listen() last, else the old daemon, gone).
     let s = std::os::unix::net::UnixStream::connect(folder.join("rxdm_status")).unwrap();

@@ -9,6 +9,7 @@
 pub mod ipv6;
 pub mod netns;
 pub mod pidns;
+pub mod procs;
 pub mod sysfs;
 pub mod tenant;
 
