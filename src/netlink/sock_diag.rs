@@ -97,14 +97,46 @@ fn family(ip: IpAddr) -> u8 {
     }
 }
 
+/// Writes a request's netlink header into `m`: its whole length `len`, our
+/// one message type, `flags` (`NLM_F_REQUEST`, with `NLM_F_DUMP` for a dump)
+/// and sequence number `seq`.
+fn write_header(m: &mut [u8], len: usize, flags: libc::c_int, seq: u32) {
+    m[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
+    m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    m[6..8].copy_from_slice(&(flags as u16).to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+}
+
+/// An exact lookup's answer: the first netlink message in `buf`, as the
+/// kernel's error number (`Err(Ok(errno))`, 0 for a bare ack) or as the
+/// message's type and body.
+fn first_message(buf: &[u8]) -> Result<(u16, &[u8]), Result<i32, DiagError>> {
+    if buf.len() < NLMSG_HDR {
+        return Err(Err(DiagError::Malformed("short header")));
+    }
+    let len = u32::from_ne_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
+    let kind = u16::from_ne_bytes(buf[4..6].try_into().expect("2 bytes"));
+    if len < NLMSG_HDR || len > buf.len() {
+        return Err(Err(DiagError::Malformed("bad length")));
+    }
+    let body = &buf[NLMSG_HDR..len];
+    if kind != NLMSG_ERROR {
+        return Ok((kind, body));
+    }
+    let code = body.get(0..4).ok_or(DiagError::Malformed("short error")).map_err(Err)?;
+    let code = i32::from_ne_bytes(code.try_into().expect("4 bytes"));
+    // i32::MIN has no negation: no errno, a malformed answer.
+    match code.checked_neg() {
+        Some(e) if e >= 0 => Err(Ok(e)),
+        _ => Err(Err(DiagError::Malformed("error code out of range"))),
+    }
+}
+
 /// The exact-lookup request for the TCP socket whose local end is `local`
 /// and remote end `remote` (both of one family), sequence number `seq`.
 pub fn lookup_request(local: SocketAddr, remote: SocketAddr, seq: u32) -> [u8; NLMSG_HDR + REQ_V2] {
     let mut m = [0u8; NLMSG_HDR + REQ_V2];
-    m[0..4].copy_from_slice(&((NLMSG_HDR + REQ_V2) as u32).to_ne_bytes());
-    m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    m[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    write_header(&mut m, NLMSG_HDR + REQ_V2, libc::NLM_F_REQUEST, seq);
     let r = &mut m[NLMSG_HDR..];
     r[0] = family(local.ip());
     r[1] = libc::IPPROTO_TCP as u8;
@@ -124,10 +156,7 @@ pub fn lookup_request(local: SocketAddr, remote: SocketAddr, seq: u32) -> [u8; N
 /// `local_port` and remote port `remote_port`, sequence number `seq`.
 pub fn ports_request(local_port: u16, remote_port: u16, seq: u32) -> [u8; NLMSG_HDR + REQ_V2] {
     let mut m = [0u8; NLMSG_HDR + REQ_V2];
-    m[0..4].copy_from_slice(&((NLMSG_HDR + REQ_V2) as u32).to_ne_bytes());
-    m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    m[6..8].copy_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
-    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    write_header(&mut m, NLMSG_HDR + REQ_V2, libc::NLM_F_REQUEST | libc::NLM_F_DUMP, seq);
     let r = &mut m[NLMSG_HDR..];
     r[0] = libc::AF_INET6 as u8;
     r[1] = libc::IPPROTO_TCP as u8;
@@ -258,26 +287,13 @@ pub fn parse_answer(
     local: SocketAddr,
     remote: SocketAddr,
 ) -> Result<Option<TcpSocket>, DiagError> {
-    if buf.len() < NLMSG_HDR {
-        return Err(DiagError::Malformed("short header"));
-    }
-    let len = u32::from_ne_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
-    let kind = u16::from_ne_bytes(buf[4..6].try_into().expect("2 bytes"));
-    if len < NLMSG_HDR || len > buf.len() {
-        return Err(DiagError::Malformed("bad length"));
-    }
-    let body = &buf[NLMSG_HDR..len];
-    if kind == NLMSG_ERROR {
-        let code = body.get(0..4).ok_or(DiagError::Malformed("short error"))?;
-        let code = i32::from_ne_bytes(code.try_into().expect("4 bytes"));
-        // i32::MIN has no negation: no errno, a malformed answer.
-        return match code.checked_neg() {
-            Some(0) => Err(DiagError::Malformed("ack without an answer")),
-            Some(libc::ENOENT) => Ok(None),
-            Some(e) if e > 0 => Err(DiagError::Sys(Errno::from_raw(e))),
-            _ => Err(DiagError::Malformed("error code out of range")),
-        };
-    }
+    let (kind, body) = match first_message(buf) {
+        Ok(message) => message,
+        Err(Ok(0)) => return Err(DiagError::Malformed("ack without an answer")),
+        Err(Ok(libc::ENOENT)) => return Ok(None),
+        Err(Ok(e)) => return Err(DiagError::Sys(Errno::from_raw(e))),
+        Err(Err(e)) => return Err(e),
+    };
     if kind != SOCK_DIAG_BY_FAMILY {
         return Err(DiagError::Malformed("not an inet_diag_msg"));
     }

@@ -13,9 +13,7 @@
 //! `no` field of a second op). The kernel checks a program before it runs it
 //! (every jump lands on an op or on the end); the layouts are tested here.
 
-use super::{
-    parse_dump_of, Connection, DiagError, SockDiag, NLMSG_HDR, NO_COOKIE, REQ_V2, SOCK_DIAG_BY_FAMILY,
-};
+use super::{parse_dump_of, write_header, Connection, DiagError, SockDiag, NLMSG_HDR, NO_COOKIE, REQ_V2};
 
 /// `INET_DIAG_REQ_BYTECODE` from `<linux/inet_diag.h>`.
 const INET_DIAG_REQ_BYTECODE: u16 = 1;
@@ -63,10 +61,7 @@ pub fn established_request(pairs: &[(u16, u16)], seq: u32) -> Vec<u8> {
     let program = ports_filter(pairs);
     let len = NLMSG_HDR + REQ_V2 + 4 + program.len();
     let mut m = vec![0u8; NLMSG_HDR + REQ_V2];
-    m[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
-    m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    m[6..8].copy_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
-    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    write_header(&mut m, len, libc::NLM_F_REQUEST | libc::NLM_F_DUMP, seq);
     let r = &mut m[NLMSG_HDR..];
     r[0] = libc::AF_INET6 as u8;
     r[1] = libc::IPPROTO_TCP as u8;

@@ -3,7 +3,7 @@
 //! `SO_PEERPIDFD` it is how the daemon proves that a process holds the
 //! client end of a connection (see `identity::leases`).
 
-use super::{DiagError, SockDiag, NLMSG_ERROR, NLMSG_HDR, NO_COOKIE, SOCK_DIAG_BY_FAMILY};
+use super::{first_message, write_header, DiagError, SockDiag, NLMSG_HDR, NO_COOKIE, SOCK_DIAG_BY_FAMILY};
 
 /// `struct unix_diag_req`: family, protocol, pad, states, ino, show, cookie[2].
 pub const UNIX_REQ: usize = 24;
@@ -18,10 +18,7 @@ const UNIX_DIAG_PEER: u16 = 2;
 /// its peer, sequence number `seq`.
 pub fn unix_peer_request(ino: u32, seq: u32) -> [u8; NLMSG_HDR + UNIX_REQ] {
     let mut m = [0u8; NLMSG_HDR + UNIX_REQ];
-    m[0..4].copy_from_slice(&((NLMSG_HDR + UNIX_REQ) as u32).to_ne_bytes());
-    m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    m[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    write_header(&mut m, NLMSG_HDR + UNIX_REQ, libc::NLM_F_REQUEST, seq);
     let r = &mut m[NLMSG_HDR..];
     r[0] = libc::AF_UNIX as u8;
     r[4..8].copy_from_slice(&(!0u32).to_ne_bytes()); // any state
@@ -35,24 +32,13 @@ pub fn unix_peer_request(ino: u32, seq: u32) -> [u8; NLMSG_HDR + UNIX_REQ] {
 /// Parses the answer to [`unix_peer_request`] for inode `ino`: the peer's
 /// inode, `None` where the socket has no peer (or no longer exists).
 pub fn parse_unix_peer(buf: &[u8], ino: u32) -> Result<Option<u32>, DiagError> {
-    if buf.len() < NLMSG_HDR {
-        return Err(DiagError::Malformed("short header"));
-    }
-    let len = u32::from_ne_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
-    let kind = u16::from_ne_bytes(buf[4..6].try_into().expect("2 bytes"));
-    if len < NLMSG_HDR || len > buf.len() {
-        return Err(DiagError::Malformed("bad length"));
-    }
-    let body = &buf[NLMSG_HDR..len];
-    if kind == NLMSG_ERROR {
-        let code = body.get(0..4).ok_or(DiagError::Malformed("short error"))?;
-        let code = i32::from_ne_bytes(code.try_into().expect("4 bytes"));
-        return match code.checked_neg() {
-            Some(libc::ENOENT) => Ok(None),
-            Some(e) if e > 0 => Err(DiagError::Sys(nix::errno::Errno::from_raw(e))),
-            _ => Err(DiagError::Malformed("error code out of range")),
-        };
-    }
+    let (kind, body) = match first_message(buf) {
+        Ok(message) => message,
+        Err(Ok(libc::ENOENT)) => return Ok(None),
+        Err(Ok(0)) => return Err(DiagError::Malformed("ack without an answer")),
+        Err(Ok(e)) => return Err(DiagError::Sys(nix::errno::Errno::from_raw(e))),
+        Err(Err(e)) => return Err(e),
+    };
     if kind != SOCK_DIAG_BY_FAMILY || body.len() < UNIX_MSG || body[0] != libc::AF_UNIX as u8 {
         return Err(DiagError::Malformed("not a unix_diag_msg"));
     }
