@@ -1,6 +1,6 @@
 //! Unit tests of the tenant checks.
 use super::*;
-use crate::identity::Client;
+use crate::identity::{Client, ClientInfo};
 
 fn policy(mode: TenantIsolation, max_rules: u32) -> (TenantPolicy, Arc<Metrics>) {
     let m = Arc::new(Metrics::new());
@@ -9,7 +9,10 @@ fn policy(mode: TenantIsolation, max_rules: u32) -> (TenantPolicy, Arc<Metrics>)
 }
 
 fn client(cgroup: u64, gpus: u64) -> Client {
-    Client { tenant: Some(Arc::new(Tenant::for_test(cgroup, gpus))), ..Client::default() }
+    Client::from(ClientInfo {
+        tenant: Some(Arc::new(Tenant::for_test(cgroup, gpus))),
+        ..ClientInfo::default()
+    })
 }
 
 fn refused(m: &Metrics, endpoint: &str, reason: Refusal, mode: &str) -> u64 {
@@ -59,7 +62,7 @@ fn an_unidentified_client_is_refused_with_the_fix() {
 #[test]
 fn an_exited_opener_is_refused_saying_so() {
     let (p, m) = policy(TenantIsolation::Enforce, 0);
-    let gone = Client { opener_exited: true, ..Client::default() };
+    let gone = Client::from(ClientInfo { opener_exited: true, ..ClientInfo::default() });
     let d = p.check_gpu("gpu_fd", &gone, 0, &"0000:04:00.0").unwrap_err();
     assert_eq!(d.reason, Refusal::Unidentified);
     assert!(d.message.contains("opened this connection has exited"), "{}", d.message);

@@ -123,4 +123,8 @@ pub struct LeaseMetrics {
     pub clients: IntGauge,
     /// Connections whose process could not be identified (no lease).
     pub connections_without_lease: IntCounter,
+    /// New processes' tenant reads waiting for a reader now.
+    pub tenant_reads_waiting: IntGauge,
+    /// New processes whose tenant read was refused (too many waiting).
+    pub tenant_reads_refused: IntCounter,
 }

@@ -30,7 +30,6 @@ pub mod request;
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::os::fd::BorrowedFd;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -40,7 +39,7 @@ use tokio::sync::oneshot;
 
 use crate::endpoint::budget::ConnBudget;
 use crate::endpoint::pause::Gate;
-use crate::identity::{Client, ClientTracker, IdentifyError, TenantPolicy};
+use crate::identity::{Client, ClientTracker, TenantPolicy};
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicError};
 use crate::rules::engine::Installed;
@@ -133,7 +132,7 @@ impl RulePath {
 /// `--leases`, the lease whose end removes the rule. The NIC thread refuses
 /// installs for a process already known to be gone, so that no rule
 /// outlives its reclaim. There is no default: each is the client of a
-/// connection ([`Requester::of`]), or explicitly nobody
+/// connection (`From<Client>`), or explicitly nobody
 /// ([`Requester::unchecked`]).
 #[derive(Debug, Clone)]
 pub struct Requester {
@@ -159,12 +158,6 @@ impl Requester {
     /// Whether its process is already known to be gone.
     pub fn gone(&self) -> bool {
         self.client.lease.as_ref().is_some_and(|l| !l.alive())
-    }
-
-    /// The client at the other end of `sock`, asked of the client registry
-    /// (which waits a bounded time for a tenant still being read).
-    pub fn of(clients: &Arc<ClientTracker>, sock: BorrowedFd<'_>) -> Result<Requester, IdentifyError> {
-        clients.who(sock).map(Requester::from)
     }
 
     /// Nobody in particular: for an uninstall while tenant isolation is

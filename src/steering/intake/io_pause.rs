@@ -113,6 +113,7 @@ impl IoThread {
             self.conns.remove(key);
             return;
         }
+        c.ask_who(&mut self.cx);
         self.series[li].open.inc();
         self.drive(key);
     }

@@ -1,5 +1,14 @@
 //! One rule I/O thread: its epoll set, its connections, accepting under the
 //! connection budget, and shutdown.
+//!
+//! Tenants take turns. Each batch of events only notes which connections
+//! are ready, in a queue with a lane per tenant (per process where tenants
+//! are not told apart); the thread then runs them in rounds, each lane
+//! giving at most [`TURN`] connections per round while other lanes wait,
+//! and looks for new events between rounds. A lane that was empty goes
+//! first. So a tenant with hundreds of connections busy delays another
+//! tenant's request by at most a turn of its own, not by all of them; with
+//! one tenant busy, a round is the whole batch, as before.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -19,6 +28,10 @@ use super::{Cx, Listener, Shared, EVENTS, FIRST_LISTENER_KEY, INBOX_KEY, PERMIT_
 use crate::endpoint::accept_backoff::AcceptBackoff;
 use crate::endpoint::Endpoint;
 use crate::steering::{Handoff, Inbox, RulePath};
+use crate::types::fair::FairQueue;
+
+/// Connections of one tenant run per round while other tenants wait.
+pub(super) const TURN: usize = 8;
 
 #[path = "io_pause.rs"]
 mod pause;
@@ -43,6 +56,8 @@ pub(super) struct IoThread {
     backoff: AcceptBackoff,
     pub(super) inbox: Arc<Inbox>,
     conns: Slab<Conn>,
+    /// Connections to run, by turn key (see the module's notes).
+    turns: FairQueue<u64, u64>,
     cx: Cx,
     shared: Arc<Shared>,
     next_sweep: Instant,
@@ -102,6 +117,7 @@ impl IoThread {
             backoff: AcceptBackoff::new("rule"),
             inbox,
             conns: Slab::default(),
+            turns: FairQueue::default(),
             cx: Cx {
                 state: state.clone(),
                 runtime: runtime.clone(),
@@ -110,6 +126,8 @@ impl IoThread {
                 paused: false,
                 now,
                 scratch: Box::new([0; SCRATCH]),
+                clients: Default::default(),
+                deadlines: Default::default(),
             },
             shared: shared.clone(),
             next_sweep: now,
@@ -140,8 +158,11 @@ impl IoThread {
     pub(super) fn run(mut self) {
         let mut events = vec![EpollEvent::empty(); EVENTS];
         let mut hints = Vec::new();
+        let mut round = Vec::new();
         loop {
-            let n = match self.ep.wait(&mut events, self.timeout()) {
+            // Connections still waiting for their turn: only look for new events.
+            let timeout = if self.turns.is_empty() { self.timeout() } else { EpollTimeout::ZERO };
+            let n = match self.ep.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
                 Err(e) => {
@@ -156,7 +177,7 @@ impl IoThread {
                     INBOX_KEY => {
                         self.inbox.take(&mut hints);
                         for key in hints.drain(..) {
-                            self.drive(key);
+                            self.ready(key);
                         }
                     }
                     // (An event from before a pause is dropped.)
@@ -168,10 +189,14 @@ impl IoThread {
                     key => {
                         if let Some(c) = self.conns.get_mut(key) {
                             c.on_event(ev.events());
-                            self.drive(key);
+                            self.ready(key);
                         }
                     }
                 }
+            }
+            self.turns.round(TURN, &mut round);
+            for key in round.drain(..) {
+                self.drive(key);
             }
             if !self.cx.stopping
                 && (self.shared.requested.load(Ordering::Acquire)
@@ -231,6 +256,9 @@ impl IoThread {
         if let Some(t) = self.resume_at {
             sooner(t);
         }
+        if let Some(std::cmp::Reverse((t, _))) = self.cx.deadlines.peek() {
+            sooner(*t);
+        }
         if !self.conns.is_empty() && self.idle_limit().is_some() {
             sooner(self.next_sweep);
         }
@@ -256,8 +284,17 @@ impl IoThread {
         self.cx.state.conn_limit.idle_limit(Endpoint::RuleManager)
     }
 
+    /// Queues a connection to run in its tenant's turn.
+    fn ready(&mut self, key: u64) {
+        if let Some(c) = self.conns.get_mut(key).filter(|c| !c.queued) {
+            c.queued = true;
+            self.turns.push(c.turn, key);
+        }
+    }
+
     fn drive(&mut self, key: u64) {
         let Some(c) = self.conns.get_mut(key) else { return };
+        c.queued = false;
         match c.drive(&mut self.cx) {
             Next::Keep => {}
             Next::WantWrite => {
@@ -338,6 +375,8 @@ impl IoThread {
         let c = self.conns.get_mut(key).expect("just inserted");
         if self.cx.stopping {
             c.begin_stop();
+        } else {
+            c.ask_who(&mut self.cx);
         }
         if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(false), key)).is_err() {
             // Cannot watch it (out of kernel memory): close it at once rather
@@ -365,6 +404,14 @@ impl IoThread {
 
     fn housekeeping(&mut self) {
         let now = self.cx.now;
+        // Requests whose client's tenant was not read in time are answered.
+        while let Some(&std::cmp::Reverse((t, key))) = self.cx.deadlines.peek() {
+            if t > now {
+                break;
+            }
+            self.cx.deadlines.pop();
+            self.ready(key);
+        }
         if self.cx.paused {
             return;
         }

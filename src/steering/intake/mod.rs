@@ -28,6 +28,8 @@ mod conn;
 mod io_thread;
 mod slab;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,6 +41,7 @@ use tokio::sync::{mpsc, watch};
 use super::{Inbox, Job, RulePath};
 use crate::endpoint::pause::Parked;
 use crate::endpoint::Endpoint;
+use crate::identity::ClientCache;
 use io_thread::IoThread;
 
 /// Epoll keys below [`slab::FIRST_KEY`]: the inbox, then the listeners.
@@ -71,6 +74,11 @@ pub(super) struct Cx {
     /// Taken once per batch of events.
     now: Instant,
     scratch: Box<[u8; SCRATCH]>,
+    /// The client processes this thread has seen (no lock shared with
+    /// other threads for a known one).
+    clients: ClientCache,
+    /// When connections waiting for their client's tenant stop waiting.
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
 }
 
 /// Starts `threads` I/O threads serving `listeners` until `shutdown`, and
@@ -163,10 +171,25 @@ impl Shared {
     }
 }
 
-/// How many I/O threads serve the rule endpoints, and how many workers the
-/// async runtime has: one per core, at most four.
-pub fn worker_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2)
+/// Rule I/O threads by default, at most, however many cores there are.
+pub const MAX_IO_THREADS: usize = 32;
+
+/// How many I/O threads serve the rule endpoints: `flag`
+/// (`--rule_io_threads`) if not 0, else one per core the daemon may run on
+/// (the kernel's answer: its CPU affinity and cgroup quota), at most
+/// [`MAX_IO_THREADS`].
+pub fn io_threads(flag: u32) -> usize {
+    match flag {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get().min(MAX_IO_THREADS)),
+        n => n as usize,
+    }
+}
+
+/// The async runtime's workers: it serves the endpoints other than the
+/// rule sockets (queue ids, registry, pools, HTTP), which see far less
+/// traffic; one per core, at most four.
+pub fn runtime_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
 }
 
 #[cfg(test)]
