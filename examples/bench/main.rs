@@ -31,9 +31,15 @@
 //!   connections of the benchmark's own, with the simulated GPUs' device-node
 //!   stand-ins (`/dev/nvidia<N>`) created and held open when run as root.
 //!   `--tenants_only` runs only this section.
+//! - hostile cases (`hostile.rs`, `--hostile`, or only them with
+//!   `--hostile_only`): a victim's IPv4 pairs while another tenant floods
+//!   plain requests from `--flood_conns` connections, and its worst install
+//!   while `--fat_clients` new processes holding `--fat_fds` files each
+//!   become clients.
 
 mod doc;
 mod floor;
+mod hostile;
 mod load;
 mod reference;
 mod stall;
@@ -141,11 +147,43 @@ struct Args {
     /// Run only the tenant checks.
     #[arg(long = "tenants_only", alias = "tenants-only")]
     tenants_only: bool,
+    /// Also run the hostile cases (after the other sections).
+    #[arg(long)]
+    hostile: bool,
+    /// Run only the hostile cases.
+    #[arg(long = "hostile_only", alias = "hostile-only")]
+    hostile_only: bool,
+    /// Hostile cases: the flooding tenant's connections.
+    #[arg(long = "flood_conns", default_value_t = 512, value_parser = positive)]
+    flood_conns: usize,
+    /// Hostile cases: the flooding tenant's threads.
+    #[arg(long = "flood_threads", default_value_t = 2, value_parser = positive)]
+    flood_threads: usize,
+    /// Hostile cases: seconds the victim runs alone, and again under the flood.
+    #[arg(long = "hostile_seconds", default_value_t = 3.0)]
+    hostile_seconds: f64,
+    /// Hostile cases: new processes with many open files that become clients at once.
+    #[arg(long = "fat_clients", default_value_t = 4, value_parser = positive)]
+    fat_clients: usize,
+    /// Hostile cases: descriptors each of those processes holds.
+    #[arg(long = "fat_fds", default_value_t = 19_000)]
+    fat_fds: usize,
+    /// Floor threads (0: as many as the daemon has rule I/O threads).
+    #[arg(long = "floor_threads", default_value_t = 0)]
+    floor_threads_wanted: usize,
     /// Internal: serve the floor on this socket path (the benchmark starts itself so).
     #[arg(long, hide = true)]
     serve_floor: Option<PathBuf>,
-    #[arg(long, hide = true, default_value_t = 1)]
-    floor_threads: usize,
+    #[arg(long = "serve_threads", hide = true, default_value_t = 1)]
+    serve_threads: usize,
+    /// Internal: flood this socket folder (a hostile tenant).
+    #[arg(long, hide = true)]
+    flood: Option<PathBuf>,
+    /// Internal: become a client of this socket folder holding many files.
+    #[arg(long = "fat_client", hide = true)]
+    fat_client: Option<PathBuf>,
+    #[arg(long = "fat_flow", hide = true, default_value_t = 0)]
+    fat_flow: usize,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -159,9 +197,9 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
     format!("add_rule:{s}").parse::<SimDelay>().map(|d| d.by).map_err(|e| e.1.to_string())
 }
 
-/// The daemon's rule I/O thread count: the floor gets as many threads.
+/// The daemon's rule I/O thread count (one per core): the floor gets as many threads.
 fn daemon_workers() -> usize {
-    tcpx_rxdm::steering::intake::worker_threads()
+    tcpx_rxdm::steering::intake::io_threads(0)
 }
 
 fn clk_tck() -> f64 {
@@ -359,12 +397,19 @@ fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Du
     (s, t.elapsed())
 }
 
+/// Threads the floor runs on: `--floor_threads`, else as many as the daemon's rule I/O threads.
+static FLOOR_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn floor_threads() -> usize {
+    *FLOOR_THREADS.get().unwrap_or(&daemon_workers())
+}
+
 /// Starts this benchmark again as the floor server, in its own process like the daemon.
 fn start_floor() -> Server {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("floor");
     let mut cmd = Command::new(std::env::current_exe().expect("own path"));
-    cmd.arg("--serve-floor").arg(&sock).arg(format!("--floor-threads={}", daemon_workers()));
+    cmd.arg("--serve-floor").arg(&sock).arg(format!("--serve_threads={}", floor_threads()));
     spawn_until(cmd, false, FLOOR_READY, dir, sock)
 }
 
@@ -445,7 +490,16 @@ struct Report {
 fn main() {
     let a = Args::parse();
     if let Some(sock) = &a.serve_floor {
-        serve_floor(sock, a.floor_threads);
+        serve_floor(sock, a.serve_threads);
+    }
+    if let Some(dir) = &a.flood {
+        hostile::flood(dir, a.flood_conns, a.flood_threads);
+    }
+    if let Some(dir) = &a.fat_client {
+        hostile::fat_client(dir, a.fat_fds, a.fat_flow);
+    }
+    if a.floor_threads_wanted > 0 {
+        let _ = FLOOR_THREADS.set(a.floor_threads_wanted);
     }
     if let Some(dir) = &a.target {
         let mut errors = Errors::new();
@@ -473,6 +527,9 @@ fn main() {
     println!("{header}");
     if a.tenants_only {
         std::process::exit(if tenants_section(&a) { 0 } else { 1 });
+    }
+    if a.hostile_only {
+        std::process::exit(if hostile::run(&a) { 0 } else { 1 });
     }
 
     let mut r = Report {
@@ -656,6 +713,9 @@ fn main() {
     if a.tenant_requests > 0 && !tenants_section(&a) {
         std::process::exit(1);
     }
+    if a.hostile && !hostile::run(&a) {
+        std::process::exit(1);
+    }
     if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() || matches!(r.stall, Some(Err(_))) {
         std::process::exit(1);
     }
@@ -760,13 +820,14 @@ fn header(a: &Args) -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!(
         "Run of {}: {} cores ({cpu}), kernel {}, load average {load1} at the start; \
-         daemon `{}` with {} rule I/O threads, floor with as many threads; \
+         daemon `{}` with {} rule I/O threads, floor with {} threads; \
          `bench {}`; {} round(s).",
         doc::utc_stamp(now),
         cores(),
         kernel.trim(),
         a.bin.display(),
         daemon_workers(),
+        floor_threads(),
         args.join(" "),
         a.rounds
     )
