@@ -374,7 +374,7 @@ fn beyond_scan(beyond: Option<bool>) -> String {
     match beyond {
         Some(false) => String::new(),
         Some(true) => format!(
-            " among its descriptors 0 to {}; it holds more when it first connected, and the daemon reads no \
+            " among its descriptors 0 to {}; it held more when it was first seen, and the daemon reads no \
              further (CUDA opens its device nodes at cuInit: initialise CUDA before opening many files)",
             limit - 1
         ),

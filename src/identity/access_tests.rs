@@ -31,6 +31,23 @@ fn a_gpu_is_usable_only_where_its_device_node_is_held() {
 }
 
 #[test]
+fn a_gpu_refusal_says_when_the_clients_files_were_not_all_read() {
+    let (p, _) = policy(TenantIsolation::Enforce, 0);
+    let with = |beyond| {
+        let mut t = Tenant::for_test(10, 0b001);
+        t.beyond_scan = beyond;
+        let c = Client::from(ClientInfo { tenant: Some(Arc::new(t)), ..ClientInfo::default() });
+        p.check_gpu("gpu_fd", &c, 2, &"0000:0a:00.0").unwrap_err().message
+    };
+    let all = with(Some(false));
+    assert!(!all.contains("descriptors"), "{all}");
+    let more = with(Some(true));
+    assert!(more.contains("descriptors 0 to 4095") && more.contains("cuInit"), "{more}");
+    let unknown = with(None);
+    assert!(unknown.contains("descriptors 0 to 4095") && !unknown.contains("held more"), "{unknown}");
+}
+
+#[test]
 fn audit_decides_the_same_but_serves() {
     let (p, m) = policy(TenantIsolation::Audit, 0);
     let a = client(10, 0b001);

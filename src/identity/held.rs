@@ -437,6 +437,39 @@ mod tests {
     }
 
     #[test]
+    fn only_descriptors_below_the_limit_are_read_and_a_process_holding_more_says_so() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("dev");
+        std::fs::create_dir(&dev).unwrap();
+        std::fs::write(dev.join("nvidia0"), b"").unwrap();
+        let rootfd = std::fs::File::open(root.path()).unwrap();
+        let d = devices(true);
+        let stand_ins = stand_ins_under(rootfd.as_fd(), &d);
+        // The stand-in held at a high descriptor number, and only there.
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(dev.join("nvidia0")).unwrap();
+        let high = nix::fcntl::fcntl(file.as_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(900)).unwrap();
+        // SAFETY: F_DUPFD_CLOEXEC just returned this descriptor; nothing else owns it.
+        let high = unsafe { OwnedFd::from_raw_fd(high) };
+        drop(file);
+        assert!(high.as_raw_fd() >= 900);
+        let dir = std::fs::File::open(format!("/proc/{}", std::process::id())).unwrap();
+        let own = crate::identity::pidfd_open(std::process::id()).unwrap();
+        let low = 800;
+        let below = open_files_in(dir.as_fd(), low, &d).unwrap();
+        assert_eq!(held_gpus(&below.files, &d, &stand_ins), 0, "past the limit: not seen");
+        assert_eq!(below.beyond_limit, Some(true), "the process holds descriptors past the limit");
+        let through_pidfd = open_files_of_pidfd(own.as_fd(), low, &d).unwrap();
+        assert_eq!(held_gpus(&through_pidfd.files, &d, &stand_ins), 0, "the same limit through the pidfd");
+        assert_eq!(through_pidfd.beyond_limit, None, "the pidfd cannot tell");
+        // Under the limit it is seen on both paths.
+        let all = open_files_in(dir.as_fd(), SCAN_LIMIT, &d).unwrap();
+        assert_eq!(held_gpus(&all.files, &d, &stand_ins), 0b001);
+        let all = open_files_of_pidfd(own.as_fd(), SCAN_LIMIT, &d).unwrap();
+        assert_eq!(held_gpus(&all.files, &d, &stand_ins), 0b001);
+        drop(high);
+    }
+
+    #[test]
     fn a_stand_in_held_only_by_path_or_for_reading_or_for_writing_gives_no_gpu() {
         let root = tempfile::tempdir().unwrap();
         let dev = root.path().join("dev");

@@ -9,6 +9,8 @@
 mod families;
 mod record;
 
+pub use record::RuleLocal;
+
 use std::collections::VecDeque;
 use std::sync::Mutex;
 

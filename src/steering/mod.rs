@@ -154,7 +154,17 @@ impl From<Client> for Requester {
     }
 }
 
+/// The turn key of requests whose client is not known.
+pub const NOBODY_TURN: u64 = u64::MAX;
+
 impl Requester {
+    /// What its requests take turns by, wherever they wait with others'
+    /// (a rule I/O thread's ready connections, a NIC thread's batch): its
+    /// tenant (cgroup id), else its process (lease), else nobody's.
+    pub fn turn(&self) -> u64 {
+        turn_of(&self.client)
+    }
+
     /// Whether its process is already known to be gone.
     pub fn gone(&self) -> bool {
         self.client.lease.as_ref().is_some_and(|l| !l.alive())
@@ -165,6 +175,15 @@ impl Requester {
     /// finds no tenant in it and refuses it as unidentified.
     pub fn unchecked() -> Requester {
         Requester::from(Client::default())
+    }
+}
+
+/// [`Requester::turn`] of a client.
+pub fn turn_of(c: &Client) -> u64 {
+    match (&c.tenant, &c.process) {
+        (Some(t), _) => t.cgroup_id & !(1 << 63),
+        (None, Some(l)) => (1 << 63) | u64::from(l.id().get()),
+        (None, None) => NOBODY_TURN,
     }
 }
 

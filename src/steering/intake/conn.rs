@@ -176,6 +176,16 @@ impl Conn {
         self.settle();
     }
 
+    /// Just accepted, its client known: the socket is worth a look before
+    /// epoll says so (marks it readable; `false` while its client is being read).
+    pub(super) fn fresh(&mut self) -> bool {
+        if matches!(self.who, Who::Reading(..)) {
+            return false;
+        }
+        self.may_read = true;
+        true
+    }
+
     /// The pause ended: look at the socket again.
     pub(super) fn unpause(&mut self) {
         self.may_read = true;

@@ -18,16 +18,19 @@ use crate::endpoint::{shutting_down, Endpoint, Reply};
 use crate::identity::{self, Asked, Client, IdentifyError, PendingClient};
 use crate::metrics::RuleOp;
 use crate::steering::request::{self, RuleStart};
-use crate::steering::Requester;
+use crate::steering::{turn_of, Requester};
 use crate::types::status::StatusCode;
 use crate::wire::frame;
 use crate::wire::proto::UnixSocketProto;
 
 /// Who a connection's client is, as far as its thread knows.
 pub(super) enum Who {
-    /// To be asked (client processes are not tracked, or asked again
-    /// after a failure).
+    /// To be asked (asked again after a failure).
     Unasked,
+    /// Not asked: the connection's requests need no client (removals while
+    /// isolation is off), unless one names an IPv6 flow (to be repaired in
+    /// the client's network namespace).
+    Unneeded,
     Known(Requester),
     /// Its tenant is being read; the waker posts the connection to its
     /// thread's inbox when the read ends.
@@ -38,29 +41,25 @@ pub(super) enum Who {
 }
 
 /// The turn key of connections whose client is not known (yet).
-pub(super) const NOBODY: u64 = u64::MAX;
-
-/// The key a connection's requests take turns by: its tenant (cgroup id),
-/// else its process (lease), else nobody's.
-pub(super) fn turn_of(c: &Client) -> u64 {
-    match (&c.tenant, &c.process) {
-        (Some(t), _) => t.cgroup_id & !(1 << 63),
-        (None, Some(l)) => (1 << 63) | u64::from(l.id().get()),
-        (None, None) => NOBODY,
-    }
-}
+pub(super) const NOBODY: u64 = crate::steering::NOBODY_TURN;
 
 impl Conn {
     /// Asks who the client is, without waiting (a read under way parks the
     /// connection's next request), and sets its turn key.
     pub(in crate::steering::intake) fn ask_who(&mut self, cx: &mut Cx) {
+        self.ask(cx, false);
+    }
+
+    /// [`Self::ask_who`]; `needed`: even where the requests need no client.
+    fn ask(&mut self, cx: &mut Cx, needed: bool) {
         let clients = &cx.state.clients;
-        if !clients.policy().track {
+        let unneeded = !needed && self.endpoint == Endpoint::RuleUninstall && !cx.state.tenants.checks();
+        if !clients.policy().track || unneeded {
             // Nobody is identified: the process at the connection's pid, as
             // the kernel recorded it, is only a key to take turns by.
             let pid = identity::credentials(self.shared.sock()).and_then(|c| c.pid);
             self.turn = (1 << 62) | u64::from(pid.map_or(0, NonZeroU32::get));
-            self.who = Who::Known(Requester::unchecked());
+            self.who = if unneeded { Who::Unneeded } else { Who::Known(Requester::unchecked()) };
             return;
         }
         match clients.ask(self.shared.sock(), &mut cx.clients, Waker::noop()) {
@@ -120,8 +119,9 @@ impl Conn {
         cx: &mut Cx,
         install: bool,
     ) -> Option<(Requester, UnixSocketProto)> {
-        if matches!(self.who, Who::Unasked) {
-            self.ask_who(cx);
+        let ipv6 = || request::names_ipv6_flow(&msg);
+        if matches!(self.who, Who::Unasked) || (matches!(self.who, Who::Unneeded) && ipv6()) {
+            self.ask(cx, true);
         }
         match std::mem::replace(&mut self.who, Who::Unasked) {
             Who::Known(r) => {
@@ -141,6 +141,10 @@ impl Conn {
                 cx.state.metrics.rule_done(op, StatusCode::Unavailable, cx.now.elapsed().as_secs_f64());
                 self.reply(&frame::error(StatusCode::Unavailable, e.to_string()));
                 None
+            }
+            Who::Unneeded => {
+                self.who = Who::Unneeded;
+                Some((Requester::unchecked(), msg))
             }
             Who::Failed(_) | Who::Unasked => Some((Requester::unchecked(), msg)),
         }

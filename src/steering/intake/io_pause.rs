@@ -114,7 +114,7 @@ impl IoThread {
             return;
         }
         c.ask_who(&mut self.cx);
-        self.series[li].open.inc();
+        self.series[li].opened += 1;
         self.drive(key);
     }
 }

@@ -31,15 +31,31 @@ use crate::steering::{Handoff, Inbox, RulePath};
 use crate::types::fair::FairQueue;
 
 /// Connections of one tenant run per round while other tenants wait.
-pub(super) const TURN: usize = 8;
+pub(super) const TURN: usize = 4;
 
 #[path = "io_pause.rs"]
 mod pause;
 
-/// Per listener: the connection gauge and counter of its endpoint.
+/// Per listener: the connection gauge and counter of its endpoint, and
+/// what this thread changed since it last added that to them (once per
+/// batch of events: a series every thread writes per connection is a cache
+/// line they pass around).
 struct Series {
     open: IntGauge,
     total: IntCounter,
+    opened: i64,
+    accepted: u64,
+}
+
+impl Series {
+    fn flush(&mut self) {
+        if self.opened != 0 {
+            self.open.add(std::mem::take(&mut self.opened));
+        }
+        if self.accepted != 0 {
+            self.total.inc_by(std::mem::take(&mut self.accepted));
+        }
+    }
 }
 
 pub(super) struct IoThread {
@@ -103,6 +119,8 @@ impl IoThread {
             .map(|l| Series {
                 open: state.metrics.connections.with_label_values(&[l.endpoint.kind()]),
                 total: state.metrics.connections_total.with_label_values(&[l.endpoint.kind()]),
+                opened: 0,
+                accepted: 0,
             })
             .collect();
         let now = Instant::now();
@@ -207,6 +225,9 @@ impl IoThread {
             self.flush();
             self.follow_gate();
             self.housekeeping();
+            for s in &mut self.series {
+                s.flush();
+            }
             self.accepted_before = std::mem::take(&mut self.accepted_now);
             if self.cx.stopping && self.conns.is_empty() {
                 return;
@@ -214,35 +235,22 @@ impl IoThread {
         }
     }
 
-    /// Hands the jobs collected in this batch to their NIC threads, or runs
-    /// a lone request here (see the module's notes).
+    /// Runs the jobs collected in this round here, NIC by NIC, where the
+    /// NIC has been quick, nothing is queued for it and nobody runs it now;
+    /// hands the others to their NIC threads (see the module's notes).
     fn flush(&mut self) {
-        if let Some(nic) = self.lone_job() {
-            if self.shared.enter_inline() {
-                let ran = self.cx.state.nics[nic].run_here(&mut self.cx.pending[nic]);
-                self.shared.leave_inline();
-                if ran {
-                    return;
-                }
-            }
+        if self.cx.pending.iter().all(Vec::is_empty) {
+            return;
         }
+        let here = self.shared.enter_inline();
         for (nic, jobs) in self.cx.pending.iter_mut().enumerate() {
-            if !jobs.is_empty() {
-                self.cx.state.nics[nic].submit(jobs);
+            if jobs.is_empty() || (here && self.cx.state.nics[nic].run_here(jobs)) {
+                continue;
             }
+            self.cx.state.nics[nic].submit(jobs);
         }
-    }
-
-    /// The NIC of the only job collected, when this thread has no other
-    /// connection: then running it here keeps nobody waiting.
-    fn lone_job(&self) -> Option<usize> {
-        if self.conns.len() != 1 || !self.waiting.is_empty() {
-            return None;
-        }
-        let mut busy = self.cx.pending.iter().enumerate().filter(|(_, j)| !j.is_empty());
-        match (busy.next(), busy.next()) {
-            (Some((nic, jobs)), None) if jobs.len() == 1 => Some(nic),
-            _ => None,
+        if here {
+            self.shared.leave_inline();
         }
     }
 
@@ -312,7 +320,7 @@ impl IoThread {
 
     fn close(&mut self, key: u64) {
         if let Some(c) = self.conns.remove(key) {
-            self.series[c.listener].open.dec();
+            self.series[c.listener].opened -= 1;
             // The socket closes with the last holder of the hand-off (a NIC
             // thread may still hold it for a moment); closing also takes it
             // out of the epoll set.
@@ -378,16 +386,21 @@ impl IoThread {
         } else {
             c.ask_who(&mut self.cx);
         }
+        // A client sends its request right after connecting: it is usually
+        // there already, and is read in this round rather than the next.
+        let first = !self.cx.stopping && c.fresh();
         if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(false), key)).is_err() {
             // Cannot watch it (out of kernel memory): close it at once rather
             // than leave a client that nobody serves.
             self.conns.remove(key);
             return;
         }
-        self.series[li].open.inc();
-        self.series[li].total.inc();
+        self.series[li].opened += 1;
+        self.series[li].accepted += 1;
         if self.cx.stopping {
             self.drive(key);
+        } else if first {
+            self.ready(key);
         }
     }
 

@@ -15,11 +15,13 @@
 //! thread serves many requests. The NIC thread writes the reply to the client
 //! itself (see [`Handoff`](super::Handoff)).
 //!
-//! A thread that serves a single connection with a single request, the
-//! unloaded case where nothing amortises a hand-off, runs it itself if the
-//! NIC has been quick (see [`apply`](super::apply)). At most all threads but one do
-//! so at any moment: one always stays free to accept and serve, so a NIC
-//! call that turns slow holds up only the request that waits for it.
+//! A thread runs the requests of its round itself, NIC by NIC, where the
+//! NIC has been quick, nothing is queued for it and no other thread runs it
+//! (see [`apply`](super::apply)): no hand-off, no wake-up of another thread,
+//! one thread fewer to be scheduled on the request's way. At most all
+//! threads but one do so at any moment: one always stays free to accept and
+//! serve, so a NIC call that turns slow holds up only the requests of the
+//! thread that made it (the NIC is then left to its own thread).
 //!
 //! The connection budget, the idle limit, the error replies and the shutdown
 //! behaviour are the ones of every other endpoint.
