@@ -120,7 +120,12 @@ impl Conn {
         install: bool,
     ) -> Option<(Requester, UnixSocketProto)> {
         let ipv6 = || request::names_ipv6_flow(&msg);
-        if matches!(self.who, Who::Unasked) || (matches!(self.who, Who::Unneeded) && ipv6()) {
+        // A client is the process that opened the connection while it lives:
+        // once it has exited, it is asked again (and is nobody, whoever sends).
+        let opener_gone =
+            || matches!(&self.who, Who::Known(r) if r.client.process.as_ref().is_some_and(|l| !l.alive()));
+        if matches!(self.who, Who::Unasked) || (matches!(self.who, Who::Unneeded) && ipv6()) || opener_gone()
+        {
             self.ask(cx, true);
         }
         match std::mem::replace(&mut self.who, Who::Unasked) {
