@@ -289,3 +289,46 @@ fn a_container_name_that_is_no_dns_label_is_refused() {
         "{err}"
     );
 }
+
+/// Found by the inject target once a converted reference daemon had to come
+/// back with `--uninject`: a template whose `metadata` is no mapping (a
+/// slip: `name x` without its colon) lost it, replaced by the mapping that
+/// holds inject's record. Such a template is now refused, naming the field.
+#[test]
+fn a_template_whose_metadata_is_no_mapping_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/inject");
+    assert!(std::fs::read(root.join("regression-metadata-not-a-mapping")).unwrap()[1] < 0x80, "a text seed");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name p\nspec:\n  containers:\n  - name: trainer\n    \
+               resources: {limits: {nvidia.com/gpu: 8}}\n";
+    let err = tcpx_rxdm::inject::command::transform(pod, &Default::default()).unwrap_err().to_string();
+    assert_eq!(err, "Pod/(no name): metadata: not a mapping");
+    let job =
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec:\n  template:\n    metadata:\n      \
+               annotations: [a]\n    spec:\n      containers:\n      - name: trainer\n        \
+               resources: {limits: {nvidia.com/gpu: 8}}\n";
+    let err = tcpx_rxdm::inject::command::transform(job, &Default::default()).unwrap_err().to_string();
+    assert_eq!(err, "Job/j: spec.template.metadata.annotations: not a mapping");
+}
+
+/// Found by the inject target: a node-mode record on a template whose GPU
+/// container mounted a volume of inject's socket name at the libraries'
+/// folder; injecting again kept that folder as the socket folder, and the
+/// GPU containers mounted two volumes there. A socket folder where inject
+/// mounts another of its volumes is refused, naming the flag.
+#[test]
+fn a_socket_folder_where_inject_mounts_another_volume_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/inject");
+    assert!(std::fs::read(root.join("regression-socket-folder-on-the-libraries")).unwrap()[1] >= 0x80);
+    let job = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: trainer\n    \
+               resources: {limits: {nvidia.com/gpu: 8}}\n";
+    let opts = tcpx_rxdm::inject::Options {
+        daemon_flags: vec!["--uds_path=/usr/local/nvidia/lib64".into()],
+        ..Default::default()
+    };
+    let err = tcpx_rxdm::inject::command::transform(job, &opts).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "--uds_path=/usr/local/nvidia/lib64: where inject mounts its volume tcpx-libraries in the GPU \
+         containers; choose another socket folder"
+    );
+}

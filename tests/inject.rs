@@ -12,7 +12,7 @@ use serde_norway::Value;
 use tcpx_rxdm::config::flags::{Flags, SetupParam};
 use tcpx_rxdm::host::tuning::TuningParams;
 use tcpx_rxdm::inject::command::transform;
-use tcpx_rxdm::inject::{machine, Mode, Nccl, Options, ANNOTATION, DAEMON};
+use tcpx_rxdm::inject::{machine, Given, Mode, Nccl, Options, ANNOTATION, DAEMON};
 
 fn path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -312,7 +312,7 @@ fn the_gke_guide_pod_is_migrated_to_one_daemon_with_its_flags() {
     for mode in [Mode::NativeSidecar, Mode::Sidecar] {
         let (out, report) = transform(&guide(), &opts(mode, Nccl::Inline)).unwrap();
         golden(&format!("tests/inject/gke-guide-pod.{}.yaml", mode.name()), &out);
-        assert!(report[0].contains("migrated reference daemon tcpx-daemon"), "{report:#?}");
+        assert!(report[0].contains("converted reference daemon tcpx-daemon"), "{report:#?}");
         let pod = &docs(&out)[0];
         check_template(pod, mode, Nccl::Inline);
         let all = containers(&pod["spec"]);
@@ -365,7 +365,11 @@ fn a_reference_daemon_that_cannot_be_converted_is_refused_by_name() {
         text[text.find("    - name: tcpx-daemon").unwrap()..i].replace("name: tcpx-daemon", "name: rxdm-2");
     let two = format!("{}{second}{}", &text[..i], &text[i..]);
     let e = transform(&two, &Options::default()).unwrap_err().to_string();
-    assert!(e.contains("containers[rxdm-2]") && e.contains("second reference daemon"), "{e}");
+    assert!(
+        e.contains("containers[rxdm-2]")
+            && e.contains("a second TCPX daemon (besides reference daemon tcpx-daemon)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -456,4 +460,218 @@ spec:
         let twice = run(&once, &opts(mode, Nccl::File));
         assert_eq!(docs(&twice), docs(&once), "{mode:?}: injecting again changed the Pod");
     }
+}
+
+/// Options as the command line gives them when none is named: each keeps
+/// the earlier injection's value.
+fn again() -> Options {
+    Options { given: Given::NONE, ..Options::default() }
+}
+
+/// What a new user brings: a JobSet with a CPU-only coordinator, a Pod with
+/// a tcpx-rxdm daemon written by hand, a Service.
+#[test]
+fn a_new_users_manifests_get_tcpx_where_gpus_are_and_a_hand_written_daemon_is_converted() {
+    let text = read("tests/inject/walk.yaml");
+    let (out, report) = transform(&text, &Options { given: again().given, ..Options::default() }).unwrap();
+    golden("tests/inject/walk.native-sidecar.yaml", &out);
+    let (plain, got) = (docs(&text), docs(&out));
+    // The coordinator requests no GPU: left as it is, and said so.
+    let coordinator = |d: &Value| d["spec"]["replicatedJobs"][0].clone();
+    assert_eq!(coordinator(&got[0]), coordinator(&plain[0]));
+    assert!(report[0].ends_with("[coordinator].template.spec.template: no container requests nvidia.com/gpu; left as it is (TCPX goes only to GPU containers)"), "{report:#?}");
+    check_template(
+        &got[0]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"],
+        Mode::NativeSidecar,
+        Nccl::Inline,
+    );
+    // The hand-written daemon: converted, its flags and its image kept, one daemon left.
+    let pod = &got[1];
+    check_template(pod, Mode::NativeSidecar, Nccl::Inline);
+    assert_eq!(containers(&pod["spec"]).len(), 2, "{pod:?}");
+    let d = &pod["spec"]["initContainers"][0];
+    assert_eq!(d["image"], "registry.example/ml/tcpx-rxdm:0.1.0");
+    let f = daemon_flags(d);
+    assert_eq!(f.tenant_isolation.name(), "audit");
+    // The level as the daemon names it.
+    assert!(strs(d.get("args")).contains(&"--log_level=warn".to_string()), "{d:?}");
+    assert!(!f.monitor_shutdown, "a native sidecar never ends on its clients' behalf");
+    let line = &report[2];
+    for says in [
+        "Pod/hand-written: injected: native-sidecar",
+        "converted hand-written tcpx-rxdm daemon rxdm (flags carried: --uds_path=/run/tcpx --tenant_isolation=audit --log_level=Warning; left to inject's --mode: --nomonitor_shutdown; volumes removed: sockets; --uninject brings it back)",
+        "rxdm was not privileged; inject's daemon is (privileged: true): --unprivileged gives it NET_ADMIN",
+    ] {
+        assert!(line.contains(says), "{says:?} not in {line}");
+    }
+    // Again: nothing changes; --uninject gives the input back, the hand-written daemon included.
+    assert_eq!(transform(&out, &again()).unwrap().0, out);
+    let (back, report) = transform(&out, &Options { uninject: true, ..again() }).unwrap();
+    assert_eq!(docs(&back), plain);
+    assert!(report.iter().any(|l| l.starts_with("Pod/hand-written: removed (0.1.0 native-sidecar injection); hand-written tcpx-rxdm daemon rxdm restored")), "{report:#?}");
+}
+
+/// Each shipped manifest is inject's output: injecting it again, with no
+/// option, changes nothing; nor does injecting again what any mode made of it.
+#[test]
+fn running_inject_again_changes_no_shipped_manifest_in_any_mode() {
+    let dir = path("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "{files:?}");
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let (out, report) = transform(&text, &again()).unwrap();
+        assert_eq!(docs(&out), docs(&text), "{}: {report:#?}", f.display());
+        assert!(report.iter().all(|l| !l.contains("injected:") && !l.contains("updated")), "{report:#?}");
+        for mode in MODES {
+            let explicit =
+                Options { mode, given: Given { mode: true, ..again().given }, ..Options::default() };
+            let once = transform(&text, &explicit).unwrap().0;
+            let (twice, report) = transform(&once, &again()).unwrap();
+            assert_eq!(twice, once, "{} {mode:?}: {report:#?}", f.display());
+        }
+    }
+}
+
+/// Without --mode, a template keeps the mode (and NCCL source) of its record;
+/// with it, the mode changes and the report says so.
+#[test]
+fn the_recorded_mode_stays_unless_mode_is_given() {
+    let text = read("tests/inject/plain-classic-sidecar-job.yaml");
+    let sidecar = transform(&text, &opts(Mode::Sidecar, Nccl::File)).unwrap().0;
+    let (kept, report) = transform(&sidecar, &again()).unwrap();
+    assert_eq!(kept, sidecar);
+    assert!(report[0].ends_with("already injected (0.1.0, sidecar); unchanged"), "{report:#?}");
+    let explicit = Options {
+        mode: Mode::NativeSidecar,
+        given: Given { mode: true, ..Given::NONE },
+        ..Options::default()
+    };
+    let (native, report) = transform(&sidecar, &explicit).unwrap();
+    assert_eq!(native, transform(&text, &opts(Mode::NativeSidecar, Nccl::File)).unwrap().0);
+    assert!(report[0].contains("updated from 0.1.0 sidecar: native-sidecar (file nccl, 1 GPU container); mode sidecar → native-sidecar (--mode)"), "{report:#?}");
+    // The daemon's flags, image and requests of the first run stay too.
+    let first = Options {
+        image: "registry.example/tcpx-rxdm:9".into(),
+        cpu: Some("500m".into()),
+        unprivileged: true,
+        daemon_flags: vec!["--rx_pool_size=1073741824".into()],
+        ..opts(Mode::Sidecar, Nccl::ConfigMap)
+    };
+    let once = transform(&text, &first).unwrap().0;
+    assert_eq!(transform(&once, &again()).unwrap().0, once);
+}
+
+/// A converted daemon comes back with --uninject; a record written before
+/// inject kept one says it cannot give one back, and what to do.
+#[test]
+fn uninject_gives_a_converted_reference_back_or_says_why_it_cannot() {
+    let custom = guide()
+        .replace("        - /run/tcpx\n", "        - /run/tcpx\n        - --tenant_isolation=enforce\n");
+    for mode in [Mode::NativeSidecar, Mode::Sidecar, Mode::Node] {
+        let (out, report) = transform(&custom, &opts(mode, Nccl::Inline)).unwrap();
+        if mode != Mode::Node {
+            // --tenant_isolation is tcpx-rxdm's own: carried over, not refused.
+            assert!(report[0].contains("--tenant_isolation=enforce"), "{report:#?}");
+            let d =
+                containers(&docs(&out)[0]["spec"]).into_iter().find(|c| c["name"] == DAEMON).unwrap().clone();
+            assert_eq!(daemon_flags(&d).tenant_isolation.name(), "enforce");
+        }
+        let (back, report) = transform(&out, &Options { uninject: true, ..Options::default() }).unwrap();
+        assert_eq!(docs(&back), docs(&custom), "{mode:?}");
+        assert!(report[0].contains("injection); reference daemon tcpx-daemon restored\n"), "{report:#?}");
+    }
+    // A record without converted= (an earlier inject's) on a converted Pod.
+    let out = run(&guide(), &Options::default());
+    let mut pod = docs(&out).remove(0);
+    let ann = pod["metadata"]["annotations"].as_mapping_mut().unwrap();
+    ann.remove("tcpx-rxdm.io/converted");
+    let rec = ann.get_mut(ANNOTATION).unwrap();
+    *rec = Value::String(rec.as_str().unwrap().replace(" converted=yes", ""));
+    let old = serde_norway::to_string(&pod).unwrap();
+    let (back, report) =
+        tcpx_rxdm::inject::command::transform_all(&old, &Options { uninject: true, ..Options::default() })
+            .unwrap();
+    assert!(!back.contains("tcpgpudmarxd"), "{back}");
+    let warning = &report[0].done.warnings[0];
+    assert!(
+        warning.contains("written by an earlier inject, which did not keep a daemon it converted")
+            && warning.contains("copy them back from the original manifest"),
+        "{warning}"
+    );
+    // converted=yes without what it kept: refused, nothing changed.
+    let lost = out.replace("tcpx-rxdm.io/converted:", "x-team/notes:");
+    let e = transform(&lost, &Options { uninject: true, ..Options::default() }).unwrap_err().to_string();
+    assert!(e.contains("metadata.annotations[tcpx-rxdm.io/converted]: the daemon this injection converted cannot be given back: the annotation is missing"), "{e}");
+}
+
+/// The probe follows --metrics_address: HTTP on its port where the kubelet
+/// reaches it, else the daemon asked in its container; the report says which.
+#[test]
+fn the_probe_follows_the_metrics_address() {
+    let text = read("tests/inject/plain-native-sidecar-job.yaml");
+    for (mode, address, key, says) in [
+        (Mode::NativeSidecar, "0.0.0.0:9999", "startupProbe", "startupProbe GET /readyz on port 9999"),
+        (Mode::Sidecar, "[::]:9999", "readinessProbe", "readinessProbe GET /readyz on port 9999"),
+        (
+            Mode::NativeSidecar,
+            "127.0.0.1:9999",
+            "startupProbe",
+            "127.0.0.1:9999 is loopback, which the kubelet cannot reach",
+        ),
+        (Mode::Sidecar, "", "readinessProbe", "--metrics_address is empty: the daemon serves no HTTP"),
+    ] {
+        let o =
+            Options { daemon_flags: vec![format!("--metrics_address={address}")], ..opts(mode, Nccl::File) };
+        let (out, report) = transform(&text, &o).unwrap();
+        assert!(report[0].contains(says), "{address}: {report:#?}");
+        let job = &docs(&out)[0];
+        let d = containers(&job["spec"]["template"]["spec"])
+            .into_iter()
+            .find(|c| c["name"] == DAEMON)
+            .unwrap()
+            .clone();
+        let probe = &d[key];
+        match address {
+            "0.0.0.0:9999" | "[::]:9999" => {
+                assert_eq!(probe["httpGet"]["port"], Value::Number(9999.into()));
+                assert_eq!(d["livenessProbe"]["httpGet"]["port"], Value::Number(9999.into()));
+            }
+            _ => {
+                assert_eq!(
+                    strs(probe["exec"].get("command")),
+                    ["/usr/local/bin/tcpx-rxdm", "status", "mine", "--uds_path=/run/tcpx"]
+                );
+                assert!(d.get("livenessProbe").is_none());
+            }
+        }
+        let ports = d.get("ports").map(|p| p[0]["containerPort"].clone());
+        assert_eq!(ports, (!address.is_empty()).then(|| Value::Number(9999.into())), "{address}");
+        assert_eq!(transform(&out, &o).unwrap().0, out, "{address}");
+    }
+}
+
+/// A Pod asking for part of a node's GPUs gets the whole node's daemon:
+/// said plainly, with what to do.
+#[test]
+fn a_pod_asking_for_part_of_the_node_is_warned_that_its_daemon_takes_every_nic() {
+    let text =
+        read("tests/inject/plain-native-sidecar-job.yaml").replace("nvidia.com/gpu: 8", "nvidia.com/gpu: 4");
+    let (_, applied) = tcpx_rxdm::inject::command::transform_all(&text, &Options::default()).unwrap();
+    let w = &applied[0].done.warnings;
+    assert_eq!(w.len(), 1, "{w:?}");
+    for says in [
+        "asks for 4 of the 8 GPUs",
+        "two such Pods on one node would clash over the NICs and port 9467",
+        "--mode=node",
+    ] {
+        assert!(w[0].contains(says), "{says:?}: {w:?}");
+    }
+    let node = Options { mode: Mode::Node, ..Options::default() };
+    assert!(tcpx_rxdm::inject::command::transform_all(&text, &node).unwrap().1[0].done.warnings.is_empty());
 }

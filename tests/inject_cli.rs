@@ -58,14 +58,24 @@ fn job_with(pod_line: &str, trainer_lines: &str) -> String {
 fn refused_input_names_object_and_field_exits_1_and_writes_nothing() {
     let cases = [
         ("not: [yaml".to_string(), "not YAML"),
-        (job_with("      hostNetwork: false\n", ""), "Job/train: spec.template.spec.hostNetwork: false"),
+        (
+            job_with("      hostNetwork: false\n", ""),
+            "Job/train: spec.template.spec.hostNetwork: false; inject runs the daemon in the node's network namespace",
+        ),
+        (
+            job_with("      hostNetwork: false\n", ""),
+            "It does not write Pods that get their NICs through GKE multi-networking",
+        ),
         (
             job_with("      volumes:\n      - name: tcpx-socket\n        emptyDir: {}\n", ""),
-            "Job/train: spec.template.spec.volumes[tcpx-socket]: a volume of this name exists",
+            "Job/train: spec.template.spec.volumes[tcpx-socket]: a volume of a name inject gives its own",
         ),
         (
             job_with("", "      - name: tcpx-daemon\n        image: busybox\n"),
-            "Job/train: spec.template.spec.containers[tcpx-daemon]: a container of this name exists",
+            "Job/train: spec.template.spec.containers[tcpx-daemon]: a container of the name inject gives its \
+             daemon, which inject did not write (the template has no tcpx-rxdm.io/injected record) and which \
+             runs neither tcpx-rxdm nor tcpgpudmarxd (image busybox). If it is a TCPX daemon you wrote, remove \
+             it and run inject again",
         ),
         (
             job_with("", "        env:\n        - name: NCCL_ALGO\n          value: Tree\n"),
@@ -77,7 +87,9 @@ fn refused_input_names_object_and_field_exits_1_and_writes_nothing() {
         ),
         (
             job_with("", "        volumeMounts:\n        - name: scratch\n          mountPath: /run/tcpx\n"),
-            "Job/train: spec.template.spec.containers[trainer].volumeMounts[scratch]: /run/tcpx is mounted already",
+            "Job/train: spec.template.spec.containers[trainer].volumeMounts[scratch]: volume scratch is mounted \
+             at /run/tcpx, where inject mounts the daemon's socket folder (its volume tcpx-socket). If a TCPX \
+             daemon you wrote serves that folder, remove its container, this mount and the volume",
         ),
     ];
     for (input, want) in cases {
@@ -212,7 +224,10 @@ fn a_template_without_a_gpu_container_is_said_to_get_nothing() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(doc(&out), doc(NO_GPU), "a template without GPUs changed");
     assert!(
-        err.contains("Deployment/web spec.template: no container requests nvidia.com/gpu; nothing injected"),
+        err.contains(
+            "Deployment/web spec.template: no container requests nvidia.com/gpu; left as it is (TCPX goes \
+             only to GPU containers)"
+        ),
         "{err}"
     );
     assert!(err.contains("nothing was injected") && err.contains("--require-gpu"), "{err}");
@@ -223,12 +238,17 @@ fn a_template_without_a_gpu_container_is_said_to_get_nothing() {
     // With a GPU Job beside it: one template has TCPX, the other is named.
     let (code, _, err) = inject(&[], &format!("{JOB}---\n{NO_GPU}"));
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("1 pod template(s) left without TCPX"), "{err}");
+    assert!(err.contains("1 pod template(s) left as they are"), "{err}");
 
     // --require-gpu makes it an error: exit 1, nothing written, the template named.
     let (code, out, err) = inject(&["--require-gpu"], &format!("{JOB}---\n{NO_GPU}"));
     assert_eq!((code, out.as_str()), (1, ""), "{err}");
-    assert!(err.contains("Deployment/web spec.template: no container requests nvidia.com/gpu"), "{err}");
+    assert!(
+        err.contains(
+            "Deployment/web: no pod template has a container that requests nvidia.com/gpu (--require-gpu)"
+        ),
+        "{err}"
+    );
     assert!(err.contains("nothing written"), "{err}");
     assert_eq!(inject(&["--require-gpu"], JOB).0, 0);
 }
@@ -257,4 +277,258 @@ fn already_injected_only_where_the_annotation_says_so_and_the_default_image_is_e
         "{err}"
     );
     assert!(!out.contains("tcpx-daemon"), "{out}");
+}
+
+/// The documents of a YAML stream.
+fn docs(text: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn several_files_a_folder_and_stdin_are_read_in_order_as_kubectl_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("more")).unwrap();
+    std::fs::write(d.join("b-web.yml"), NO_GPU).unwrap();
+    std::fs::write(d.join("a-train.yaml"), JOB).unwrap();
+    std::fs::write(d.join("README.md"), "not a manifest").unwrap();
+    std::fs::write(
+        d.join("more/svc.json"),
+        r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}"#,
+    )
+    .unwrap();
+    let p = |f: &str| d.join(f).display().to_string();
+    let kinds = |out: &str| -> Vec<String> {
+        docs(out).iter().map(|v| v["kind"].as_str().unwrap().to_string()).collect()
+    };
+    // Two -f: both, in the order given, one stream.
+    let (code, out, err) = inject(&["-f", &p("b-web.yml"), "-f", &p("a-train.yaml")], "");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(kinds(&out), ["Deployment", "Job"]);
+    assert!(out.contains("\n---\n"), "{out}");
+    // A folder: its manifests in name order; its subfolders with -R.
+    let (code, out, err) = inject(&["-f", &p("")], "");
+    assert_eq!((code, kinds(&out)), (0, vec!["Job".to_string(), "Deployment".to_string()]), "{err}");
+    let (_, out, _) = inject(&["-R", "-f", &p("")], "");
+    assert_eq!(kinds(&out), ["Job", "Deployment", "Service"]);
+    // `-` is stdin, among files.
+    let (code, out, err) = inject(&["-f", &p("b-web.yml"), "-f", "-"], JOB);
+    assert_eq!((code, kinds(&out)), (0, vec!["Deployment".to_string(), "Job".to_string()]), "{err}");
+    // What cannot be read is named, and nothing is written.
+    for (args, code, says) in [
+        (
+            vec!["-f".to_string(), p("a-train.yaml"), "-f".into(), p("missing.yaml")],
+            1,
+            "missing.yaml: no such file or folder",
+        ),
+        (vec!["-f".into(), p("more/empty")], 1, "no such file or folder"),
+        (vec!["-f".into(), "-".into(), "-f".into(), "-".into()], 2, "-f -: stdin is given twice"),
+        (
+            vec!["-f".into(), "https://example.com/job.yaml".into()],
+            2,
+            "curl -fsSL https://example.com/job.yaml | tcpx-rxdm inject -f -",
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (got, out, err) = inject(&args, "");
+        assert_eq!((got, out.as_str()), (code, ""), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    std::fs::create_dir(d.join("empty")).unwrap();
+    let (code, _, err) = inject(&["-f", &p("empty")], "");
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("a folder with no .yaml, .yml or .json file (-R reads its subfolders too)"),
+        "{err}"
+    );
+    // A refusal in the second file names it.
+    std::fs::write(d.join("more/bad.yaml"), job_with("      hostNetwork: false\n", "")).unwrap();
+    let (code, out, err) = inject(&["-f", &p("a-train.yaml"), "-f", &p("more/bad.yaml")], "");
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert!(
+        err.contains(&format!("{}: Job/train: spec.template.spec.hostNetwork: false", p("more/bad.yaml"))),
+        "{err}"
+    );
+}
+
+#[test]
+fn inject_checks_its_own_values_and_the_daemons_flags_naming_each() {
+    for (args, says) in [
+        (&["--image="][..], "invalid value '' for '--image <IMAGE>': empty; name the daemon's image"),
+        (&["--image=Registry/TCPX:1"][..], "the repository Registry/TCPX holds 'R'"),
+        (&["--daemon-memory=1GB"][..], "invalid value '1GB' for '--daemon-memory <QUANTITY>': not a Kubernetes quantity (bytes take no B); did you mean 1Gi (binary, 1024-based) or 1G (decimal)?"),
+        (&["--daemon-cpu=lots"][..], "invalid value 'lots' for '--daemon-cpu <QUANTITY>': not a Kubernetes quantity of CPU"),
+        (&["--log_level=verbose"][..], "invalid value 'verbose' for '--log_level"),
+        (&["--log_level=info,tcpx_rxdm=debug", "--mode=sidecar"][..], "invalid value 'info,tcpx_rxdm=debug' for '--log_level"),
+        (&["--show_version"][..], "--show_version: prints the version and exits"),
+        (&["--takeover"][..], "--takeover: an upgrade hands a running daemon's NICs"),
+        (&["--after_handover=wait"][..], "--after_handover: an upgrade"),
+        (&["--monitor_shutdown"][..], "--monitor_shutdown: a native sidecar that exits is started again by the kubelet"),
+        (&["--gpu_nic_preset=manual", "--nccl=file"][..], "--gpu_nic_preset=manual needs --gpu_nic_topology or --gpu_nic_topology_proto"),
+        (&["--gpu_nic_preset=/etc/tcpx/a.textproto"][..], "a preset file is read on the node, so inject cannot write the NCCL settings for it"),
+        (&["serve", "--on-error=allow", "--log_level=loud"][..], "invalid value 'loud' for '--log_level"),
+    ] {
+        let (code, out, err) = inject(args, JOB);
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: want {says:?}, got {err}");
+    }
+    // Good values of the same: taken, `warning` written as the daemon names it, a
+    // preset file kept for the node.
+    let (code, out, err) = inject(
+        &[
+            "--daemon-memory=1Gi",
+            "--daemon-cpu=0.5",
+            "--log_level=warning",
+            "--nccl=file",
+            "--gpu_nic_preset=/etc/tcpx/a.textproto",
+        ],
+        JOB,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("- --gpu_nic_preset=/etc/tcpx/a.textproto") && out.contains("- --log_level=warn\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_report_says_what_was_added_beyond_the_daemon_container() {
+    let (code, _, err) = inject(&["--image=registry.example/tcpx-rxdm:1"], JOB);
+    assert_eq!(code, 0, "{err}");
+    for says in [
+        "Job/train spec.template: injected: native-sidecar (inline nccl, 1 GPU container)\n",
+        "\n  pod: set hostNetwork: true, dnsPolicy: ClusterFirstWithHostNet, shareProcessNamespace: true, terminationGracePeriodSeconds: 60\n",
+        "\n  daemon: init container tcpx-daemon (restartPolicy: Always), image registry.example/tcpx-rxdm:1, privileged: true; startupProbe GET /readyz on port 9467, livenessProbe GET /healthz\n",
+        "\n  volumes: tcpx-libraries (host /home/kubernetes/bin/nvidia/lib64), tcpx-sys (host /sys), tcpx-proc-sys (host /proc/sys), tcpx-socket (emptyDir)\n",
+        "\n  trainer: env LD_LIBRARY_PATH, 22 NCCL variables; mounts /usr/local/nvidia/lib64 (read-only), /run/tcpx\n",
+    ] {
+        assert!(err.contains(says), "{says:?} not in\n{err}");
+    }
+    let (_, _, err) = inject(&["--unprivileged", "--mode=sidecar", "--metrics_address=127.0.0.1:9999"], JOB);
+    assert!(err.contains("capability NET_ADMIN, the GPUs through GKE's device annotation; readinessProbe runs `tcpx-rxdm status mine` in the container (the daemon's HTTP address 127.0.0.1:9999 is loopback, which the kubelet cannot reach); no livenessProbe"), "{err}");
+    // What --uninject took out, line by line.
+    let (_, once, _) = inject(&[], JOB);
+    let (code, _, err) = inject(&["--uninject"], &once);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("Job/train spec.template: removed (0.1.0 native-sidecar injection)\n  daemon: container tcpx-daemon removed\n  pod: removed hostNetwork, dnsPolicy, shareProcessNamespace, terminationGracePeriodSeconds (each while it held inject's value)\n  volumes removed: tcpx-libraries, tcpx-sys, tcpx-proc-sys, tcpx-socket\n  trainer: inject's variables and mounts removed"), "{err}");
+}
+
+const MIXED_JOBSET: &str = "\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: mixed
+spec:
+  replicatedJobs:
+  - name: coordinator
+    template:
+      spec:
+        template:
+          spec:
+            containers:
+            - name: coordinator
+              image: python:3.12-slim
+  - name: workers
+    template:
+      spec:
+        template:
+          spec:
+            containers:
+            - name: trainer
+              image: nvcr.io/nvidia/pytorch:24.05-py3
+              resources:
+                limits:
+                  nvidia.com/gpu: 8
+";
+
+#[test]
+fn require_gpu_takes_a_jobset_with_a_cpu_coordinator_and_refuses_an_object_with_no_gpu_at_all() {
+    let (code, out, err) = inject(&["--require-gpu"], MIXED_JOBSET);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(
+            "[coordinator].template.spec.template: no container requests nvidia.com/gpu; left as it is"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("nvidia.com/gpu: 8"), "no advice to give the coordinator GPUs: {err}");
+    assert_eq!(
+        docs(&out)[0]["spec"]["replicatedJobs"][0],
+        docs(MIXED_JOBSET)[0]["spec"]["replicatedJobs"][0]
+    );
+    let (code, out, err) = inject(&["--require-gpu"], &format!("{MIXED_JOBSET}---\n{NO_GPU}"));
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert!(err.contains("Deployment/web: no pod template has a container that requests nvidia.com/gpu (--require-gpu); nothing written"), "{err}");
+    // The node-wide daemon's own DaemonSet is no workload: nothing to inject, not an error.
+    let ds =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/daemonset.yaml"))
+            .unwrap();
+    let (code, _, err) = inject(&["--require-gpu"], &ds);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("runs a TCPX daemon itself (container tcpx-daemon)")
+            && err.contains("inject --mode=node"),
+        "{err}"
+    );
+    assert!(!err.contains("nothing was injected"), "{err}");
+}
+
+#[test]
+fn injecting_again_keeps_the_recorded_mode_unless_mode_is_given() {
+    let (_, sidecar, _) =
+        inject(&["--mode=sidecar", "--nccl=file", "--image=registry.example/tcpx-rxdm:1"], JOB);
+    let (code, again, err) = inject(&[], &sidecar);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(again, sidecar);
+    assert!(err.contains("Job/train spec.template: already injected (0.1.0, sidecar); unchanged"), "{err}");
+    assert!(!err.contains("docker build"), "the image was chosen the first time: {err}");
+    let (code, native, err) = inject(&["--mode=native-sidecar"], &sidecar);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("updated from 0.1.0 sidecar: native-sidecar (file nccl, 1 GPU container); mode sidecar → native-sidecar (--mode)"), "{err}");
+    assert_eq!(
+        doc(&native)["spec"]["template"]["spec"]["initContainers"][0]["image"],
+        "registry.example/tcpx-rxdm:1"
+    );
+    // One request given again changes that one; the other stays.
+    let (_, sized, _) = inject(&["--daemon-cpu=1", "--daemon-memory=1Gi"], JOB);
+    let (code, resized, err) = inject(&["--daemon-cpu=2"], &sized);
+    assert_eq!(code, 0, "{err}");
+    let requests = &doc(&resized)["spec"]["template"]["spec"]["initContainers"][0]["resources"]["requests"];
+    assert_eq!((requests["cpu"].as_str(), requests["memory"].as_str()), (Some("2"), Some("1Gi")));
+}
+
+#[test]
+fn gke_multi_networking_and_host_network_false_are_refused_saying_what_inject_supports() {
+    let multi = JOB.replace("  template:\n    spec:\n", "  template:\n    metadata:\n      annotations:\n        networking.gke.io/default-interface: eth0\n    spec:\n");
+    let (code, out, err) = inject(&[], &multi);
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(err.contains("Job/train: spec.template.metadata.annotations[networking.gke.io/default-interface]: GKE multi-networking, which a host-network Pod cannot use; inject runs the daemon in the node's network namespace (hostNetwork: true)"), "{err}");
+    assert!(err.contains("Remove the multi-networking annotations to use inject"), "{err}");
+}
+
+#[test]
+fn a_bare_file_an_empty_input_and_a_daemon_without_gpus_are_said_plainly() {
+    let (code, out, err) = inject(&["job.yaml"], "");
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        err.contains("job.yaml: input files go after -f, as with kubectl (`tcpx-rxdm inject -f job.yaml`)"),
+        "{err}"
+    );
+    let (code, _, err) = inject(&["sreve"], "");
+    assert_eq!(code, 2);
+    assert!(err.contains("no command sreve (inject has one: serve)"), "{err}");
+    let (code, out, err) = inject(&[], "# nothing here\n");
+    assert_eq!((code, out.as_str()), (0, ""));
+    assert!(err.contains("stdin: no Kubernetes documents; nothing written"), "{err}");
+    // A hand-written daemon beside a workload that asks for no GPU: nothing
+    // wired, and the reason is the workload's missing request.
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: rxdm\n    \
+               image: registry.example/tcpx-rxdm:1\n  - name: trainer\n    image: t\n";
+    let (code, out, err) = inject(&[], pod);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(docs(&out), docs(pod));
+    assert!(err.contains("Pod/p: runs a TCPX daemon (container rxdm), but no container requests nvidia.com/gpu; left as it is. The container that runs NCCL must request GPUs"), "{err}");
 }

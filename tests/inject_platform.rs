@@ -132,7 +132,7 @@ fn gpu_operator_output_in_every_mode_has_the_runtime_class_and_no_gke_path() {
             // The plugin is in the image: no library volume at all.
             assert!(volume(spec, "tcpx-libraries").is_none());
         }
-        assert!(report.iter().any(|l| l.ends_with(", gpu-operator)")), "{report:#?}");
+        assert!(report.iter().any(|l| l.lines().next().unwrap().ends_with(", gpu-operator)")), "{report:#?}");
         // Idempotent, and --uninject gives the input back.
         assert_eq!(transform(&out, &o).unwrap().0, out, "{mode:?}");
         let back = transform(&out, &Options { uninject: true, ..o.clone() }).unwrap().0;
@@ -323,4 +323,26 @@ fn without_a_plugin_folder_the_images_library_path_is_left_alone() {
     assert_eq!(transform(&out, &o).unwrap().0, out, "idempotent");
     let back = transform(&out, &Options { uninject: true, ..o }).unwrap().0;
     assert_eq!(docs(&back), docs(&own));
+}
+
+/// Injecting again without --platform keeps the GPU Operator and its
+/// plugin folder (the record says which); naming --platform changes it.
+#[test]
+fn injecting_again_keeps_the_platform_of_the_record() {
+    let (code, once, err) =
+        inject(&["--platform=gpu-operator", "--nccl-plugin=host:/opt/tcpx/lib64", "--nccl=file"], POD);
+    assert_eq!(code, 0, "{err}");
+    assert!(once.contains("platform=gpu-operator,host:/opt/tcpx/lib64"), "{once}");
+    let (code, again, err) = inject(&[], &once);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(again, once);
+    assert!(err.contains("already injected"), "{err}");
+    let (code, gke, err) = inject(&["--platform=gke"], &once);
+    assert_eq!(code, 0, "{err}");
+    let spec = &docs(&gke)[0]["spec"];
+    assert!(spec.get("runtimeClassName").is_none(), "{gke}");
+    assert_eq!(
+        volume(spec, "tcpx-libraries").unwrap()["hostPath"]["path"],
+        "/home/kubernetes/bin/nvidia/lib64"
+    );
 }

@@ -162,3 +162,50 @@ fn the_command_serves_until_sigterm_and_exits_0() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     assert_eq!(server.child.wait().unwrap().code(), Some(0));
 }
+
+/// The webhook converts a TCPX daemon a Pod brings, as the command does,
+/// keeping it in the Pod for `tcpx-rxdm inject --uninject`; and its probe
+/// follows --metrics_address.
+#[test]
+fn the_webhook_converts_a_hand_written_daemon_and_probes_where_the_daemon_listens() {
+    use tcpx_rxdm::inject::webhook::{review, OnError};
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "p", "namespace": "ml" },
+        "spec": {
+            "containers": [
+                { "name": "rxdm", "image": "registry.example/tcpx-rxdm:0.1.0", "args": ["--uds_path=/run/tcpx", "--rx_pool_size=1073741824"],
+                  "volumeMounts": [{ "name": "sock", "mountPath": "/run/tcpx" }] },
+                { "name": "trainer", "image": "t", "resources": { "limits": { "nvidia.com/gpu": 8 } },
+                  "volumeMounts": [{ "name": "sock", "mountPath": "/run/tcpx" }] },
+            ],
+            "volumes": [{ "name": "sock", "emptyDir": {} }],
+        }
+    });
+    let body = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": { "uid": "u", "operation": "CREATE", "namespace": "ml", "kind": { "group": "", "version": "v1", "kind": "Pod" }, "object": pod }
+    });
+    let opts =
+        Options { daemon_flags: vec!["--metrics_address=127.0.0.1:9467".into()], ..Options::default() };
+    let answer = review(body.to_string().as_bytes(), &opts, OnError::Refuse).unwrap();
+    let patch: Value =
+        serde_json::from_slice(&base64_decode(answer["response"]["patch"].as_str().unwrap())).unwrap();
+    let mut got = pod.clone();
+    apply_patch(&mut got, &patch);
+    let names: Vec<&str> =
+        got["spec"]["containers"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["trainer"], "one daemon, inject's");
+    let d = &got["spec"]["initContainers"][0];
+    assert_eq!(d["image"], "tcpx-rxdm:0.1.0", "the webhook's --image decides");
+    assert!(d["args"].as_array().unwrap().iter().any(|a| a == "--rx_pool_size=1073741824"), "{d}");
+    assert_eq!(d["startupProbe"]["exec"]["command"][2], "mine", "{d}");
+    let kept = got["metadata"]["annotations"]["tcpx-rxdm.io/converted"].as_str().unwrap();
+    assert!(kept.contains("\"name\":\"rxdm\""), "{kept}");
+    // The command gives it back.
+    let yaml = serde_norway::to_string(&got).unwrap();
+    let back =
+        tcpx_rxdm::inject::command::transform(&yaml, &Options { uninject: true, ..Options::default() })
+            .unwrap()
+            .0;
+    assert_eq!(serde_norway::from_str::<Value>(&back).unwrap(), pod);
+}

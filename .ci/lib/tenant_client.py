@@ -5,7 +5,7 @@ scripts that run the daemon for real (the systemd unit in a container).
 Usage: tenant_client.py SOCKET_FOLDER OWN_GPU OTHER_GPU
        tenant_client.py --hold SOCKET_FOLDER OWN_GPU RELEASE_FILE
 
-First it opens every /dev/nvidia<N> it can and keeps them open, as a CUDA
+First it opens every /dev/nvidia<N> it can for reading and writing and keeps them open, as a CUDA
 process does from cuInit on: the daemon counts a GPU as a tenant's only
 while the tenant's process holds its device node open. Then it opens a TCP
 connection on loopback and asks rx_rule_manager, as the NCCL plugin does
@@ -29,12 +29,12 @@ PERMISSION_DENIED = 7
 
 
 def hold_gpu_nodes():
-    """Opens each /dev/nvidia<N> this process may open; returns the fds (kept open)."""
+    """Opens each /dev/nvidia<N> this process may open for reading and writing (as CUDA does); returns the fds (kept open)."""
     held = []
     for name in sorted(os.listdir("/dev")):
         if name.startswith("nvidia") and name[6:].isdigit():
             try:
-                held.append(os.open("/dev/" + name, os.O_RDONLY))
+                held.append(os.open("/dev/" + name, os.O_RDWR))
             except OSError:
                 pass
     return held

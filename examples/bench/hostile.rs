@@ -1,532 +1,339 @@
-//! Hostile cases: one tenant trying to slow another (`--hostile_only`, or
-//! after the other sections with `--hostile`). Each daemon build (`--bin`,
-//! every `--also`) gets a fresh daemon per round, the builds interleaved.
+//! The hostile section (`--hostile_only`, or after the rest): what one
+//! tenant's load costs another, for each daemon build side by side (`--bin`
+//! and every `--also`), a fresh daemon per run, in `--hostile_mode`:
 //!
-//! - flood: a victim (this process, one thread) installs and removes IPv4
-//!   rules in pairs, a new connection per request, first alone, then while
-//!   another tenant (a child process in a cgroup of its own) keeps
-//!   `--flood_conns` connections busy with plain IPv4 installs. The victim's
-//!   pairs per second and p99 during the flood against its own alone.
-//! - new clients with many open files: the victim installs in a loop while
-//!   `--fat_clients` new processes, each holding `--fat_fds` descriptors,
-//!   send their first request at once (their tenant is read then). The
-//!   victim's worst install in that window against its worst alone.
+//! - **a flood of garbled IPv6 installs**: a tenant (a cgroup and a network
+//!   namespace of its own) sends installs named with half their address
+//!   bytes that fit no connection, from `--hostile_connections` connections
+//!   at once, while a victim (this process) runs IPv4 install + uninstall
+//!   pairs on real loopback connections for `--hostile_seconds`: the
+//!   victim's pairs and p99 against its run without the flood, and the
+//!   daemon's threads and RSS growth (the most seen, sampled every 50 ms);
+//! - **a lone client's IPv6 installs** (the NCCL plugin's garbled requests,
+//!   a new connection each, in a namespace of its own) without and with
+//!   `--hostile_sockets` sockets held in an unrelated namespace: its p50.
+//!
+//! Needs root (cgroups, network namespaces, the GPU stand-ins); skipped with
+//! the reason otherwise.
 
-use std::io::{BufRead, BufReader, Write as _};
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::net::UnixStream;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
-use tcpx_rxdm::wire::client::rule_request;
-use tcpx_rxdm::wire::frame;
-
+use crate::hostile_roles::{LONE_A, LONE_B};
 use crate::load::one;
 use crate::stats::{percentile, us};
-use crate::{start_daemon, Args, Server};
+use crate::tenants::{Pool, StandIns};
+use crate::{start_daemon_http, Args, Server, SIM_GPUS};
 
-/// A cgroup v2 folder made for a child process, removed when dropped.
-pub struct Cgroup(PathBuf);
+/// A network namespace of the section's own, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("bench-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        ip(&["netns", "add", &name]);
+        let ns = Netns(name);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("iproute2's ip");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+/// A cgroup v2 group of the section's own, removed on drop.
+struct Cgroup(PathBuf);
 
 impl Cgroup {
-    /// `<cgroup2 mount>/tcpx-bench-<pid>-<name>`; needs root and cgroup v2.
-    pub fn make(name: &str) -> Result<Cgroup, String> {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").map_err(|e| e.to_string())?;
-        let root = tcpx_rxdm::identity::tenant::cgroup2_mount(&mounts).ok_or("no cgroup2 mount")?;
-        let dir = root.join(format!("tcpx-bench-{}-{name}", std::process::id()));
-        std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        Ok(Cgroup(dir))
-    }
-
-    pub fn add(&self, pid: u32) -> std::io::Result<()> {
-        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
+    fn new(tag: &str) -> Option<Cgroup> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+        let root = tcpx_rxdm::identity::tenant::cgroup2_mount(&mounts)?;
+        let path = root.join(format!("tcpx-bench-{}-{tag}", std::process::id()));
+        std::fs::create_dir(&path).ok()?;
+        Some(Cgroup(path))
     }
 }
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
-        // Empty once its processes are gone (reaped by then).
-        for _ in 0..100 {
+        for _ in 0..50 {
             if std::fs::remove_dir(&self.0).is_ok() {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
 
-fn install_frame(flow: usize) -> Vec<u8> {
-    let src = format!("10.{}.{}.{}", 200 + (flow >> 16) % 50, (flow >> 8) & 0xff, flow & 0xff);
-    let dst = format!("192.168.{}.2", 1 + flow % 4);
-    let req = rule_request(1, (&src, 40000 + (flow % 20000) as i32), (&dst, 5000), None, None);
-    frame::encode(&req).expect("a rule request fits a frame")
-}
-
-/// A child of this benchmark (`--flood` or `--fat_client`), killed when dropped.
-struct Helper {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Helper {
-    fn start(args: &[String]) -> Helper {
-        let mut child = Command::new(std::env::current_exe().expect("own path"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start a helper process");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
-        Helper { stdin: child.stdin.take(), child, lines }
+/// This benchmark again, as one of `hostile_roles`; returns once it printed its first line.
+fn role(
+    role: &str,
+    sock: &Path,
+    netns: &str,
+    cgroup: Option<&Path>,
+    n: usize,
+) -> (Child, ChildStdin, String) {
+    let mut cmd = Command::new(std::env::current_exe().expect("own path"));
+    cmd.args(["--hostile-role", role, "--hostile-netns", netns, "--hostile-n", &n.to_string()])
+        .arg("--hostile-sock")
+        .arg(sock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    if let Some(cg) = cgroup {
+        cmd.arg("--hostile-cgroup").arg(cg);
     }
-
-    fn expect(&self, prefix: &str, limit: Duration) -> Option<String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = deadline.checked_duration_since(Instant::now())?;
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.starts_with(prefix) => return Some(l),
-                Ok(_) => {}
-                Err(_) => return None,
-            }
-        }
-    }
-
-    fn go(&mut self) {
-        let _ = self.stdin.as_mut().map(|s| s.write_all(b"go\n"));
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Child: `--flood DIR`. Opens `conns` connections to DIR's rule socket and,
-/// on `threads` threads, keeps each one busy: an install of its own flow,
-/// its reply, the next. Prints `flooding` once every connection had a reply.
-pub fn flood(dir: &Path, conns: usize, threads: usize) -> ! {
+    let mut child = cmd.spawn().expect("a role process");
+    let stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    let _ = std::io::stdin().read_line(&mut line);
-    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let handles: Vec<_> = (0..threads.max(1))
-        .map(|t| {
-            let (sock, started) = (dir.join("rx_rule_manager"), started.clone());
-            let mine: Vec<usize> = (t..conns).step_by(threads.max(1)).collect();
-            std::thread::spawn(move || flood_thread(&sock, &mine, &started))
-        })
-        .collect();
-    while started.load(Ordering::Relaxed) < conns {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    println!("flooding");
-    for h in handles {
-        let _ = h.join();
-    }
-    std::process::exit(0)
+    out.read_line(&mut line).expect("its first line");
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = out.read_to_string(&mut rest);
+    });
+    (child, stdin, line.trim().to_string())
 }
 
-fn flood_thread(sock: &Path, flows: &[usize], started: &std::sync::atomic::AtomicUsize) {
-    let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
-    let mut conns: Vec<(UnixStream, Vec<u8>, Vec<u8>, bool)> = Vec::new();
-    for (i, &flow) in flows.iter().enumerate() {
-        let s = UnixStream::connect(sock).expect("a flood connection");
-        s.set_nonblocking(true).unwrap();
-        ep.add(s.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, i as u64)).unwrap();
-        let req = install_frame(1_000_000 + flow);
-        send_all(&s, &req);
-        conns.push((s, req, Vec::new(), false));
-    }
-    let mut events = vec![EpollEvent::empty(); 256];
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = ep.wait(&mut events, 1000u16).unwrap_or(0);
-        for ev in &events[..n] {
-            let (s, req, got, seen) = &mut conns[ev.data() as usize];
-            match nix::unistd::read(s.as_fd(), &mut buf) {
-                Ok(0) => return,
-                Ok(k) => got.extend_from_slice(&buf[..k]),
-                Err(_) => continue,
-            }
-            while let Some(end) =
-                frame::body_len(got).map(|b| frame::HEADER_LEN + b).filter(|&e| got.len() >= e)
-            {
-                got.drain(..end);
-                if !*seen {
-                    *seen = true;
-                    started.fetch_add(1, Ordering::Relaxed);
-                }
-                send_all(s, req);
-            }
-        }
-    }
-}
-
-fn send_all(s: &UnixStream, mut bytes: &[u8]) {
-    while !bytes.is_empty() {
-        match nix::unistd::write(s.as_fd(), bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(nix::errno::Errno::EAGAIN) => std::thread::yield_now(),
-            Err(_) => return,
-        }
-    }
-}
-
-/// Child: `--fat_client DIR`. Holds `fds` descriptors (dups of /dev/null),
-/// prints `ready`, waits for a line, sends one install to DIR's rule socket
-/// (its first request: the daemon reads its tenant now) and prints
-/// `took MICROSECONDS ok|<what came>`; then waits for stdin to close.
-pub fn fat_client(dir: &Path, fds: usize, flow: usize) -> ! {
+/// This process's hard limit of open files (a holder raises its own to it).
+fn hard_nofile() -> usize {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `r` is a valid rlimit for getrlimit to write, then for setrlimit to read.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+    // SAFETY: `r` is a valid rlimit for getrlimit to write.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 1024;
     }
-    let null = std::fs::File::open("/dev/null").expect("/dev/null");
-    let mut held = 0;
-    while held < fds {
-        // SAFETY: dup of a descriptor we own; the copies stay open until exit.
-        if unsafe { libc::dup(null.as_raw_fd()) } < 0 {
+    usize::try_from(r.rlim_max).unwrap_or(usize::MAX).min(1 << 20)
+}
+
+/// The daemon's threads and RSS (KiB) now.
+fn threads_rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Threads:"), field("VmRSS:"))
+}
+
+/// A metric's value in the daemon's `/metrics` (`None`: the build has no such series).
+fn metric(server: &Server, series: &str) -> Option<f64> {
+    use crate::stall::Daemon as _;
+    let mut s = std::net::TcpStream::connect(server.http()).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// What the victim saw in one run, and the daemon's peaks.
+struct Victim {
+    pairs: usize,
+    p99: Duration,
+    errors: usize,
+    threads: u64,
+    rss_growth_kib: u64,
+}
+
+/// IPv4 install + uninstall pairs on `pool`'s connections for `secs`.
+fn victim(server: &Server, pool: &Pool, secs: Duration) -> Victim {
+    let dir = server.dir.path();
+    let (rm, un) = (dir.join("rx_rule_manager"), dir.join("rx_rule_uninstall"));
+    let ok = tcpx_rxdm::wire::frame::encode(&tcpx_rxdm::wire::frame::ok()).unwrap();
+    let (t0, r0) = threads_rss(server.pid());
+    let stop = Arc::new(AtomicBool::new(false));
+    let peaks = Arc::new(Mutex::new((t0, r0)));
+    let sampler = {
+        let (stop, peaks, pid) = (stop.clone(), peaks.clone(), server.pid());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let (t, r) = threads_rss(pid);
+                let mut p = peaks.lock().unwrap();
+                *p = (p.0.max(t), p.1.max(r));
+                drop(p);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let (mut lat, mut pairs, mut errors) = (Vec::new(), 0, 0);
+    let end = Instant::now() + secs;
+    for f in pool.frames.iter().cycle() {
+        if Instant::now() >= end {
             break;
         }
-        held += 1;
-    }
-    println!("ready {held}");
-    let mut line = String::new();
-    let _ = std::io::stdin().read_line(&mut line);
-    let ok = frame::encode(&frame::ok()).unwrap();
-    let t = Instant::now();
-    let got = one(&dir.join("rx_rule_manager"), &install_frame(2_000_000 + flow), &ok);
-    println!("took {:.0} {}", us(t.elapsed()), got.err().unwrap_or_else(|| "ok".into()));
-    let _ = std::io::stdin().read_line(&mut line);
-    std::process::exit(0)
-}
-
-/// A victim run: its requests' start times and latencies, and its errors.
-#[derive(Default)]
-struct Victim {
-    samples: Vec<(Instant, Duration)>,
-    errors: usize,
-}
-
-impl Victim {
-    /// Requests (`pairs`: install then uninstall of each flow) from one
-    /// thread until `stop`, flows from `first` on.
-    fn run(dir: &Path, first: usize, pairs: bool, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Victim> {
-        let dir = dir.to_path_buf();
-        std::thread::spawn(move || {
-            let ok = frame::encode(&frame::ok()).unwrap();
-            let (install, uninstall) = (dir.join("rx_rule_manager"), dir.join("rx_rule_uninstall"));
-            let mut v = Victim::default();
-            let mut flow = first;
-            while !stop.load(Ordering::Relaxed) {
-                let req = install_frame(flow);
-                flow += 1;
-                let socks: &[&PathBuf] = if pairs { &[&install, &uninstall] } else { &[&install] };
-                for sock in socks {
-                    let t = Instant::now();
-                    match one(sock, &req, &ok) {
-                        Ok(()) => v.samples.push((t, t.elapsed())),
-                        Err(_) => v.errors += 1,
-                    }
-                }
+        let mut pair_ok = true;
+        for sock in [&rm, &un] {
+            let t = Instant::now();
+            match one(sock, f, &ok) {
+                Ok(()) => lat.push(t.elapsed()),
+                Err(_) => pair_ok = false,
             }
-            v
-        })
-    }
-
-    /// Latencies of the requests started in `[from, to)`, sorted.
-    fn within(&self, from: Instant, to: Instant) -> Vec<Duration> {
-        let mut l: Vec<Duration> =
-            self.samples.iter().filter(|(t, _)| *t >= from && *t < to).map(|(_, d)| *d).collect();
-        l.sort_unstable();
-        l
-    }
-}
-
-/// One build's figures in one round.
-#[derive(Debug, Clone, Default)]
-pub struct Round {
-    /// Victim pairs per second, alone and under the flood.
-    pub pairs_alone: f64,
-    pub pairs_flood: f64,
-    pub p99_alone: Duration,
-    pub p99_flood: Duration,
-    /// Daemon threads and RSS growth (KiB) under the flood.
-    pub threads: u64,
-    pub rss_growth_kib: i64,
-    /// The victim's worst install alone and while the new clients came.
-    pub worst_alone: Duration,
-    pub worst_fat: Duration,
-    /// The new clients' own first requests, slowest.
-    pub fat_slowest: Duration,
-    pub errors: usize,
-}
-
-fn status_field(pid: u32, name: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The flood case against `daemon`; `cgroup`: where the flooder goes.
-fn flood_case(a: &Args, daemon: &Server, cgroup: Option<&Cgroup>, r: &mut Round) {
-    let dir = daemon.dir.path();
-    let secs = Duration::from_secs_f64(a.hostile_seconds);
-    let pairs = |first, span| {
-        let stop = Arc::new(AtomicBool::new(false));
-        let h = Victim::run(dir, first, true, stop.clone());
-        std::thread::sleep(span);
-        stop.store(true, Ordering::Relaxed);
-        h.join().expect("victim")
-    };
-    let alone = pairs(0, secs);
-    let rss0 = status_field(daemon.pid(), "VmRSS:") as i64;
-    let mut flooder = Helper::start(&[
-        "--flood".into(),
-        dir.display().to_string(),
-        format!("--flood_conns={}", a.flood_conns),
-        format!("--flood_threads={}", a.flood_threads),
-    ]);
-    if let Some(cg) = cgroup {
-        cg.add(flooder.child.id()).expect("move the flooder into its cgroup");
-    }
-    flooder.go();
-    if flooder.expect("flooding", Duration::from_secs(30)).is_none() {
-        println!("flood: the flooder did not get going in 30 s");
-        r.errors += 1;
-        return;
-    }
-    let under = pairs(100_000, secs);
-    r.threads = status_field(daemon.pid(), "Threads:");
-    r.rss_growth_kib = status_field(daemon.pid(), "VmRSS:") as i64 - rss0;
-    drop(flooder);
-    let rate = |v: &Victim, s: Duration| v.samples.len() as f64 / 2.0 / s.as_secs_f64();
-    let p99 = |v: &Victim| {
-        let mut l: Vec<Duration> = v.samples.iter().map(|s| s.1).collect();
-        l.sort_unstable();
-        percentile(&l, 0.99).unwrap_or_default()
-    };
-    (r.pairs_alone, r.pairs_flood) = (rate(&alone, secs), rate(&under, secs));
-    (r.p99_alone, r.p99_flood) = (p99(&alone), p99(&under));
-    r.errors += alone.errors + under.errors;
-}
-
-/// The new-clients case against `daemon`.
-fn fat_case(a: &Args, daemon: &Server, r: &mut Round) {
-    let dir = daemon.dir.path();
-    let stop = Arc::new(AtomicBool::new(false));
-    let victim = Victim::run(dir, 200_000, false, stop.clone());
-    let t0 = Instant::now();
-    let mut fat: Vec<Helper> = (0..a.fat_clients)
-        .map(|i| {
-            Helper::start(&[
-                "--fat_client".into(),
-                dir.display().to_string(),
-                format!("--fat_fds={}", a.fat_fds),
-                format!("--fat_flow={i}"),
-            ])
-        })
-        .collect();
-    for h in &fat {
-        if h.expect("ready", Duration::from_secs(30)).is_none() {
-            r.errors += 1;
+        }
+        match pair_ok {
+            true => pairs += 1,
+            false => errors += 1,
         }
     }
-    // The victim alone for a while before the new clients go.
-    let until = t0 + Duration::from_secs_f64(a.hostile_seconds / 3.0);
-    if let Some(d) = until.checked_duration_since(Instant::now()) {
-        std::thread::sleep(d);
-    }
-    let go = Instant::now();
-    for h in &mut fat {
-        h.go();
-    }
-    for h in &fat {
-        match h.expect("took", Duration::from_secs(30)) {
-            Some(l) => {
-                let took: f64 = l.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-                r.fat_slowest = r.fat_slowest.max(Duration::from_micros(took as u64));
-                if !l.ends_with(" ok") {
-                    println!("new client: {l}");
-                    r.errors += 1;
-                }
-            }
-            None => r.errors += 1,
-        }
-    }
-    let end = Instant::now() + Duration::from_millis(50);
-    std::thread::sleep(Duration::from_millis(50));
     stop.store(true, Ordering::Relaxed);
-    let v = victim.join().expect("victim");
-    drop(fat);
-    r.worst_alone = v.within(t0, go).last().copied().unwrap_or_default();
-    r.worst_fat = v.within(go, end).last().copied().unwrap_or_default();
-    r.errors += v.errors;
+    let _ = sampler.join();
+    lat.sort_unstable();
+    let (threads, rss) = *peaks.lock().unwrap();
+    let p99 = percentile(&lat, 0.99).unwrap_or_default();
+    Victim { pairs, p99, errors, threads, rss_growth_kib: rss.saturating_sub(r0) }
 }
 
-/// Runs the section: every build, `--rounds` rounds, interleaved; false on errors.
-pub fn run(a: &Args) -> bool {
-    let mut builds = vec![a.bin.clone()];
-    builds.extend(a.also.iter().cloned());
-    let cgroup = match Cgroup::make("flood") {
-        Ok(c) => Some(c),
-        Err(e) => {
+/// Why the section cannot run here, if it cannot.
+fn unable(stand_ins: &StandIns) -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root (cgroups and network namespaces)".into());
+    }
+    if let Some(why) = &stand_ins.missing {
+        return Some(format!("GPU stand-ins not held: {why}"));
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("no `ip` (iproute2)".into());
+    }
+    None
+}
+
+/// Runs the section; false if a victim's request failed.
+pub fn run(a: &Args, stand_ins: &StandIns) -> bool {
+    println!("\nhostile tenants: --tenant_isolation={}, {} s per run", a.hostile_mode, a.hostile_seconds);
+    if let Some(why) = unable(stand_ins) {
+        println!("hostile tenants: skipped: {why}");
+        return true;
+    }
+    let mut bins = vec![a.bin.clone()];
+    bins.extend(a.also.iter().cloned());
+    let name = |i: usize| if i == 0 { "--bin".to_string() } else { format!("--also {}", bins[i].display()) };
+    let secs = Duration::from_secs(a.hostile_seconds);
+    let extra = [format!("--tenant_isolation={}", a.hostile_mode)];
+    let mut all_ok = true;
+
+    // (a) The flood, against the victim's baseline.
+    let flood_ns = Netns::new("flood");
+    let flood_cg = Cgroup::new("flood");
+    let l = TcpListener::bind("127.0.0.1:0").expect("a listener on 127.0.0.1");
+    let pool = Pool::open(&l, 256, &SIM_GPUS).expect("the victim's loopback connections");
+    let mut rows = Vec::new();
+    for &n in std::iter::once(&0).chain(&a.hostile_connections) {
+        for (i, bin) in bins.iter().enumerate() {
+            let (server, _) = start_daemon_http(bin, &extra, "127.0.0.1:0");
+            victim(&server, &pool, Duration::from_millis(500));
+            let flood = (n > 0).then(|| {
+                let cg = flood_cg.as_ref().map(|c| c.0.as_path());
+                let f = role("flood", &server.sock, &flood_ns.0, cg, n);
+                std::thread::sleep(Duration::from_secs(1));
+                f
+            });
+            let v = victim(&server, &pool, secs);
+            let counts = ["exact", "dump", "missing", "busy"]
+                .map(|o| metric(&server, &format!("tcpx_rxdm_ipv6_repair_lookups_total{{outcome=\"{o}\"}}")));
+            let dumps = metric(&server, "tcpx_rxdm_ipv6_repair_dumps_total");
+            if let Some((mut child, stdin, _)) = flood {
+                drop(stdin);
+                let _ = child.wait();
+            }
+            all_ok &= v.errors == 0;
             println!(
-                "hostile: no cgroup of its own for the flooder ({e}): the daemons run with \
-                 --tenant_isolation=off, so that it is another client (turns by process)"
+                "{} flood {n:>4}: victim {} pairs, p99 {:.2} ms, {} errors; daemon threads {} , RSS +{:.1} MiB; lookups {:?}, dumps {:?}",
+                name(i),
+                v.pairs,
+                us(v.p99) / 1e3,
+                v.errors,
+                v.threads,
+                v.rss_growth_kib as f64 / 1024.0,
+                counts,
+                dumps
             );
-            None
-        }
-    };
-    let extra: Vec<String> = match cgroup {
-        Some(_) => Vec::new(),
-        None => vec!["--tenant_isolation=off".into()],
-    };
-    println!(
-        "\nhostile cases: flood from {} connections ({} threads), {} new clients with {} open files each; {} s per part",
-        a.flood_conns, a.flood_threads, a.fat_clients, a.fat_fds, a.hostile_seconds
-    );
-    let mut per: Vec<Vec<Round>> = vec![Vec::new(); builds.len()];
-    for round in 0..a.rounds as usize {
-        for k in 0..builds.len() {
-            let i = (round + k) % builds.len();
-            let (daemon, _) = start_daemon(&builds[i], &extra);
-            // The victim's process is known (its lease and tenant) before anything is timed.
-            let stop = Arc::new(AtomicBool::new(false));
-            let warm = Victim::run(daemon.dir.path(), 900_000, true, stop.clone());
-            std::thread::sleep(Duration::from_millis(200));
-            stop.store(true, Ordering::Relaxed);
-            let _ = warm.join();
-            let mut r = Round::default();
-            flood_case(a, &daemon, cgroup.as_ref(), &mut r);
-            fat_case(a, &daemon, &mut r);
-            println!(
-                "round {}/{} {}: pairs/s {:.0} alone, {:.0} flooded ({:.2}); p99 {:.2} / {:.2} ms; \
-                 {} threads, RSS +{} KiB; worst install {:.2} ms alone, {:.2} ms with new clients \
-                 (theirs {:.1} ms){}",
-                round + 1,
-                a.rounds,
-                builds[i].display(),
-                r.pairs_alone,
-                r.pairs_flood,
-                r.pairs_flood / r.pairs_alone,
-                ms(r.p99_alone),
-                ms(r.p99_flood),
-                r.threads,
-                r.rss_growth_kib,
-                ms(r.worst_alone),
-                ms(r.worst_fat),
-                ms(r.fat_slowest),
-                crate::err_note(r.errors)
-            );
-            per[i].push(r);
+            rows.push((i, n, v));
         }
     }
-    print!("{}", table(&builds, &per, a.rounds));
-    per.iter().flatten().all(|r| r.errors == 0)
-}
-
-fn ms(d: Duration) -> f64 {
-    us(d) / 1e3
-}
-
-/// The median of `v` (by `total_cmp`).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// The summary: per build, the median over rounds of each ratio and figure.
-pub fn table(builds: &[PathBuf], per: &[Vec<Round>], rounds: u32) -> String {
-    use std::fmt::Write as _;
-    let mut w = format!(
-        "\nhostile cases, median of {rounds} interleaved rounds (each ratio taken within its round):\n\
-         | build | victim pairs/s alone | flooded ÷ alone | victim p99 alone / flooded ms | daemon threads | \
-         worst install alone / with new clients ms | ÷ | new clients' first request ms |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n"
+    println!(
+        "\nhostile tenants: a flood of garbled IPv6 installs against a victim's IPv4 pairs ({} s):\n",
+        a.hostile_seconds
     );
-    for (b, rs) in builds.iter().zip(per) {
-        let m = |f: &dyn Fn(&Round) -> f64| median(rs.iter().map(f).collect());
-        let _ = writeln!(
-            w,
-            "| `{}` | {:.0} | {:.2} | {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {:.1} | {:.1} |",
-            b.display(),
-            m(&|r| r.pairs_alone),
-            m(&|r| r.pairs_flood / r.pairs_alone),
-            m(&|r| ms(r.p99_alone)),
-            m(&|r| ms(r.p99_flood)),
-            m(&|r| r.threads as f64),
-            m(&|r| ms(r.worst_alone)),
-            m(&|r| ms(r.worst_fat)),
-            m(&|r| ms(r.worst_fat) / ms(r.worst_alone)),
-            m(&|r| ms(r.fat_slowest)),
+    println!("| build | flood connections | victim pairs | ÷ no flood | victim p99 ms | ÷ no flood | daemon threads | RSS growth MiB |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, n, v) in &rows {
+        let base = rows.iter().find(|(j, m, _)| j == i && *m == 0).map(|r| &r.2).expect("a baseline");
+        println!(
+            "| {} | {n} | {} | {:.2} | {:.2} | {:.2} | {} | {:.1} |",
+            name(*i),
+            v.pairs,
+            v.pairs as f64 / base.pairs.max(1) as f64,
+            us(v.p99) / 1e3,
+            us(v.p99) / us(base.p99).max(1e-3),
+            v.threads,
+            v.rss_growth_kib as f64 / 1024.0
         );
     }
-    w
-}
+    drop(pool);
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn install_frames_are_distinct_ipv4_rules_routed_by_destination() {
-        use tcpx_rxdm::wire::proto::unix_socket_proto::Payload;
-        let frames: Vec<Vec<u8>> = (0..70_000).step_by(997).map(install_frame).collect();
-        let distinct: std::collections::HashSet<_> = frames.iter().collect();
-        assert_eq!(distinct.len(), frames.len());
-        let (msg, used) = frame::parse(&frames[3]).unwrap().unwrap();
-        assert_eq!(used, frames[3].len());
-        let Some(Payload::FlowSteerRuleRequest(r)) = msg.payload else { panic!("not a rule request") };
-        assert_eq!(r.gpu_pci_addr, None);
-        let n = r.flow_steer_ntuple.unwrap();
-        assert_eq!(n.flow_type, Some(1));
-        assert!(n.dst.unwrap().ip_address.unwrap().starts_with("192.168."));
+    // (b) A lone client's IPv6 installs, without and with sockets held elsewhere.
+    let lone_ns = Netns::new("lone");
+    for addr in [LONE_A, LONE_B] {
+        ip(&["-n", &lone_ns.0, "addr", "add", &format!("{addr}/64"), "dev", "lo", "nodad"]);
     }
-
-    #[test]
-    fn the_summary_takes_each_ratio_within_its_round() {
-        let r = |alone: f64, flooded: f64| Round {
-            pairs_alone: alone,
-            pairs_flood: flooded,
-            worst_alone: Duration::from_millis(2),
-            worst_fat: Duration::from_millis(6),
-            ..Round::default()
-        };
-        let t = table(&[PathBuf::from("a")], &[vec![r(100.0, 60.0), r(200.0, 100.0), r(50.0, 40.0)]], 3);
-        assert!(t.contains("| `a` | 100 | 0.60 |"), "{t}");
-        assert!(t.contains("| 2.00 / 6.00 | 3.0 |"), "{t}");
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-    }
-
-    #[test]
-    fn a_victim_counts_only_the_requests_started_in_a_window() {
-        let t0 = Instant::now();
-        let v = Victim {
-            samples: (0..10)
-                .map(|i| (t0 + Duration::from_millis(i), Duration::from_micros(100 + i)))
+    let other = Netns::new("other");
+    let mut lone_rows = Vec::new();
+    // Each holder process holds what its descriptor limit allows.
+    let per = (hard_nofile().saturating_sub(1000) / 2 * 2).clamp(2, a.hostile_sockets.max(2));
+    for held in [false, true] {
+        let holders: Vec<_> = match held {
+            false => Vec::new(),
+            true => (0..a.hostile_sockets.div_ceil(per))
+                .map(|i| role("hold", Path::new("/"), &other.0, None, per.min(a.hostile_sockets - i * per)))
                 .collect(),
-            errors: 0,
         };
-        let w = v.within(t0 + Duration::from_millis(3), t0 + Duration::from_millis(6));
-        assert_eq!(w, [103, 104, 105].map(Duration::from_micros));
+        if held {
+            let lines: Vec<&str> = holders.iter().map(|h| h.2.as_str()).collect();
+            println!("unrelated namespace: {}", lines.join(", "));
+        }
+        for (i, bin) in bins.iter().enumerate() {
+            let (server, _) = start_daemon_http(bin, &extra, "127.0.0.1:0");
+            let (mut child, _stdin, line) = role("lone", &server.sock, &lone_ns.0, None, a.hostile_lone);
+            let _ = child.wait();
+            let dumps = metric(&server, "tcpx_rxdm_ipv6_repair_dumps_total");
+            println!(
+                "{} lone client, {} sockets elsewhere: {line} (p50 µs, p99 µs, errors); dumps {dumps:?}",
+                name(i),
+                if held { a.hostile_sockets } else { 0 }
+            );
+            lone_rows.push((i, held, line));
+        }
+        for (mut child, stdin, _) in holders {
+            drop(stdin);
+            let _ = child.wait();
+        }
     }
+    let p50 =
+        |line: &str| line.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    println!("\nhostile tenants: a lone client's garbled IPv6 install ({} installs):\n", a.hostile_lone);
+    println!(
+        "| build | p50 µs, no other sockets | p50 µs, {} sockets in another namespace | ratio |",
+        a.hostile_sockets
+    );
+    println!("|---|---:|---:|---:|");
+    for i in 0..bins.len() {
+        let get =
+            |h: bool| lone_rows.iter().find(|r| r.0 == i && r.1 == h).map(|r| p50(&r.2)).unwrap_or(f64::NAN);
+        let (without, with) = (get(false), get(true));
+        println!("| {} | {without:.0} | {with:.0} | {:.2} |", name(i), with / without);
+    }
+    all_ok
 }

@@ -7,6 +7,9 @@
 //!     [--clients 1,8,64,256] [--requests 20000] [--write-doc docs/PERFORMANCE.md]
 //!     [--tenants_only] [--tenant_modes off,audit,enforce] [--tenant_loads fake,loopback]
 //!     [--tenant_clients 1,64] [--tenant_requests 8000]
+//!     [--hostile_only] [--hostile_mode enforce] [--hostile_connections 64,512]
+//!     [--hostile_seconds 14] [--hostile_sockets 40000] [--hostile_lone 300]
+//!     [--flood_conns 512] [--flood_seconds 3] [--fat_clients 4] [--fat_fds 19000]
 //! ```
 //!
 //! What it measures, in one run:
@@ -31,16 +34,24 @@
 //!   connections of the benchmark's own, with the simulated GPUs' device-node
 //!   stand-ins (`/dev/nvidia<N>`) created and held open when run as root.
 //!   `--tenants_only` runs only this section.
-//! - hostile cases (`hostile.rs`, `--hostile`, or only them with
-//!   `--hostile_only`): a victim's IPv4 pairs while another tenant floods
-//!   plain requests from `--flood_conns` connections, and its worst install
-//!   while `--fat_clients` new processes holding `--fat_fds` files each
-//!   become clients.
+//! - hostile tenants (`hostile.rs`, `hostile_plain.rs`; root), for `--bin` and
+//!   each `--also` build; `--hostile_only` runs only this section:
+//!   - a tenant flooding garbled IPv6 installs from `--hostile_connections`
+//!     connections against another's IPv4 pairs, and a lone client's IPv6
+//!     installs with and without `--hostile_sockets` sockets held in an
+//!     unrelated network namespace (`--hostile_seconds`, 0 skips these);
+//!   - a victim's IPv4 pairs while another tenant floods plain requests from
+//!     `--flood_conns` connections, and its worst install while
+//!     `--fat_clients` new processes holding `--fat_fds` files each become
+//!     clients (`--flood_seconds`, 0 skips these).
 
 mod doc;
 mod floor;
 mod hostile;
+mod hostile_plain;
+mod hostile_roles;
 mod load;
+mod reclaim;
 mod reference;
 mod stall;
 mod stats;
@@ -147,30 +158,56 @@ struct Args {
     /// Run only the tenant checks.
     #[arg(long = "tenants_only", alias = "tenants-only")]
     tenants_only: bool,
-    /// Also run the hostile cases (after the other sections).
-    #[arg(long)]
-    hostile: bool,
-    /// Run only the hostile cases.
+    /// Run only the hostile-tenant section.
     #[arg(long = "hostile_only", alias = "hostile-only")]
     hostile_only: bool,
-    /// Hostile cases: the flooding tenant's connections.
+    /// Hostile tenants: the daemons' `--tenant_isolation`.
+    #[arg(long = "hostile_mode", alias = "hostile-mode", default_value = "enforce",
+          value_parser = ["off", "audit", "enforce"])]
+    hostile_mode: String,
+    /// Hostile tenants: the flooding tenant's connections (comma-separated; 0 skips the flood runs).
+    #[arg(long = "hostile_connections", alias = "hostile-connections", value_delimiter = ',',
+          default_values_t = [64usize, 512])]
+    hostile_connections: Vec<usize>,
+    /// Hostile tenants: seconds the victim runs in each garbled-IPv6 flood run (0 skips those cases).
+    #[arg(long = "hostile_seconds", alias = "hostile-seconds", default_value_t = 14)]
+    hostile_seconds: u64,
+    /// Hostile tenants: sockets held in an unrelated network namespace.
+    #[arg(long = "hostile_sockets", alias = "hostile-sockets", default_value_t = 40_000, value_parser = positive)]
+    hostile_sockets: usize,
+    /// Hostile tenants: the lone client's timed installs per run.
+    #[arg(long = "hostile_lone", alias = "hostile-lone", default_value_t = 300, value_parser = positive)]
+    hostile_lone: usize,
+    /// Hostile tenants: the plain flood's connections.
     #[arg(long = "flood_conns", default_value_t = 512, value_parser = positive)]
     flood_conns: usize,
-    /// Hostile cases: the flooding tenant's threads.
+    /// Hostile tenants: the plain flood's threads.
     #[arg(long = "flood_threads", default_value_t = 2, value_parser = positive)]
     flood_threads: usize,
-    /// Hostile cases: seconds the victim runs alone, and again under the flood.
-    #[arg(long = "hostile_seconds", default_value_t = 3.0)]
-    hostile_seconds: f64,
-    /// Hostile cases: new processes with many open files that become clients at once.
+    /// Hostile tenants: seconds the victim runs alone, and again under the plain flood (0 skips
+    /// the plain flood and the new clients with many files).
+    #[arg(long = "flood_seconds", default_value_t = 3.0)]
+    flood_seconds: f64,
+    /// Hostile tenants: new processes with many open files that become clients at once.
     #[arg(long = "fat_clients", default_value_t = 4, value_parser = positive)]
     fat_clients: usize,
-    /// Hostile cases: descriptors each of those processes holds.
+    /// Hostile tenants: descriptors each of those processes holds.
     #[arg(long = "fat_fds", default_value_t = 19_000)]
     fat_fds: usize,
     /// Floor threads (0: as many as the daemon has rule I/O threads).
     #[arg(long = "floor_threads", default_value_t = 0)]
     floor_threads_wanted: usize,
+    /// Internal: run as one of the hostile section's processes.
+    #[arg(long = "hostile-role", hide = true)]
+    hostile_role: Option<String>,
+    #[arg(long = "hostile-sock", hide = true)]
+    hostile_sock: Option<PathBuf>,
+    #[arg(long = "hostile-netns", hide = true, default_value = "")]
+    hostile_netns: String,
+    #[arg(long = "hostile-cgroup", hide = true)]
+    hostile_cgroup: Option<PathBuf>,
+    #[arg(long = "hostile-n", hide = true, default_value_t = 1)]
+    hostile_n: usize,
     /// Internal: serve the floor on this socket path (the benchmark starts itself so).
     #[arg(long, hide = true)]
     serve_floor: Option<PathBuf>,
@@ -184,6 +221,11 @@ struct Args {
     fat_client: Option<PathBuf>,
     #[arg(long = "fat_flow", hide = true, default_value_t = 0)]
     fat_flow: usize,
+    /// Internal: a lease client of the daemon serving this folder (`reclaim.rs`).
+    #[arg(long, hide = true)]
+    lease_client: Option<PathBuf>,
+    #[arg(long, hide = true, default_value_t = 40_000)]
+    lease_port: i32,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -383,14 +425,11 @@ fn start_daemon(bin: &Path, extra: &[String]) -> (Server, Duration) {
 fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(bin);
-    cmd.args([
-        "--gpu_nic_preset=sim",
-        &format!("--metrics_address={metrics}"),
-        "--nomonitor_shutdown",
-        "--log_level=warn,tcpx_rxdm::daemon=info",
-    ])
-    .arg(format!("--uds_path={}", dir.path().display()))
-    .args(extra);
+    cmd.args(["--gpu_nic_preset=sim", &format!("--metrics_address={metrics}"), "--nomonitor_shutdown"])
+        .arg(format!("--uds_path={}", dir.path().display()))
+        .args(extra)
+        // Per-module filters are RUST_LOG's (--log_level takes one level).
+        .env("RUST_LOG", "warn,tcpx_rxdm::daemon=info");
     let sock = dir.path().join("rx_rule_manager");
     let t = Instant::now();
     let s = spawn_until(cmd, true, READY_LINE, dir, sock);
@@ -493,13 +532,27 @@ fn main() {
         serve_floor(sock, a.serve_threads);
     }
     if let Some(dir) = &a.flood {
-        hostile::flood(dir, a.flood_conns, a.flood_threads);
+        hostile_plain::flood(dir, a.flood_conns, a.flood_threads);
     }
     if let Some(dir) = &a.fat_client {
-        hostile::fat_client(dir, a.fat_fds, a.fat_flow);
+        hostile_plain::fat_client(dir, a.fat_fds, a.fat_flow);
     }
     if a.floor_threads_wanted > 0 {
         let _ = FLOOR_THREADS.set(a.floor_threads_wanted);
+    }
+    if let Some(dir) = &a.lease_client {
+        reclaim::client_main(dir, a.lease_port);
+    }
+    if let Some(role) = &a.hostile_role {
+        let sock = a.hostile_sock.clone().unwrap_or_default();
+        hostile_roles::run(
+            role,
+            &sock,
+            &a.hostile_netns,
+            a.hostile_cgroup.as_deref(),
+            a.hostile_n,
+            SIM_GPUS[0].0,
+        );
     }
     if let Some(dir) = &a.target {
         let mut errors = Errors::new();
@@ -529,7 +582,7 @@ fn main() {
         std::process::exit(if tenants_section(&a) { 0 } else { 1 });
     }
     if a.hostile_only {
-        std::process::exit(if hostile::run(&a) { 0 } else { 1 });
+        std::process::exit(if hostile_section(&a) { 0 } else { 1 });
     }
 
     let mut r = Report {
@@ -657,11 +710,12 @@ fn main() {
         let m = stall::measure(&mut daemon, a.stall_samples);
         match &m {
             Ok(st) => println!(
-                "no stall (eth1 1 s per insert): /healthz p99 {:.2} ms, queue_ids p99 {:.2} ms, eth2 install p99 {:.2} ms (idle {:.2} ms), SIGTERM logged after {:.2} ms, exit {:?} after {:.0} ms",
+                "no stall (eth1 1 s per insert): /healthz p99 {:.2} ms, queue_ids p99 {:.2} ms, eth2 install p99 {:.2} ms (idle {:.2} ms), a killed client's rules removed p50 {:.2} ms, SIGTERM logged after {:.2} ms, exit {:?} after {:.0} ms",
                 ms(st.healthz.1),
                 ms(st.queue_ids.1),
                 ms(st.other_nic_busy.1),
                 ms(st.other_nic_idle.1),
+                ms(st.reclaim.0),
                 ms(st.sigterm_logged),
                 st.exit_code,
                 ms(st.exited)
@@ -713,7 +767,7 @@ fn main() {
     if a.tenant_requests > 0 && !tenants_section(&a) {
         std::process::exit(1);
     }
-    if a.hostile && !hostile::run(&a) {
+    if (a.hostile_seconds > 0 || a.flood_seconds > 0.0) && !hostile_section(&a) {
         std::process::exit(1);
     }
     if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() || matches!(r.stall, Some(Err(_))) {
@@ -726,6 +780,14 @@ fn main() {
 fn tenants_section(a: &Args) -> bool {
     let stand_ins = tenants::StandIns::hold();
     tenants::run(a, &stand_ins)
+}
+
+/// The hostile tenants, with the GPU stand-ins held as for the tenant checks.
+fn hostile_section(a: &Args) -> bool {
+    let stand_ins = tenants::StandIns::hold();
+    let garbled = a.hostile_seconds == 0 || hostile::run(a, &stand_ins);
+    let plain = a.flood_seconds <= 0.0 || hostile_plain::run(a);
+    garbled && plain
 }
 
 /// The rule-path targets against what this run measured.
@@ -987,30 +1049,35 @@ fn render(r: &Report, a: &Args, took: Duration) -> String {
                     "eth1 takes {} s per insert (`--sim_delay=add_rule:{}ms:eth1`) and {} clients keep \
                      it busy, each waiting for its answer; meanwhile, {} samples of each figure below. \
                      eth1 completed {} of those clients' inserts before the SIGTERM, about one a \
-                     second. `tests/no_stall.rs` asserts bounds on the same figures.\n",
+                     second. `tests/no_stall.rs` asserts the order, not these times: with eth1's insert \
+                     held until the test lets it go, every other request is answered and SIGTERM \
+                     logged first.\n",
                     stall::SLOW.as_secs(),
                     stall::SLOW.as_millis(),
                     stall::HAMMERS,
                     a.stall_samples,
                     st.slow_replies
                 );
-                let _ = writeln!(w, "| while eth1 is busy | p50 | p99 | bound the test asserts |");
-                let _ = writeln!(w, "|---|---:|---:|---:|");
-                let row = |w: &mut String, what: &str, v: &stall::P50P99, bound: &str| {
-                    let _ = writeln!(w, "| {what} | {:.2} ms | {:.2} ms | {bound} |", ms(v.0), ms(v.1));
+                let _ = writeln!(w, "| while eth1 is busy | p50 | p99 |");
+                let _ = writeln!(w, "|---|---:|---:|");
+                let row = |w: &mut String, what: &str, v: &stall::P50P99| {
+                    let _ = writeln!(w, "| {what} | {:.2} ms | {:.2} ms |", ms(v.0), ms(v.1));
                 };
-                row(w, "`/healthz` (a new TCP connection each)", &st.healthz, "p99 ≤ 50 ms");
-                row(w, "`queue_ids_by_gpu` (one connection)", &st.queue_ids, "p99 ≤ 5 ms");
-                row(w, "install on eth2 (a new connection each)", &st.other_nic_busy, "p99 ≤ 50 ms");
-                row(w, "the same before eth1 was made busy", &st.other_nic_idle, "");
-                let _ = writeln!(
-                    w,
-                    "| SIGTERM → `shutting down` logged | {:.2} ms | | ≤ 100 ms |",
-                    ms(st.sigterm_logged)
+                row(w, "`/healthz` (a new TCP connection each)", &st.healthz);
+                row(w, "`queue_ids_by_gpu` (one connection)", &st.queue_ids);
+                row(w, "install on eth2 (a new connection each)", &st.other_nic_busy);
+                row(w, "the same before eth1 was made busy", &st.other_nic_idle);
+                let what = format!(
+                    "a killed client's {} rules on eth2 removed (SIGKILL → `/metrics` shows them reclaimed), {} clients",
+                    reclaim::RULES,
+                    a.stall_samples.clamp(1, 20)
                 );
+                row(w, &what, &st.reclaim);
+                let _ =
+                    writeln!(w, "| SIGTERM → `shutting down` logged | {:.2} ms | |", ms(st.sigterm_logged));
                 let _ = writeln!(
                     w,
-                    "| SIGTERM → exit (code {}), a {} s insert in flight | {:.0} ms | | ≤ 5 s |",
+                    "| SIGTERM → exit (code {}), a {} s insert in flight | {:.0} ms | |",
                     st.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "none: killed".into()),
                     stall::SLOW.as_secs(),
                     ms(st.exited)

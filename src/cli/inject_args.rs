@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::parser::ValueSource;
-use clap::{Arg, ArgMatches, Command};
+use clap::{Arg, ArgAction, ArgMatches, Command};
 
 use super::daemon_args::{daemon_args, given_daemon_words};
 use crate::config::absl::bool_arg;
 use crate::inject::command::Invocation;
 use crate::inject::serve::ServeConfig;
 use crate::inject::webhook::OnError;
-use crate::inject::{self, machine, Mode, Nccl, Options};
+use crate::inject::{self, machine, Given, Mode, Nccl, Options};
 
 const ABOUT: &str = "\
 Adds GPUDirect-TCPX to every pod template in Kubernetes manifests: Pod, Job,
@@ -23,21 +23,35 @@ CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet, JobSet
 XGBoostJob, PaddleJob, JAXJob, MPIJob, and Kubeflow Trainer TrainingRuntime
 and ClusterTrainingRuntime (a TrainJob has no pod template: change its
 runtime). A `List`'s items too. Other documents pass through unchanged.
-Reads FILE (or stdin for `-` or no -f), writes stdout, reports on stderr.
+Reads every -f in order, as kubectl does: a file, `-` for stdin (also
+without -f), or a folder's .yaml, .yml and .json files in name order (its
+subfolders' too with -R). Writes one YAML stream to stdout, and on stderr a
+line per pod template saying what was added or changed (pod fields such as
+hostNetwork, the daemon's privileges and probe, the volumes, each GPU
+container's variables and mounts).
 
 Only containers that request nvidia.com/gpu (resources.limits) get the
 mounts, LD_LIBRARY_PATH and the NCCL settings; a template with none is left
-unchanged and said so (an error with --require-gpu). A container asking
+unchanged and said so (a JobSet's CPU-only coordinator, say); with
+--require-gpu, an object none of whose templates has a GPU container is an
+error. A Pod asking for fewer GPUs than the machine has is warned about:
+its daemon takes all of the node's TCPX NICs. A container asking
 for MIG instances (nvidia.com/mig-*) or a Pod pinned to GKE's GPU partitions
-is refused: TCPX needs whole GPUs. A Pod that runs the
-reference tcpgpudmarxd is converted (its flags carried over) or refused,
-naming the container. Running it again changes nothing; a newer version
-replaces an older injection in place.
+is refused: TCPX needs whole GPUs. A Pod that runs a TCPX daemon already
+(the reference tcpgpudmarxd, or a tcpx-rxdm container written by hand) is
+converted, its flags carried over, or refused naming the container and the
+flag; --uninject gives it back. Running it again changes nothing: options
+not given keep the values of the earlier injection (--mode, --nccl,
+--image, ...), options given replace them.
 Comments and formatting of the input are lost (the YAML is re-written).
 
 DAEMON FLAGS are the daemon's own (`tcpx-rxdm --help`), spelt with
 underscores, e.g. --rx_pool_size=2147483648 --log_level=debug: they go to the
-daemon container, replacing the defaults of the same name.";
+daemon container, replacing the defaults of the same name, checked as the
+daemon checks them. Flags for one process or one node (--show_version,
+--takeover, --node_wide, ...) are refused. The probe follows
+--metrics_address: an HTTP probe on its port where the daemon listens on
+every address, else `tcpx-rxdm status mine` run in the daemon's container.";
 
 /// Options `inject` and `inject serve` share: what is added, and how.
 pub fn shared_args() -> Vec<Arg> {
@@ -77,9 +91,12 @@ pub fn shared_args() -> Vec<Arg> {
             .default_value(machine::DEFAULT)
             .value_parser(PossibleValuesParser::new(machine::NAMES))
             .help("Machine type of the nodes, for --nccl=inline"),
-        Arg::new("image").long("image").value_name("IMAGE").default_value(inject::DEFAULT_IMAGE).help(
-            "The daemon's image, as your nodes pull it (build and push it from this repository's Dockerfile)",
-        ),
+        Arg::new("image")
+            .long("image")
+            .value_name("IMAGE")
+            .default_value(inject::DEFAULT_IMAGE)
+            .value_parser(inject::values::image)
+            .help("The daemon's image, as your nodes pull it (build and push it from this repository's Dockerfile)"),
         bool_arg("unprivileged")
             .help("NET_ADMIN and GKE's device-injection annotation instead of privileged: true"),
         Arg::new("platform")
@@ -104,12 +121,20 @@ pub fn shared_args() -> Vec<Arg> {
         Arg::new("daemon_cpu")
             .long("daemon-cpu")
             .value_name("QUANTITY")
-            .help("The daemon container's CPU request"),
+            .value_parser(inject::values::cpu)
+            .help("The daemon container's CPU request, a Kubernetes quantity (500m, 2)"),
         Arg::new("daemon_memory")
             .long("daemon-memory")
             .value_name("QUANTITY")
-            .help("The daemon container's memory request"),
+            .value_parser(inject::values::memory)
+            .help("The daemon container's memory request, a Kubernetes quantity (512Mi, 2Gi)"),
     ]
+}
+
+/// `--gpu_nic_preset` for the daemon in a Pod: a preset file is in the
+/// daemon's container, not where inject runs.
+fn in_the_pod(a: Arg) -> Arg {
+    a.value_parser(inject::pod_flags::preset)
 }
 
 /// `inject`, with `serve` as its subcommand.
@@ -118,7 +143,7 @@ pub fn inject() -> Command {
         .about("Add GPUDirect-TCPX to the pod templates of Kubernetes manifests")
         .long_about(ABOUT)
         .override_usage(
-            "tcpx-rxdm inject [-f FILE|-] [OPTIONS] [DAEMON FLAGS]\n       \
+            "tcpx-rxdm inject [-f FILE|DIR|-]... [-R] [OPTIONS] [DAEMON FLAGS]\n       \
              tcpx-rxdm inject serve --on-error=refuse|allow [OPTIONS] [DAEMON FLAGS]",
         )
         .args_override_self(true)
@@ -128,14 +153,20 @@ pub fn inject() -> Command {
                 .short('f')
                 .long("filename")
                 .value_name("FILE")
-                .help("Input file (`-`: stdin)"),
+                .action(ArgAction::Append)
+                .help("Input: a file, a folder's manifests, or `-` for stdin; again for more, read in order"),
         )
+        .arg(bool_arg("recursive").short('R').help("With a folder for -f, its subfolders too"))
+        // kubectl takes files only after -f: a file given bare is named, with the fix.
+        .arg(Arg::new("bare").value_name("FILE").num_args(1..).hide(true))
         .args(shared_args())
         .arg(bool_arg("uninject").help("Remove what inject added, nothing else"))
         .arg(bool_arg("require_gpu").long("require-gpu").help(
-            "Refuse (exit 1, nothing written) a pod template with no container that requests nvidia.com/gpu",
+            "Refuse (exit 1, nothing written) an object none of whose pod templates has a container that \
+             requests nvidia.com/gpu",
         ))
         .args(daemon_args(&[]))
+        .mut_arg("gpu_nic_preset", in_the_pod)
         .after_help(
             "Exit status: 0 written; 1 input refused (nothing written); 2 bad options.\n\n\
              `tcpx-rxdm inject serve --help`: the same change as an admission webhook.",
@@ -146,6 +177,7 @@ pub fn inject() -> Command {
 /// The options of `matches` (of [`shared_args`] and the daemon's flags).
 pub fn options(m: &ArgMatches) -> Result<Options, String> {
     let text = |id: &str| m.get_one::<String>(id).cloned();
+    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
     let d = Options::default();
     let platform = inject::platform::Platform::from_options(
         text("platform").as_deref(),
@@ -162,17 +194,46 @@ pub fn options(m: &ArgMatches) -> Result<Options, String> {
         memory: text("daemon_memory"),
         uninject: m.try_get_one::<bool>("uninject").ok().flatten().copied().unwrap_or(false),
         platform,
+        given: Given {
+            mode: given("mode"),
+            nccl: given("nccl"),
+            image: given("image"),
+            unprivileged: given("unprivileged"),
+            cpu: given("daemon_cpu"),
+            memory: given("daemon_memory"),
+            platform: given("platform") || given("nccl_plugin"),
+        },
     })
 }
 
-/// What `inject` (not `serve`) was asked.
+/// What `inject` (not `serve`) was asked. The daemon's flags are checked
+/// here, once, whatever the input holds.
 pub fn invocation(m: &ArgMatches) -> Result<Invocation, String> {
+    if let Some(f) = m.get_many::<String>("bare").and_then(|mut f| f.next()) {
+        let path = f.contains(['.', '/']) || std::path::Path::new(f).exists();
+        return Err(if path {
+            format!("{f}: input files go after -f, as with kubectl (`tcpx-rxdm inject -f {f}`); `-f -` reads stdin")
+        } else {
+            format!("no command {f} (inject has one: serve); input files go after -f (`tcpx-rxdm inject -f FILE`)")
+        });
+    }
+    let opts = options(m)?;
+    check_daemon_flags(&opts)?;
     Ok(Invocation {
-        opts: options(m)?,
-        file: m.get_one::<String>("filename").cloned(),
+        opts,
+        files: m.get_many::<String>("filename").into_iter().flatten().cloned().collect(),
+        recursive: m.get_flag("recursive"),
         require_gpu: m.get_flag("require_gpu"),
-        image_given: m.value_source("image") == Some(ValueSource::CommandLine),
     })
+}
+
+/// The daemon's flags as the mode asked for (or the default one) would
+/// write them; each template's daemon is checked again with its own mode.
+fn check_daemon_flags(opts: &Options) -> Result<(), String> {
+    if opts.uninject {
+        return Ok(());
+    }
+    inject::daemon::DaemonFlags::new(opts, &[]).map(drop).map_err(|e| e.to_string())
 }
 
 /// Seconds above 0 and below an hour (fractions allowed).
@@ -258,6 +319,7 @@ pub fn serve() -> Command {
         )
         .args(shared_args())
         .args(daemon_args(&[]))
+        .mut_arg("gpu_nic_preset", in_the_pod)
         .after_help("Exit status: 0 stopped by SIGTERM or SIGINT; 1 could not serve; 2 bad options.")
 }
 
@@ -274,7 +336,9 @@ pub fn serve_config(m: &ArgMatches) -> Result<ServeConfig, String> {
         listen: *m.get_one::<SocketAddr>("listen").expect("has a default"),
         cert: path("tls_cert"),
         key: path("tls_key"),
-        inject: options(m)?,
+        // The webhook never injects a Pod twice, and its operator's options
+        // decide: a converted daemon's image is not the Pod author's to choose.
+        inject: Options { given: Given::ALL, ..options(m)? },
         on_error,
         max_body: usize::try_from(*m.get_one::<u64>("max_request_bytes").expect("has a default"))
             .unwrap_or(usize::MAX),

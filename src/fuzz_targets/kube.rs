@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::grammar::{self, Bytes};
 use crate::inject::webhook::{self, OnError};
-use crate::inject::{command, Options};
+use crate::inject::{command, Given, Options};
 
 /// The options and the text of an input (see the module's comment).
 fn input(data: &[u8], build: impl FnOnce(&mut Bytes) -> String) -> Option<(Options, u8, String)> {
@@ -114,8 +114,9 @@ fn diff(a: &impl serde::Serialize, b: &impl serde::Serialize) -> String {
 /// output parses again into as many documents; injecting the output again
 /// changes nothing; `--uninject` of the output gives back the content of
 /// the input (as `--uninject` of the input does, for an input injected
-/// before; a reference daemon converted is not given back); no pod
-/// template is made less valid.
+/// before; a TCPX daemon converted included); injecting it again with no
+/// option named (each template keeping its earlier injection's) changes
+/// nothing either; no pod template is made less valid.
 pub fn inject(data: &[u8]) {
     let Some((opts, _, text)) = input(data, |b| {
         let docs: Vec<String> = (0..=b.below(3))
@@ -135,15 +136,18 @@ pub fn inject(data: &[u8]) {
     for (o, a) in output_docs.iter().zip(yaml_docs(&again).unwrap()) {
         assert!(*o == a, "injecting twice changed:\n{}", diff(o, &a));
     }
+    // Again with no option named (the command line's `inject -f out.yaml`):
+    // each template keeps what its earlier injection chose.
+    let (kept, _) = command::transform(&out, &Options { given: Given::NONE, ..opts.clone() })
+        .unwrap_or_else(|e| panic!("its own output refused with no option named: {e}\n{out}"));
+    for (o, k) in output_docs.iter().zip(yaml_docs(&kept).unwrap()) {
+        assert!(*o == k, "injecting again with no option named changed:\n{}", diff(o, &k));
+    }
     let (back, _) = docs(&out).unwrap_or_else(|e| panic!("--uninject refused the output: {e}\n{out}"));
     let (plain, _) = docs(&text).expect("--uninject of an input inject took");
     let (back, plain) = (yaml_docs(&back).unwrap(), yaml_docs(&plain).unwrap());
     assert_eq!(back.len(), plain.len());
-    for ((b, p), i) in back.iter().zip(&plain).zip(&input_docs) {
-        // A Pod running the reference daemon is converted: that one goes for good.
-        if yaml(i).contains("tcpgpudmarxd") {
-            continue;
-        }
+    for (b, p) in back.iter().zip(&plain) {
         let (b, p) = (content(b), content(p));
         assert!(b == p, "--uninject after inject:\n{}\nis not the input's content:\n{}", yaml(&b), yaml(&p));
     }

@@ -1,33 +1,34 @@
-//! `tcpx-rxdm inject [-f FILE|-] [OPTIONS] [DAEMON FLAGS]`: YAML documents
-//! in, the same documents out with TCPX added; a line per object on stderr,
-//! then what a person must know: templates left without TCPX for want of a
-//! GPU container, and the daemon image when it was not chosen.
-
-use std::io::Read as _;
+//! `tcpx-rxdm inject [-f FILE|DIR|-]... [OPTIONS] [DAEMON FLAGS]`: YAML
+//! documents in, the same documents out with TCPX added, one stream for
+//! all inputs; a line per pod template on stderr with what was added, then
+//! what a person must know: what may not work as expected, templates left
+//! without TCPX for want of a GPU container, and the daemon image when it
+//! was not chosen.
 
 use serde::Deserialize as _;
 use serde_norway::Value;
 
 use super::record::Outcome;
-use super::{kinds, InjectError, Mode, Options, GPU_RESOURCE, VERSION};
+use super::{files, kinds, InjectError, Options, DEFAULT_IMAGE, GPU_RESOURCE, VERSION};
 
 /// What `inject` was asked, beyond what decides the change itself.
 #[derive(Debug, Clone)]
 pub struct Invocation {
     pub opts: Options,
-    /// The input file; `None` or `-`: stdin.
-    pub file: Option<String>,
-    /// A pod template without a GPU container is an error, not a note.
+    /// The inputs (`-f`), in order; none or `-`: stdin; a folder: its manifests.
+    pub files: Vec<String>,
+    /// `-R`: a folder's subfolders too.
+    pub recursive: bool,
+    /// An object none of whose pod templates has a GPU container is an
+    /// error, not a note.
     pub require_gpu: bool,
-    /// `--image` was given (else the default is named on stderr).
-    pub image_given: bool,
 }
 
 /// Every document of `text` with `opts` applied, and the report lines.
 /// Nothing is returned unless every document was accepted.
 pub fn transform(text: &str, opts: &Options) -> Result<(String, Vec<String>), InjectError> {
     let (out, applied) = transform_all(text, opts)?;
-    Ok((out, applied.into_iter().map(|a| a.line).collect()))
+    Ok((out, applied.iter().map(kinds::Applied::text).collect()))
 }
 
 /// [`transform`] with what was done to each template.
@@ -53,27 +54,31 @@ pub fn transform_all(text: &str, opts: &Options) -> Result<(String, Vec<kinds::A
     Ok((out, report))
 }
 
-/// What stderr says after the per-object lines: templates left without
-/// TCPX, and where the daemon image comes from. Empty when all is said.
-pub fn advice(applied: &[kinds::Applied], inv: &Invocation) -> Vec<String> {
+/// What stderr says after the per-object lines: what may not work as
+/// expected, templates left without TCPX, where the daemon image comes
+/// from. Empty when all is said.
+pub fn advice(applied: &[kinds::Applied]) -> Vec<String> {
     let mut out = Vec::new();
-    let no_gpu = applied.iter().filter(|a| a.outcome == Outcome::NoGpu).count();
-    let injected = applied.iter().filter(|a| a.outcome.has_tcpx()).count();
-    if no_gpu > 0 {
-        let which = if injected == 0 {
-            "nothing was injected: no pod template has a container that requests".to_string()
-        } else {
-            format!("{no_gpu} pod template(s) left without TCPX: no container requests")
-        };
+    for a in applied {
+        out.extend(a.done.warnings.iter().map(|w| format!("warning: {}: {w}", a.place)));
+    }
+    let no_gpu = applied.iter().filter(|a| a.outcome() == Outcome::NoGpu).count();
+    let injected = applied.iter().filter(|a| a.outcome().has_tcpx()).count();
+    if no_gpu > 0 && injected == 0 {
         out.push(format!(
-            "{which} {GPU_RESOURCE}. TCPX goes only to GPU containers: add `resources: {{limits: \
-             {{{GPU_RESOURCE}: 8}}}}` to the container that runs NCCL and run inject again \
-             (--require-gpu makes this an error)."
+            "nothing was injected: no pod template has a container that requests {GPU_RESOURCE}. \
+             TCPX goes only to containers that request GPUs (resources.limits); the container that runs \
+             NCCL must request them. --require-gpu makes this an error."
+        ));
+    } else if no_gpu > 0 {
+        out.push(format!(
+            "{no_gpu} pod template(s) left as they are: none of their containers requests {GPU_RESOURCE} \
+             (a CPU-only coordinator needs no TCPX). --require-gpu refuses an object none of whose \
+             templates requests GPUs."
         ));
     }
-    let daemon_image = inv.opts.mode != Mode::Node && !inv.opts.uninject && injected > 0;
-    if daemon_image && !inv.image_given {
-        let image = &inv.opts.image;
+    if applied.iter().any(|a| a.done.default_image) {
+        let image = DEFAULT_IMAGE;
         out.push(format!(
             "the daemon container's image is {image}, the default, which no public registry serves: \
              build it from this repository and push it where your nodes pull from \
@@ -84,39 +89,58 @@ pub fn advice(applied: &[kinds::Applied], inv: &Invocation) -> Vec<String> {
     out
 }
 
+/// The first object that has pod templates and none with a GPU container
+/// (`--require-gpu`), by its place.
+fn without_gpu(applied: &[kinds::Applied]) -> Option<&kinds::Applied> {
+    applied.iter().find(|a| {
+        a.outcome() == Outcome::NoGpu
+            && applied.iter().filter(|b| b.object == a.object).all(|b| b.outcome() == Outcome::NoGpu)
+    })
+}
+
 /// Runs the command; returns the exit code.
 pub fn main(inv: Invocation) -> u8 {
-    let mut text = String::new();
-    let read = match inv.file.as_deref() {
-        None | Some("-") => std::io::stdin().read_to_string(&mut text).map(|_| ()),
-        Some(p) => std::fs::read_to_string(p).map(|t| text = t),
-    };
-    if let Err(e) = read {
-        eprintln!("tcpx-rxdm inject: {}: {e}", inv.file.as_deref().unwrap_or("stdin"));
-        return 1;
-    }
-    let (out, applied) = match transform_all(&text, &inv.opts) {
-        Ok(v) => v,
+    let sources = match files::read(&inv.files, inv.recursive) {
+        Ok(s) => s,
         Err(e) => {
-            eprintln!("tcpx-rxdm inject: {e}; nothing written");
-            return if matches!(e, InjectError::Option(_)) { 2 } else { 1 };
+            eprintln!("tcpx-rxdm inject: {e}");
+            return e.exit_code();
         }
     };
-    for a in &applied {
-        eprintln!("{}", a.line);
-    }
-    if inv.require_gpu && !inv.opts.uninject {
-        if let Some(a) = applied.iter().find(|a| a.outcome == Outcome::NoGpu) {
-            eprintln!(
-                "tcpx-rxdm inject: {}: no container requests {GPU_RESOURCE} (--require-gpu); nothing written",
-                a.place
-            );
-            return 1;
+    let (mut outs, mut applied) = (Vec::new(), Vec::new());
+    for src in &sources {
+        let from = src.path.as_deref().map(|p| format!("{p}: ")).unwrap_or_default();
+        match transform_all(&src.text, &inv.opts) {
+            Ok((out, a)) => {
+                if inv.require_gpu && !inv.opts.uninject {
+                    if let Some(a) = without_gpu(&a) {
+                        eprintln!(
+                            "tcpx-rxdm inject: {from}{}: no pod template has a container that requests \
+                             {GPU_RESOURCE} (--require-gpu); nothing written",
+                            a.object
+                        );
+                        return 1;
+                    }
+                }
+                outs.extend(Some(out).filter(|o| !o.is_empty()));
+                applied.extend(a);
+            }
+            Err(e) => {
+                eprintln!("tcpx-rxdm inject: {from}{e}; nothing written");
+                return if matches!(e, InjectError::Option(_)) { 2 } else { 1 };
+            }
         }
     }
-    for line in advice(&applied, &inv) {
+    if applied.is_empty() {
+        let from: Vec<&str> = sources.iter().map(|s| s.path.as_deref().unwrap_or("stdin")).collect();
+        eprintln!("tcpx-rxdm inject: {}: no Kubernetes documents; nothing written", from.join(", "));
+    }
+    for a in &applied {
+        eprintln!("{}", a.text());
+    }
+    for line in advice(&applied) {
         eprintln!("tcpx-rxdm inject: {line}");
     }
-    print!("{out}");
+    print!("{}", outs.join("---\n"));
     0
 }

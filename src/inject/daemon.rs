@@ -2,6 +2,8 @@
 
 use serde_norway::{Mapping, Value};
 
+use super::pod_flags::{self, not_for_a_pod};
+use super::probe::Probe;
 use super::{InjectError, Mode, Options, DAEMON, LIBRARIES};
 use crate::config::flags::{Flags, BOOL_FLAGS};
 
@@ -17,19 +19,9 @@ pub const HEALTH_DIR: &str = "/run/tcpx-health";
 /// its own is refused).
 pub const VOLUMES: [&str; 5] = ["tcpx-libraries", "tcpx-sys", "tcpx-proc-sys", "tcpx-socket", "tcpx-health"];
 /// The node-wide daemon's socket folder on the host.
-const NODE_SOCKET_DIR: &str = "/run/tcpx";
+pub const NODE_SOCKET_DIR: &str = "/run/tcpx";
 
-pub fn s(v: &str) -> Value {
-    Value::String(v.to_string())
-}
-
-pub fn map(pairs: Vec<(&str, Value)>) -> Value {
-    let mut m = Mapping::new();
-    for (k, v) in pairs {
-        m.insert(s(k), v);
-    }
-    Value::Mapping(m)
-}
+pub use super::lists::{map, s};
 
 fn list(items: Vec<Value>) -> Value {
     Value::Sequence(items)
@@ -93,7 +85,10 @@ fn parse_words(words: &[String]) -> Result<Vec<Flag>, InjectError> {
 /// `core` of them form the GKE guide's command line in the classic sidecar.
 pub struct DaemonFlags {
     list: Vec<Flag>,
+    /// As the daemon reads them; a preset file (`preset_file`) as `auto`.
     pub parsed: Flags,
+    /// `--gpu_nic_preset` names a file, read on the node.
+    pub preset_file: Option<String>,
 }
 
 /// Flags the guide's command line holds, in its order.
@@ -102,51 +97,104 @@ const CORE: [&str; 4] = ["gpu_nic_preset", "gpu_shmem_type", "uds_path", "setup_
 /// Inject's values for [`CORE`], in its order: the guide's.
 const CORE_DEFAULTS: [&str; 4] = ["a3vm", "fd", "/run/tcpx", "--verbose 128 2 0"];
 
-/// Whether `--name=value` is what inject writes anyway for a Pod's daemon.
-pub fn is_default(name: &str, value: &str) -> bool {
-    CORE.iter().zip(CORE_DEFAULTS).any(|(n, v)| *n == name && v == value)
+/// `\"--verbose 128 2 0 \"` (quotes kept literally, as the guide writes it) → `--verbose 128 2 0`.
+pub fn unquote(v: &str) -> String {
+    v.trim_matches(|c: char| c == '\\' || c == '"' || c == '\'' || c.is_whitespace()).to_string()
+}
+
+/// The daemon's flags inject writes for `mode` when given none.
+fn defaults(mode: Mode) -> Vec<Flag> {
+    let mut list: Vec<Flag> = CORE.iter().zip(CORE_DEFAULTS).map(|(n, v)| Flag::new(n, v)).collect();
+    // A daemon in the Pod serves only the Pod: one tenant, nothing to
+    // keep apart (IPv6 flows are still repaired).
+    let own = || Flag::new("tenant_isolation", "off");
+    match mode {
+        Mode::NativeSidecar => {
+            list.push(own());
+            list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
+            // The kubelet ends the daemon; clients coming and going must not.
+            list.push(Flag { name: "nomonitor_shutdown".into(), value: None });
+        }
+        Mode::Sidecar => {
+            list.push(own());
+            list.push(Flag::new("shutdown_file", "terminated"));
+            list.push(Flag { name: "shutdown_when_all_clients_exited".into(), value: None });
+            list.push(Flag::new("wait_time_before_exit", "30"));
+            list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
+        }
+        Mode::Node => return vec![Flag::new("uds_path", NODE_SOCKET_DIR)],
+    }
+    list
+}
+
+/// The flags of a daemon container inject wrote for `mode` (its command
+/// line's words, the binary left out) that differ from what inject writes
+/// for that mode anyway: what the user asked for then, or what was carried
+/// over from a converted daemon. Injecting again keeps them.
+pub fn chosen(mode: Mode, words: &[String]) -> Vec<String> {
+    let words: Vec<String> = words.iter().skip_while(|w| !w.starts_with('-')).cloned().collect();
+    let Ok(flags) = parse_words(&words) else { return Vec::new() };
+    let defaults = defaults(mode);
+    flags
+        .into_iter()
+        .map(|f| match (f.key(), &f.value) {
+            // The classic sidecar's quoted form of the guide.
+            ("setup_param", Some(v)) => Flag::new(&f.name, &unquote(v)),
+            _ => f,
+        })
+        .filter(|f| !defaults.contains(f))
+        .map(|f| f.word())
+        .collect()
 }
 
 impl DaemonFlags {
+    /// The flags for `opts`: the mode's defaults, then `carried` (from a
+    /// daemon the Pod had: converted, or inject's own of an earlier run),
+    /// then the user's. Each replaces the one of the same name.
     pub fn new(opts: &Options, carried: &[String]) -> Result<DaemonFlags, InjectError> {
-        let mut list: Vec<Flag> = CORE.iter().zip(CORE_DEFAULTS).map(|(n, v)| Flag::new(n, v)).collect();
-        // A daemon in the Pod serves only the Pod: one tenant, nothing to
-        // keep apart (IPv6 flows are still repaired).
-        let own = || Flag::new("tenant_isolation", "off");
-        match opts.mode {
-            Mode::NativeSidecar => {
-                list.push(own());
-                list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
-                // The kubelet ends the daemon; clients coming and going must not.
-                list.push(Flag { name: "nomonitor_shutdown".into(), value: None });
-            }
-            Mode::Sidecar => {
-                list.push(own());
-                list.push(Flag::new("shutdown_file", "terminated"));
-                list.push(Flag { name: "shutdown_when_all_clients_exited".into(), value: None });
-                list.push(Flag::new("wait_time_before_exit", "30"));
-                list.push(Flag::new("metrics_address", "0.0.0.0:9467"));
-            }
-            Mode::Node => list.truncate(0),
+        let mut list = defaults(opts.mode);
+        let mut carried = parse_words(carried)?;
+        let user = parse_words(&opts.daemon_flags)?;
+        if let Some((f, why)) = user.iter().find_map(|f| Some((f, not_for_a_pod(f.key())?))) {
+            return Err(InjectError::Option(format!("--{}: {why}", f.name)));
         }
-        let mut user = parse_words(carried)?;
-        user.extend(parse_words(&opts.daemon_flags)?);
         if opts.mode == Mode::Node {
             if let Some(f) = user.iter().find(|f| f.key() != "uds_path") {
                 return Err(InjectError::Option(format!(
-                    "--{}: with --mode=node only --uds_path (the node daemon's socket folder) applies",
+                    "--{}: with --mode=node the Pod has no daemon of its own; only --uds_path (where the \
+                     workload finds the node daemon's sockets) applies. The node-wide daemon's flags are \
+                     set in its DaemonSet (deploy/kubernetes/daemonset.yaml)",
                     f.name
                 )));
             }
-            list.push(Flag::new("uds_path", NODE_SOCKET_DIR));
+            // The node-wide daemon has flags of its own: of a daemon the
+            // Pod had, only its socket folder (where the workload looks) stays.
+            carried.retain(|f| f.key() == "uds_path");
         }
-        for f in user {
+        for f in carried.into_iter().chain(user) {
             match list.iter_mut().find(|g| g.key() == f.key()) {
                 Some(g) => *g = f,
                 None => list.push(f),
             }
         }
-        let argv = std::iter::once("tcpx-rxdm".to_string()).chain(list.iter().map(Flag::word));
+        // The level as the daemon names it (`warning` → `warn`).
+        for f in list.iter_mut().filter(|f| f.key() == "log_level") {
+            let level =
+                pod_flags::log_level(f.value.as_deref().unwrap_or_default()).map_err(InjectError::Option)?;
+            f.value = Some(level.to_string());
+        }
+        // A preset file is read on the node, not where inject runs: parsed
+        // here as `auto` (the machine's preset), its path kept in the Pod.
+        let preset_file = list
+            .iter()
+            .find(|f| f.key() == "gpu_nic_preset")
+            .and_then(|f| f.value.clone())
+            .filter(|v| pod_flags::is_preset_file(v));
+        let words = list.iter().map(|f| match (&preset_file, f.key()) {
+            (Some(_), "gpu_nic_preset") => "--gpu_nic_preset=auto".to_string(),
+            _ => f.word(),
+        });
+        let argv = std::iter::once("tcpx-rxdm".to_string()).chain(words);
         let parsed = Flags::parse_args(argv).map_err(|e| {
             let text = e.to_string();
             InjectError::Option(format!(
@@ -157,15 +205,30 @@ impl DaemonFlags {
         if parsed.node_wide && opts.mode != Mode::Node {
             return Err(InjectError::Option("--node_wide: a node-wide daemon is --mode=node".into()));
         }
-        Ok(DaemonFlags { list, parsed })
+        if opts.mode != Mode::Node {
+            pod_flags::check(&parsed, opts.mode).map_err(InjectError::Option)?;
+            match &preset_file {
+                Some(file) if opts.nccl == super::Nccl::Inline => {
+                    return Err(InjectError::Option(format!(
+                        "--gpu_nic_preset={file}: a preset file is read on the node, so inject cannot write \
+                         the NCCL settings for it: use --nccl=file (the daemon writes them on the node) or \
+                         --nccl=configmap"
+                    )))
+                }
+                Some(_) => {}
+                None => pod_flags::topology(&parsed).map_err(InjectError::Option)?,
+            }
+        }
+        Ok(DaemonFlags { list, parsed, preset_file })
     }
 
     pub fn uds_path(&self) -> String {
         self.parsed.uds_path.to_string_lossy().trim_end_matches('/').to_string()
     }
 
-    fn metrics_port(&self) -> Option<u16> {
-        self.parsed.metrics_address.0.map(|a| a.port())
+    /// How the kubelet learns that this daemon is ready.
+    pub fn probe(&self) -> Probe {
+        Probe::for_flags(&self.parsed)
     }
 }
 
@@ -219,15 +282,23 @@ fn env(name: &str, value: &str) -> Value {
     map(vec![("name", s(name)), ("value", s(value))])
 }
 
-fn http_probe(path: &str, port: u16, period: u64, failures: Option<u64>) -> Value {
-    let mut p = vec![
-        ("httpGet", map(vec![("path", s(path)), ("port", Value::Number(port.into()))])),
-        ("periodSeconds", Value::Number(period.into())),
-    ];
-    if let Some(f) = failures {
-        p.push(("failureThreshold", Value::Number(f.into())));
+/// The daemon container's privileges: written here only, so that a Pod's
+/// daemon has the same wherever inject writes one.
+pub fn security_context(opts: &Options) -> Value {
+    if opts.unprivileged {
+        map(vec![("capabilities", map(vec![("add", list(vec![s("NET_ADMIN")]))]))])
+    } else {
+        map(vec![("privileged", Value::Bool(true))])
     }
-    map(p)
+}
+
+/// What [`security_context`] gives the daemon, for the report.
+pub fn describe_privileges(opts: &Options) -> String {
+    match (opts.unprivileged, opts.platform.gke_devices()) {
+        (false, _) => "privileged: true".into(),
+        (true, true) => "capability NET_ADMIN, the GPUs through GKE's device annotation".into(),
+        (true, false) => "capability NET_ADMIN, the GPUs through the NVIDIA runtime".into(),
+    }
 }
 
 /// The daemon container (none in node mode).
@@ -262,12 +333,7 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
         envs.push(env("HEALTH_CHECK_LOG_FILE", &format!("{HEALTH_DIR}/health.log")));
     }
     c.push(("env", list(envs)));
-    let security = if opts.unprivileged {
-        map(vec![("capabilities", map(vec![("add", list(vec![s("NET_ADMIN")]))]))])
-    } else {
-        map(vec![("privileged", Value::Bool(true))])
-    };
-    c.push(("securityContext", security));
+    c.push(("securityContext", security_context(opts)));
     let mut requests = Vec::new();
     if let Some(cpu) = &opts.cpu {
         requests.push(("cpu", s(cpu)));
@@ -278,17 +344,7 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
     if !requests.is_empty() {
         c.push(("resources", map(vec![("requests", map(requests))])));
     }
-    if let Some(port) = flags.metrics_port() {
-        let p = map(vec![("name", s("metrics")), ("containerPort", Value::Number(port.into()))]);
-        c.push(("ports", list(vec![p])));
-        if opts.mode == Mode::NativeSidecar {
-            // 120 tries, 1 s apart: the workload starts within a second of ready.
-            c.push(("startupProbe", http_probe("/readyz", port, 1, Some(120))));
-        } else {
-            c.push(("readinessProbe", http_probe("/readyz", port, 2, None)));
-        }
-        c.push(("livenessProbe", http_probe("/healthz", port, 10, None)));
-    }
+    c.extend(flags.probe().fields(&flags.parsed, opts.mode, &uds));
     let mut mounts: Vec<Value> =
         libraries.then(|| mount("tcpx-libraries", LIBRARIES, true)).into_iter().collect();
     mounts.extend(HOST_MOUNTS.iter().map(|(n, _, at)| mount(n, at, false)));
@@ -309,59 +365,5 @@ pub fn device_annotation() -> (String, String) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::flags::TenantIsolation;
-
-    fn args(opts: &Options) -> Vec<String> {
-        let f = DaemonFlags::new(opts, &[]).unwrap();
-        f.list.iter().map(Flag::word).collect()
-    }
-
-    #[test]
-    fn user_flags_replace_the_defaults_of_the_same_name_in_place() {
-        let opts = Options {
-            daemon_flags: ["--monitor_shutdown", "--uds_path", "/run/x", "--tenant_isolation=enforce"]
-                .map(String::from)
-                .to_vec(),
-            ..Options::default()
-        };
-        let a = args(&opts);
-        assert_eq!(a[2], "--uds_path=/run/x");
-        assert_eq!(a[6], "--monitor_shutdown", "{a:?}");
-        assert!(!a.iter().any(|w| w == "--nomonitor_shutdown"), "{a:?}");
-        assert_eq!(a[4], "--tenant_isolation=enforce", "{a:?}");
-        assert_eq!(a.iter().filter(|w| w.starts_with("--uds_path")).count(), 1);
-    }
-
-    #[test]
-    fn a_daemon_in_the_pod_runs_without_tenant_checks_unless_told() {
-        for mode in [Mode::NativeSidecar, Mode::Sidecar] {
-            let opts = Options { mode, ..Options::default() };
-            let f = DaemonFlags::new(&opts, &[]).unwrap();
-            assert_eq!(f.parsed.tenant_isolation, TenantIsolation::Off, "{mode:?}");
-            let opts = Options { mode, daemon_flags: vec!["--tenant_isolation=enforce".into()], ..opts };
-            let a = args(&opts);
-            assert_eq!(a.iter().filter(|w| w.starts_with("--tenant_isolation")).count(), 1, "{a:?}");
-            assert!(a.contains(&"--tenant_isolation=enforce".to_string()), "{a:?}");
-        }
-    }
-
-    #[test]
-    fn the_classic_sidecar_keeps_the_guides_command_line() {
-        let opts = Options { mode: Mode::Sidecar, ..Options::default() };
-        let f = DaemonFlags::new(&opts, &[]).unwrap();
-        let c = container(&opts, &f).unwrap();
-        let cmd: Vec<&str> =
-            c["command"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-        assert_eq!(cmd[0], REFERENCE_BIN);
-        assert_eq!(
-            &cmd[1..7],
-            ["--gpu_nic_preset", "a3vm", "--gpu_shmem_type", "fd", "--uds_path", "/run/tcpx"]
-        );
-        assert_eq!(cmd[8], r#"\"--verbose 128 2 0 \""#);
-        // Which the daemon reads as the plain value.
-        let argv = cmd.iter().map(|s| s.to_string());
-        assert_eq!(Flags::parse_args(argv).unwrap().setup_param, f.parsed.setup_param);
-    }
-}
+#[path = "daemon_tests.rs"]
+mod tests;

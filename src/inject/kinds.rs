@@ -8,8 +8,8 @@
 
 use serde_norway::Value;
 
+use super::apply::{self, Done};
 use super::record::Outcome;
-use super::template;
 use super::{name_of, object_name, InjectError, Options};
 
 /// One step from a document to its templates.
@@ -76,10 +76,11 @@ fn walk(
     report: &mut Vec<Applied>,
 ) -> Result<(), InjectError> {
     let Some((step, rest)) = steps.split_first() else {
-        let (outcome, line) = template::apply(v, opts, object, &at)?;
+        let done = apply::apply(v, opts, object, &at)?;
         let place = if at.is_empty() { String::new() } else { format!(" {}", at.trim_end_matches('.')) };
         let place = format!("{object}{place}");
-        report.push(Applied { outcome, line: format!("{place}: {line}"), place });
+        let line = format!("{place}: {}", done.line);
+        report.push(Applied { object: object.to_string(), place, line, done });
         return Ok(());
     };
     let missing = |at: &str, what: &str| {
@@ -112,11 +113,28 @@ fn walk(
 /// What was done to one pod template (or to an object without one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
-    pub outcome: Outcome,
+    /// The object: `Job/train`.
+    pub object: String,
     /// The object and the template's path in it: `Job/train spec.template`.
     pub place: String,
     /// The report line: the place, then what was done.
     pub line: String,
+    pub done: Done,
+}
+
+impl Applied {
+    pub fn outcome(&self) -> Outcome {
+        self.done.outcome
+    }
+
+    /// The report: the line, then what was added or changed, indented.
+    pub fn text(&self) -> String {
+        let mut t = self.line.clone();
+        for d in &self.done.details {
+            t.push_str(&format!("\n  {d}"));
+        }
+        t
+    }
 }
 
 /// Applies `opts` to every template of `doc` (each item of a `List`).
@@ -140,7 +158,8 @@ pub fn apply_doc(doc: &mut Value, opts: &Options, report: &mut Vec<Applied>) -> 
         Some(steps) => walk(doc, steps, String::new(), &object, opts, report),
         None => {
             let line = format!("{object}: no pod template ({api} {kind}); unchanged");
-            report.push(Applied { outcome: Outcome::NoTemplate, place: object, line });
+            let done = Done::plain(Outcome::NoTemplate, line.clone());
+            report.push(Applied { place: object.clone(), object, line, done });
             Ok(())
         }
     }

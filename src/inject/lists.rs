@@ -1,9 +1,24 @@
 //! Lists and mappings of a manifest as inject changes them: created where
 //! missing, emptied ones removed, lists the user left empty kept.
 
-use serde_norway::Value;
+use serde_norway::{Mapping, Value};
 
-use super::daemon::s;
+/// The names of the container lists, init containers first.
+pub const LISTS: [&str; 2] = ["initContainers", "containers"];
+
+/// A YAML text.
+pub fn s(v: &str) -> Value {
+    Value::String(v.to_string())
+}
+
+/// A YAML mapping of `pairs`, in their order.
+pub fn map(pairs: Vec<(&str, Value)>) -> Value {
+    let mut m = Mapping::new();
+    for (k, v) in pairs {
+        m.insert(s(k), v);
+    }
+    Value::Mapping(m)
+}
 
 pub fn seq_mut<'a>(m: &'a mut Value, key: &str) -> &'a mut Vec<Value> {
     let m = m.as_mapping_mut().expect("checked to be a mapping");

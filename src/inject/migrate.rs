@@ -1,12 +1,16 @@
-//! A pod template that already runs the reference daemon (`tcpgpudmarxd`,
-//! by image or binary path): its flags that mean the same here are carried
-//! over to the injected daemon, and the container and the volumes only it
-//! used are removed, so that a Pod never runs two daemons. Any other flag
-//! is refused with the container's name: converting it is a human's call.
+//! A pod template that already runs a TCPX daemon inject did not write:
+//! the reference (`tcpgpudmarxd`, by image or binary path) or a hand-written
+//! `tcpx-rxdm` daemon container. Its flags are carried over to the injected
+//! daemon where they mean the same there; the container and the volumes
+//! only it used are removed, so that a Pod never runs two daemons, and kept
+//! in the template (by `restore`) so that `--uninject` brings them back. A flag that cannot be carried is refused with the container's name
+//! and why: converting it is a human's call.
 
 use serde_norway::Value;
 
+use super::pod_flags::not_for_a_pod;
 use super::{is_gpu, name_of, InjectError};
+use crate::config::flags::{Flags, BOOL_FLAGS};
 
 /// Flags of the reference that mean the same for the injected daemon.
 const CARRIED: [&str; 7] = [
@@ -19,18 +23,52 @@ const CARRIED: [&str; 7] = [
     "num_hops",
 ];
 
-/// The reference daemon found in a template.
+/// Flags that say how the daemon ends, which inject sets for each mode:
+/// left out of what is carried, and said so.
+const ENDS: [&str; 4] =
+    ["monitor_shutdown", "shutdown_file", "shutdown_when_all_clients_exited", "wait_time_before_exit"];
+
+/// Flags naming a path inside the container (its image or its mounts),
+/// which inject's daemon container does not have.
+const PATHS: [&str; 4] = ["gpu_nic_topology", "tuning_script_path", "sysfs_root", "procfs_root"];
+
+/// Which daemon a container runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Google's `tcpgpudmarxd`, or this one at its path.
+    Reference,
+    /// `tcpx-rxdm` itself, written by hand (inject's record would say otherwise).
+    Ours,
+}
+
+impl Kind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kind::Reference => "reference daemon",
+            Kind::Ours => "hand-written tcpx-rxdm daemon",
+        }
+    }
+}
+
+/// The daemon found in a template.
 #[derive(Debug, Clone)]
 pub struct Reference {
+    pub kind: Kind,
     pub list: String,
     pub name: String,
-    /// Its flags, as `--name=value` words.
+    /// Its flags carried over, as `--name=value` words.
     pub carried: Vec<String>,
+    /// Its flags left to inject (how the daemon ends).
+    pub dropped: Vec<String>,
+    /// Whether it ran `privileged: true`.
+    pub privileged: bool,
+    /// Its image, where it is this daemon's (`tcpx-rxdm`): kept.
+    pub image: Option<String>,
 }
 
 /// The words of a `command` or `args` list; a number or boolean as its YAML
 /// text (Kubernetes would refuse it, but it is shown as written).
-fn strings(v: Option<&Value>) -> Vec<String> {
+pub fn strings(v: Option<&Value>) -> Vec<String> {
     let word = |x: &Value| match x {
         Value::String(s) => s.clone(),
         other => serde_norway::to_string(other).map(|t| t.trim_end().to_string()).unwrap_or_default(),
@@ -38,84 +76,82 @@ fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_sequence).map(|s| s.iter().map(word).collect()).unwrap_or_default()
 }
 
-fn is_reference(c: &Value) -> bool {
-    let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
-    let first =
-        strings(c.get("command")).into_iter().chain(strings(c.get("args"))).next().unwrap_or_default();
-    image.contains("tcpgpudmarxd") || first.rsplit('/').next() == Some("tcpgpudmarxd")
-}
-
-/// `\"--verbose 128 2 0 \"` (quotes kept literally, as the guide writes it) → `--verbose 128 2 0`.
-fn unquote(v: &str) -> String {
-    v.trim_matches(|c: char| c == '\\' || c == '"' || c == '\'' || c.is_whitespace()).to_string()
-}
-
-/// The flags of inject's own daemon container in `spec` among those a
-/// conversion carries (`CARRIED`), as `--name=value` words. Injecting a
-/// template again first undoes the earlier injection, which removed the
-/// reference daemon long ago: these keep what was carried from it (and any
-/// such flag set since), so that injecting twice changes nothing. Values
-/// inject writes anyway are left out, so a new mode's own defaults apply.
-pub fn own_carried(spec: &Value) -> Vec<String> {
-    let own = ["initContainers", "containers"]
-        .iter()
-        .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
-        .flatten()
-        .find(|c| c.get("name").and_then(Value::as_str) == Some(super::DAEMON));
-    let Some(c) = own else { return Vec::new() };
-    let mut argv: Vec<String> = strings(c.get("command"));
+/// The words of a container's command line: `command`, then `args`.
+pub fn argv(c: &Value) -> Vec<String> {
+    let mut argv = strings(c.get("command"));
     argv.extend(strings(c.get("args")));
-    let mut kept = Vec::new();
-    let mut it = argv.into_iter().skip_while(|w| !w.starts_with('-'));
-    while let Some(w) = it.next() {
-        let Some(flag) = w.strip_prefix("--") else { continue };
-        let (n, v) = match flag.split_once('=') {
-            Some((n, v)) => (n.to_string(), v.to_string()),
-            // A flag of its own (`--nomonitor_shutdown`) takes no value.
-            None if CARRIED.contains(&flag) => (flag.to_string(), it.next().unwrap_or_default()),
-            None => continue,
-        };
-        let v = if n == "setup_param" { unquote(&v) } else { v };
-        if CARRIED.contains(&n.as_str()) && !super::daemon::is_default(&n, &v) {
-            kept.push(format!("--{n}={v}"));
-        }
-    }
-    kept
+    argv
 }
 
-/// Finds the reference daemon; refuses two, or flags without an equivalent.
+/// Which daemon `c` runs, if any: by its image or its binary. A
+/// `tcpx-rxdm` running one of its commands (`nccl-env`, …) is no daemon.
+pub fn kind(c: &Value) -> Option<Kind> {
+    let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
+    let argv = argv(c);
+    let binary = argv.first().filter(|w| !w.starts_with('-')).map(|w| w.rsplit('/').next().unwrap_or(w));
+    if image.contains("tcpgpudmarxd") || binary == Some("tcpgpudmarxd") {
+        return Some(Kind::Reference);
+    }
+    let ours = binary == Some("tcpx-rxdm") || (binary.is_none() && image.contains("tcpx-rxdm"));
+    let command = argv.get(usize::from(binary.is_some())).is_some_and(|w| !w.starts_with('-'));
+    (ours && !command).then_some(Kind::Ours)
+}
+
+/// Why a flag of a daemon being converted cannot be carried over (`None`:
+/// it can). The reference's flags that mean the same here are carried, and
+/// so is every other flag of this daemon that works in a Pod (a reference
+/// container running this image may have any).
+fn not_carried(name: &str, value: &str) -> Option<String> {
+    if PATHS.contains(&name) || (name == "gpu_nic_preset" && value.contains('/')) {
+        return Some(format!(
+            "names a path inside this container, which inject's daemon container does not have; put \
+             the file where both see it (a volume) and give inject --{name} yourself, or convert this \
+             container by hand"
+        ));
+    }
+    if CARRIED.contains(&name) {
+        return None;
+    }
+    if let Some(why) = not_for_a_pod(name) {
+        return Some(format!("has no place in a Pod's daemon: {why}; remove it from this container"));
+    }
+    None
+}
+
+/// Finds the daemon inject did not write; refuses two, or flags that
+/// cannot be carried over.
 pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, InjectError> {
-    let mut found: Vec<(&str, &Value)> = Vec::new();
+    let mut found: Vec<(&str, &Value, Kind)> = Vec::new();
     for list in ["initContainers", "containers"] {
         for c in spec.get(list).and_then(Value::as_sequence).into_iter().flatten() {
-            if is_reference(c) {
-                found.push((list, c));
+            if let Some(k) = kind(c) {
+                found.push((list, c, k));
             }
         }
     }
-    let Some((list, c)) = found.first().copied() else { return Ok(None) };
+    let Some((list, c, kind)) = found.first().copied() else { return Ok(None) };
     let name = name_of(c);
     let field = |f: &str| format!("{at}spec.{list}[{name}].{f}");
-    if let Some((l2, c2)) = found.get(1) {
+    let what = kind.describe();
+    if let Some((l2, c2, _)) = found.get(1) {
         return Err(InjectError::field(
             object,
             format!("{at}spec.{l2}[{}]", name_of(c2)),
-            format!("a second reference daemon (besides {name}); convert this Pod by hand"),
+            format!("a second TCPX daemon (besides {what} {name}); a Pod runs one: convert this Pod by hand"),
         ));
     }
     if is_gpu(c) {
         return Err(InjectError::field(
             object,
             field("resources"),
-            "a reference daemon that requests GPUs; convert it by hand",
+            format!("a {what} that requests GPUs; convert it by hand"),
         ));
     }
-    let mut argv: Vec<String> = strings(c.get("command"));
-    argv.extend(strings(c.get("args")));
+    let mut argv = argv(c);
     if argv.first().is_some_and(|a| !a.starts_with('-')) {
         argv.remove(0);
     }
-    let mut carried = Vec::new();
+    let (mut carried, mut dropped) = (Vec::new(), Vec::new());
     let mut it = argv.into_iter();
     while let Some(w) = it.next() {
         let Some(flag) = w.strip_prefix("--").or_else(|| w.strip_prefix('-')) else {
@@ -127,71 +163,45 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
         };
         let (n, v) = match flag.split_once('=') {
             Some((n, v)) => (n.to_string(), v.to_string()),
+            None if BOOL_FLAGS.contains(&flag)
+                || flag.strip_prefix("no").is_some_and(|b| BOOL_FLAGS.contains(&b)) =>
+            {
+                (flag.to_string(), String::new())
+            }
             None => (flag.to_string(), it.next().unwrap_or_default()),
         };
-        if !CARRIED.contains(&n.as_str()) {
-            return Err(InjectError::field(
-                object,
-                field("command"),
-                format!("reference daemon flag --{n} has no equivalent that inject carries over; convert this container by hand"),
-            ));
+        let word = match (v.is_empty() && !flag.contains('='), n.as_str()) {
+            (true, _) => format!("--{n}"),
+            (_, "setup_param") => format!("--{n}={}", super::daemon::unquote(&v)),
+            _ => format!("--{n}={v}"),
+        };
+        let base = n.strip_prefix("no").filter(|b| BOOL_FLAGS.contains(b)).unwrap_or(&n);
+        if ENDS.contains(&base) {
+            dropped.push(word);
+            continue;
         }
-        carried.push(format!("--{n}={}", if n == "setup_param" { unquote(&v) } else { v }));
-    }
-    Ok(Some(Reference { list: list.to_string(), name, carried }))
-}
-
-/// Removes the reference daemon, the volumes it mounted from the GPU
-/// containers' mounts, and those volumes where no other container mounts
-/// them. Returns a line for the report.
-pub fn remove(spec: &mut Value, r: &Reference) -> String {
-    let mut gone: Vec<String> = Vec::new();
-    if let Some(cs) = spec.get_mut(&r.list).and_then(Value::as_sequence_mut) {
-        if let Some(i) = cs.iter().position(|c| name_of(c) == r.name) {
-            let c = cs.remove(i);
-            gone = c
-                .get("volumeMounts")
-                .and_then(Value::as_sequence)
-                .into_iter()
-                .flatten()
-                .map(name_of)
-                .collect();
+        if let Some(why) = not_carried(base, &v) {
+            return Err(InjectError::field(object, field("command"), format!("{what} flag --{n} {why}")));
         }
-    }
-    let mut still_used = Vec::new();
-    for list in ["initContainers", "containers"] {
-        for c in spec.get_mut(list).and_then(Value::as_sequence_mut).into_iter().flatten() {
-            let gpu = is_gpu(c);
-            if let Some(ms) = c.get_mut("volumeMounts").and_then(Value::as_sequence_mut) {
-                if gpu {
-                    ms.retain(|m| !gone.contains(&name_of(m)));
-                }
-                still_used.extend(ms.iter().map(name_of));
+        // Its value as the daemon reads it, checked here to name this container.
+        if let Err(e) = Flags::parse_args(["tcpx-rxdm".to_string(), word.clone()]) {
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default().trim_start_matches("error: ");
+            if first.starts_with("unexpected argument") {
+                return Err(InjectError::field(
+                    object,
+                    field("command"),
+                    format!(
+                        "{what} flag --{n} is a flag of neither tcpgpudmarxd nor tcpx-rxdm; remove it from \
+                         this container, or convert it by hand"
+                    ),
+                ));
             }
-            if c.get("volumeMounts").and_then(Value::as_sequence).is_some_and(Vec::is_empty) {
-                c.as_mapping_mut().map(|m| m.remove("volumeMounts"));
-            }
+            return Err(InjectError::field(object, field("command"), format!("{what} flag {word}: {first}")));
         }
+        carried.push(word);
     }
-    let removed: Vec<String> = gone.iter().filter(|v| !still_used.contains(v)).cloned().collect();
-    if let Some(vs) = spec.get_mut("volumes").and_then(Value::as_sequence_mut) {
-        vs.retain(|v| !removed.contains(&name_of(v)));
-    }
-    // Lists left empty go, as `--uninject` would drop them: a second run
-    // then finds the template as the first left it.
-    for key in ["volumes", "initContainers"] {
-        if spec.get(key).and_then(Value::as_sequence).is_some_and(Vec::is_empty) {
-            spec.as_mapping_mut().map(|m| m.remove(key));
-        }
-    }
-    format!(
-        "migrated reference daemon {} ({}; volumes removed: {})",
-        r.name,
-        if r.carried.is_empty() {
-            "no flags".to_string()
-        } else {
-            format!("flags carried: {}", r.carried.join(" "))
-        },
-        if removed.is_empty() { "none".to_string() } else { removed.join(", ") }
-    )
+    let privileged = c.get("securityContext").and_then(|s| s.get("privileged")) == Some(&Value::Bool(true));
+    let image = c.get("image").and_then(Value::as_str).filter(|i| i.contains("tcpx-rxdm")).map(String::from);
+    Ok(Some(Reference { kind, list: list.to_string(), name, carried, dropped, privileged, image }))
 }

@@ -4,11 +4,18 @@
 //! webhook) applies the same change.
 //!
 //! - [`kinds`]: where each kind keeps its pod templates.
-//! - [`template`]: one pod template: checks, migration of a reference
-//!   daemon, the change itself and its undoing, recorded in an annotation.
+//! - [`template`]: one pod template: the checks and the change itself,
+//!   recorded in an annotation; [`undo`]: its undoing; [`apply`]: a
+//!   template injected again (the earlier injection's options kept unless
+//!   given again), or taken out.
 //! - [`record`]: that annotation (never trusted to remove what it names),
 //!   and what was done to a template.
-//! - [`daemon`]: the daemon container of each mode and its flags.
+//! - [`migrate`]: a TCPX daemon the Pod already runs, converted;
+//!   [`restore`]: kept in the template, and given back by `--uninject`.
+//! - [`daemon`]: the daemon container of each mode and its flags;
+//!   [`pod_flags`]: the daemon flags that make no sense in a Pod;
+//!   [`probe`]: its probes, which follow `--metrics_address`.
+//! - [`values`]: inject's own option values (image, quantities).
 //! - [`lists`]: the lists and mappings inject creates, empties and removes.
 //! - [`limits`]: the GPUs and containers a Pod may ask for.
 //! - [`machine`]: machine profiles, the node view that the NCCL settings are
@@ -23,9 +30,12 @@
 //!   bounds a client there (buffered bytes, a reply's write time);
 //!   [`certs`]: its certificate, read again when its files change.
 
+pub mod apply;
 pub mod certs;
+pub mod checks;
 pub mod command;
 pub mod daemon;
+pub mod files;
 pub mod kinds;
 pub mod limits;
 pub mod lists;
@@ -34,10 +44,16 @@ pub mod mig;
 pub mod migrate;
 pub mod patch;
 pub mod platform;
+pub mod pod_flags;
+pub mod probe;
 pub mod record;
+pub mod report;
+pub mod restore;
 pub mod serve;
 pub mod template;
 pub mod transport;
+pub mod undo;
+pub mod values;
 pub mod webhook;
 
 use serde_norway::Value;
@@ -129,6 +145,48 @@ pub struct Options {
     pub uninject: bool,
     /// The cluster's GPU stack (`--platform`, `--nccl-plugin`).
     pub platform: platform::Platform,
+    /// Which options were given: on a template injected before, those not
+    /// given keep the earlier injection's values.
+    pub given: Given,
+}
+
+/// Options given on the command line (or by a caller that sets them all).
+/// Daemon flags are not here: an earlier injection's are always kept, each
+/// given again replacing its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Given {
+    pub mode: bool,
+    pub nccl: bool,
+    pub image: bool,
+    pub unprivileged: bool,
+    /// `--daemon-cpu`, `--daemon-memory`.
+    pub cpu: bool,
+    pub memory: bool,
+    pub platform: bool,
+}
+
+impl Given {
+    /// Every option given: the options decide alone.
+    pub const ALL: Given = Given {
+        mode: true,
+        nccl: true,
+        image: true,
+        unprivileged: true,
+        cpu: true,
+        memory: true,
+        platform: true,
+    };
+    /// None given: on a template injected before, every option keeps the
+    /// earlier injection's value (`tcpx-rxdm inject -f out.yaml`).
+    pub const NONE: Given = Given {
+        mode: false,
+        nccl: false,
+        image: false,
+        unprivileged: false,
+        cpu: false,
+        memory: false,
+        platform: false,
+    };
 }
 
 impl Default for Options {
@@ -144,6 +202,7 @@ impl Default for Options {
             memory: None,
             uninject: false,
             platform: platform::Platform::Gke,
+            given: Given::ALL,
         }
     }
 }

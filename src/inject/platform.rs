@@ -68,6 +68,17 @@ impl Platform {
         }
     }
 
+    /// The injection record's `platform=` value (`None`: GKE, the default):
+    /// read back by [`Platform::from_options`] after splitting at ','.
+    pub fn record_text(&self) -> Option<String> {
+        match self {
+            Platform::Gke => None,
+            Platform::GpuOperator(None) => Some("gpu-operator".into()),
+            Platform::GpuOperator(Some(PluginDir::Image(d))) => Some(format!("gpu-operator,image:{d}")),
+            Platform::GpuOperator(Some(PluginDir::Host(d))) => Some(format!("gpu-operator,host:{d}")),
+        }
+    }
+
     /// The folder the GPU containers' `LD_LIBRARY_PATH` is set to hold
     /// (`None`: it is left alone).
     pub fn library_dir(&self) -> Option<&str> {

@@ -22,11 +22,23 @@ pub struct Record {
     pub pod: Vec<String>,
     /// `container:VARIABLE` (or `container:envFrom`) present before.
     pub kept: Vec<String>,
+    /// Whether a daemon the Pod had was converted (and kept in
+    /// [`super::restore::SAVED`]); `None`: a record written before inject
+    /// kept one, which cannot tell.
+    pub converted: Option<bool>,
+    /// `--platform=gpu-operator` and its `--nccl-plugin` (`None`: GKE).
+    pub platform: Option<String>,
 }
 
 impl Record {
     pub fn text(&self) -> String {
         let mut t = format!("version={} mode={} nccl={}", self.version, self.mode.name(), self.nccl.name());
+        if let Some(p) = &self.platform {
+            t.push_str(&format!(" platform={p}"));
+        }
+        if let Some(c) = self.converted {
+            t.push_str(if c { " converted=yes" } else { " converted=no" });
+        }
         for (k, v) in [("pod", &self.pod), ("kept", &self.kept)] {
             if !v.is_empty() {
                 t.push_str(&format!(" {k}={}", v.join(",")));
@@ -39,8 +51,15 @@ impl Record {
     /// pod-level fields it may name are those inject sets (a record is the
     /// manifest author's to write, and undoing one removes what it names).
     pub fn parse(text: &str) -> Result<Record, String> {
-        let mut r =
-            Record { version: String::new(), mode: Mode::Node, nccl: Nccl::File, pod: vec![], kept: vec![] };
+        let mut r = Record {
+            version: String::new(),
+            mode: Mode::Node,
+            nccl: Nccl::File,
+            pod: vec![],
+            kept: vec![],
+            converted: None,
+            platform: None,
+        };
         let mut seen = (false, false);
         for part in text.split_whitespace() {
             let Some((k, v)) = part.split_once('=') else {
@@ -54,6 +73,19 @@ impl Record {
                 "nccl" => (r.nccl, seen.1) = (Nccl::from_name(v).ok_or_else(|| bad("unknown nccl"))?, true),
                 "pod" => r.pod = items(),
                 "kept" => r.kept = items(),
+                "converted" => {
+                    r.converted = Some(match v {
+                        "yes" => true,
+                        "no" => false,
+                        _ => return Err(bad("converted is yes or no, not")),
+                    })
+                }
+                "platform" => {
+                    let (p, plugin) = v.split_once(',').map_or((v, None), |(p, x)| (p, Some(x)));
+                    super::platform::Platform::from_options(Some(p), plugin)
+                        .map_err(|e| format!("platform {}: {e}", show_str(v)))?;
+                    r.platform = Some(v.to_string());
+                }
                 _ => return Err(format!("unknown key {}", show_str(k))),
             }
         }
@@ -104,7 +136,7 @@ pub fn record(tpl: &Value) -> Option<Result<Record, String>> {
     })
 }
 
-/// What inject did to a pod template (`template::apply`).
+/// What inject did to a pod template (`apply`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// TCPX added to a template that had none.
@@ -115,6 +147,9 @@ pub enum Outcome {
     Unchanged,
     /// No container requests GPUs: nothing injected (an older injection removed).
     NoGpu,
+    /// No container requests GPUs, and one runs a TCPX daemon: the
+    /// daemon's own template (a node-wide DaemonSet), nothing to inject.
+    Daemon,
     /// `--uninject`: the injection removed.
     Removed,
     /// `--uninject` on a template that was never injected.

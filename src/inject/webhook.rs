@@ -374,7 +374,10 @@ fn change_pod(pod: &mut Value, opts: &Options, name: &str) -> Result<Change, Inj
             let before = pod.clone();
             match template::inject(pod, opts, name, "", &[])? {
                 Some(_) if *pod != before => {}
-                line => return Ok(Change::Unchanged(line.unwrap_or_else(|| "no GPU container".into()))),
+                done => {
+                    let why = done.map_or_else(|| "no GPU container".into(), |d| d.summary);
+                    return Ok(Change::Unchanged(why));
+                }
             }
             let ops = patch::diff(&before, pod).map_err(|e| InjectError::Object {
                 object: name.into(),

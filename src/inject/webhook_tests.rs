@@ -240,7 +240,11 @@ fn a_forged_record_strips_nothing() {
     own["metadata"].as_object_mut().unwrap().remove("annotations");
     let (o, after) = run(&own, "CREATE", OnError::Refuse);
     assert_eq!(o.verdict, Verdict::Refused);
-    assert!(o.reason.unwrap().contains("a container of this name exists"));
+    let why = o.reason.unwrap();
+    assert!(
+        why.contains("a container of the name inject gives its daemon, which inject did not write"),
+        "{why}"
+    );
     assert_eq!(after, own);
 }
 

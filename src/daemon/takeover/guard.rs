@@ -15,18 +15,22 @@ static ADOPTING: AtomicBool = AtomicBool::new(false);
 static HOOK: Once = Once::new();
 
 /// From now until [`disarm`], a panic anywhere in the process exits it with
-/// status 1 after the usual panic message.
+/// status 1 after the panic's message.
 pub(super) fn arm() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            previous(info);
-            if ADOPTING.load(Ordering::Acquire) {
-                tracing::error!(
-                    "a panic while taking over: exiting at once, undoing nothing; the daemon taken over from serves on"
-                );
-                std::process::exit(super::super::EXIT_FAILURE.into());
+            if !ADOPTING.load(Ordering::Acquire) {
+                return previous(info);
             }
+            // The message only: the usual hook may resolve a backtrace
+            // (RUST_BACKTRACE), which takes seconds on a busy machine while
+            // the old daemon waits for an answer, and outlasts its patience.
+            eprintln!("{info}");
+            tracing::error!(
+                "a panic while taking over: exiting at once, undoing nothing; the daemon taken over from serves on"
+            );
+            std::process::exit(super::super::EXIT_FAILURE.into());
         }));
     });
     ADOPTING.store(true, Ordering::Release);

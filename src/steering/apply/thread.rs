@@ -24,6 +24,10 @@ use crate::types::status::StatusCode;
 #[path = "series.rs"]
 mod series;
 use series::Series;
+#[path = "thread_garbled.rs"]
+mod garbled;
+#[path = "thread_views.rs"]
+mod views;
 
 /// The state owned by one NIC's thread.
 pub(super) struct NicThread {
@@ -294,11 +298,18 @@ impl NicThread {
         who: &Requester,
         reply: impl FnOnce(&Result<Option<RuleEntry>, RuleFailure>, Instant),
     ) -> Result<Option<RuleEntry>, RuleFailure> {
+        let (flow, repaired) = match self.garbled_rule(&flow, who) {
+            Ok(found) => found,
+            Err(f) => {
+                let r = Err(f);
+                reply(&r, Instant::now());
+                return r;
+            }
+        };
         let owner =
             self.tenants.checks().then(|| self.engine.rules().get(&flow).map(|e| e.owner.tenant)).flatten();
         if let Some(owner) = owner {
             let shown = format_args!("{} -> {}", flow.src, flow.dst);
-            let repaired = who.owner.repaired;
             if let Err(d) = self.tenants.check_owner(ENDPOINT_UNINSTALL, &who.client, owner, &shown, repaired)
             {
                 let r = Err(RuleFailure::new(d.code(), d.message));
@@ -316,6 +327,9 @@ impl NicThread {
             Ok(Some(e)) => {
                 self.series.del_latency.observe((done - t).as_secs_f64());
                 self.removed(e);
+                if repaired {
+                    self.metrics.ipv6_flows_repaired.with_label_values(&["uninstall"]).inc();
+                }
             }
             Ok(None) => {}
             Err(f) => {
@@ -396,24 +410,5 @@ impl NicThread {
         self.series.installed.set(pending);
         self.series.pending.set(pending);
         failed
-    }
-
-    fn snapshot(&self) -> NicFlows {
-        let (nic_rules, nic_error) = match self.nic.list_rules(self.ifname()) {
-            Ok(r) => (Some(r), None),
-            Err(e) => {
-                self.metrics.nic_op_failed(&e);
-                (None, Some(e.to_string()))
-            }
-        };
-        let rules = self.engine.booked().iter().map(|(f, e)| booked_rule(&self.gpu_names, f, e)).collect();
-        NicFlows {
-            ifname: self.ifname().to_string(),
-            capacity: self.engine.rules().capacity(),
-            rules,
-            nic_rules,
-            nic_error,
-            foreign_slots: self.engine.rules().foreign_slots().iter().copied().collect(),
-        }
     }
 }
