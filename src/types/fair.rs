@@ -119,11 +119,12 @@ impl<K: Hash + Eq + Copy, V> FairQueue<K, V> {
     }
 
     /// One round: every lane with items gives up to `quantum` of them, in
-    /// turn order, into `out`. A lone lane gives everything it has (there
-    /// is nobody to take turns with).
-    pub fn round(&mut self, quantum: usize, out: &mut Vec<V>) {
+    /// turn order, into `out`. A lone lane gives up to `alone` (there is
+    /// nobody to take turns with now, but a key that comes next waits for
+    /// the round to end: `alone` bounds that wait).
+    pub fn round(&mut self, quantum: usize, alone: usize, out: &mut Vec<V>) {
         let lanes = self.ring.len();
-        let quantum = if lanes == 1 { usize::MAX } else { quantum.max(1) };
+        let quantum = if lanes == 1 { alone.max(quantum).max(1) } else { quantum.max(1) };
         for _ in 0..lanes {
             let slot = self.ring.pop_front().expect("counted");
             let items = &mut self.lanes[slot].items;
@@ -159,7 +160,7 @@ mod tests {
 
     fn round(q: &mut FairQueue<char, u32>, quantum: usize) -> Vec<u32> {
         let mut out = Vec::new();
-        q.round(quantum, &mut out);
+        q.round(quantum, usize::MAX, &mut out);
         out
     }
 
@@ -205,6 +206,22 @@ mod tests {
         assert_eq!(round(&mut q, 4), (0..100).collect::<Vec<_>>());
         assert!(q.is_empty());
         assert_eq!(round(&mut q, 4), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_lone_lane_gives_at_most_its_share_when_alone_and_a_newcomer_goes_next() {
+        let mut q = FairQueue::default();
+        for i in 0..100 {
+            q.push('a', i);
+        }
+        let mut out = Vec::new();
+        q.round(4, 32, &mut out);
+        assert_eq!(out, (0..32).collect::<Vec<_>>(), "a lone lane: 32, not all 100");
+        q.push('b', 1000);
+        out.clear();
+        q.round(4, 32, &mut out);
+        assert_eq!(out, [1000, 32, 33, 34, 35], "the newcomer first, then a's turn of 4");
+        assert_eq!(q.len(), 100 - 36);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! and looks for new events between rounds. A lane that was empty goes
 //! first. So a tenant with hundreds of connections busy delays another
 //! tenant's request by at most a turn of its own, not by all of them; with
-//! one tenant busy, a round is the whole batch, as before.
+//! one tenant busy, a round is at most [`ALONE_TURN`] connections, so a
+//! request of another tenant arriving meanwhile is seen soon.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -32,6 +33,10 @@ use crate::types::fair::FairQueue;
 
 /// Connections of one tenant run per round while other tenants wait.
 pub(super) const TURN: usize = 4;
+/// Connections run per round while only one tenant has some ready: new
+/// events are looked for between rounds, so another tenant's new request
+/// waits for at most this many of them, not for a whole batch of events.
+pub(super) const ALONE_TURN: usize = 32;
 
 #[path = "io_accept.rs"]
 mod accept;
@@ -214,7 +219,7 @@ impl IoThread {
                     }
                 }
             }
-            self.turns.round(TURN, &mut round);
+            self.turns.round(TURN, ALONE_TURN, &mut round);
             for key in round.drain(..) {
                 self.drive(key);
             }
