@@ -269,6 +269,11 @@ pub struct Round {
     pub pairs_flood: f64,
     pub p99_alone: Duration,
     pub p99_flood: Duration,
+    /// The control: victim pairs per second and p99 while the same flood
+    /// goes to a second daemon of the same build (what the machine's cores,
+    /// shared with the flood, leave the victim whatever the daemon does).
+    pub pairs_elsewhere: f64,
+    pub p99_elsewhere: Duration,
     /// Daemon threads and RSS growth (KiB) under the flood.
     pub threads: u64,
     pub rss_growth_kib: i64,
@@ -288,19 +293,8 @@ fn status_field(pid: u32, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The flood case against `daemon`; `cgroup`: where the flooder goes.
-fn flood_case(a: &Args, daemon: &Server, cgroup: Option<&Cgroup>, r: &mut Round) {
-    let dir = daemon.dir.path();
-    let secs = Duration::from_secs_f64(a.flood_seconds);
-    let pairs = |first, span| {
-        let stop = Arc::new(AtomicBool::new(false));
-        let h = Victim::run(dir, first, true, stop.clone());
-        std::thread::sleep(span);
-        stop.store(true, Ordering::Relaxed);
-        h.join().expect("victim")
-    };
-    let alone = pairs(0, secs);
-    let rss0 = status_field(daemon.pid(), "VmRSS:") as i64;
+/// A flooder (`--flood`) against `dir`, in `cgroup`, once every connection had an answer.
+fn start_flooder(a: &Args, dir: &Path, cgroup: Option<&Cgroup>) -> Option<Helper> {
     let mut flooder = Helper::start(&[
         "--flood".into(),
         dir.display().to_string(),
@@ -313,12 +307,38 @@ fn flood_case(a: &Args, daemon: &Server, cgroup: Option<&Cgroup>, r: &mut Round)
     flooder.go();
     if flooder.expect("flooding", Duration::from_secs(30)).is_none() {
         println!("flood: the flooder did not get going in 30 s");
+        return None;
+    }
+    Some(flooder)
+}
+
+/// The flood case against `daemon`; `cgroup`: where the flooder goes;
+/// `elsewhere`: a second daemon of the same build, flooded for the control.
+fn flood_case(a: &Args, daemon: &Server, elsewhere: &Server, cgroup: Option<&Cgroup>, r: &mut Round) {
+    let dir = daemon.dir.path();
+    let secs = Duration::from_secs_f64(a.flood_seconds);
+    let pairs = |first, span| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let h = Victim::run(dir, first, true, stop.clone());
+        std::thread::sleep(span);
+        stop.store(true, Ordering::Relaxed);
+        h.join().expect("victim")
+    };
+    let alone = pairs(0, secs);
+    let rss0 = status_field(daemon.pid(), "VmRSS:") as i64;
+    let Some(flooder) = start_flooder(a, dir, cgroup) else {
         r.errors += 1;
         return;
-    }
+    };
     let under = pairs(100_000, secs);
     r.threads = status_field(daemon.pid(), "Threads:");
     r.rss_growth_kib = status_field(daemon.pid(), "VmRSS:") as i64 - rss0;
+    drop(flooder);
+    let Some(flooder) = start_flooder(a, elsewhere.dir.path(), cgroup) else {
+        r.errors += 1;
+        return;
+    };
+    let control = pairs(300_000, secs);
     drop(flooder);
     let rate = |v: &Victim, s: Duration| v.samples.len() as f64 / 2.0 / s.as_secs_f64();
     let p99 = |v: &Victim| {
@@ -326,13 +346,15 @@ fn flood_case(a: &Args, daemon: &Server, cgroup: Option<&Cgroup>, r: &mut Round)
         l.sort_unstable();
         percentile(&l, 0.99).unwrap_or_default()
     };
-    (r.pairs_alone, r.pairs_flood) = (rate(&alone, secs), rate(&under, secs));
-    (r.p99_alone, r.p99_flood) = (p99(&alone), p99(&under));
-    r.errors += alone.errors + under.errors;
+    (r.pairs_alone, r.pairs_flood, r.pairs_elsewhere) =
+        (rate(&alone, secs), rate(&under, secs), rate(&control, secs));
+    (r.p99_alone, r.p99_flood, r.p99_elsewhere) = (p99(&alone), p99(&under), p99(&control));
+    r.errors += alone.errors + under.errors + control.errors;
 }
 
-/// The new-clients case against `daemon`.
-fn fat_case(a: &Args, daemon: &Server, r: &mut Round) {
+/// The new-clients case against `daemon`; `cgroup`: where the new clients go
+/// (another tenant than the victim's).
+fn fat_case(a: &Args, daemon: &Server, cgroup: Option<&Cgroup>, r: &mut Round) {
     let dir = daemon.dir.path();
     let stop = Arc::new(AtomicBool::new(false));
     let victim = Victim::run(dir, 200_000, false, stop.clone());
@@ -350,6 +372,10 @@ fn fat_case(a: &Args, daemon: &Server, r: &mut Round) {
     for h in &fat {
         if h.expect("ready", Duration::from_secs(30)).is_none() {
             r.errors += 1;
+        }
+        // Not connected yet: it becomes a client of that tenant.
+        if let Some(cg) = cgroup {
+            cg.add(h.child.id()).expect("move a new client into its cgroup");
         }
     }
     // The victim alone for a while before the new clients go.
@@ -398,6 +424,8 @@ pub fn run(a: &Args) -> bool {
             None
         }
     };
+    // The new clients: a tenant of their own too, where the flooder has one.
+    let fat_cgroup = cgroup.as_ref().and_then(|_| Cgroup::make("fat").ok());
     let extra: Vec<String> = match cgroup {
         Some(_) => Vec::new(),
         None => vec!["--tenant_isolation=off".into()],
@@ -411,6 +439,7 @@ pub fn run(a: &Args) -> bool {
         for k in 0..builds.len() {
             let i = (round + k) % builds.len();
             let (daemon, _) = start_daemon(&builds[i], &extra);
+            let (elsewhere, _) = start_daemon(&builds[i], &extra);
             // The victim's process is known (its lease and tenant) before anything is timed.
             let stop = Arc::new(AtomicBool::new(false));
             let warm = Victim::run(daemon.dir.path(), 900_000, true, stop.clone());
@@ -418,20 +447,24 @@ pub fn run(a: &Args) -> bool {
             stop.store(true, Ordering::Relaxed);
             let _ = warm.join();
             let mut r = Round::default();
-            flood_case(a, &daemon, cgroup.as_ref(), &mut r);
-            fat_case(a, &daemon, &mut r);
+            flood_case(a, &daemon, &elsewhere, cgroup.as_ref(), &mut r);
+            drop(elsewhere);
+            fat_case(a, &daemon, fat_cgroup.as_ref(), &mut r);
             println!(
-                "round {}/{} {}: pairs/s {:.0} alone, {:.0} flooded ({:.2}); p99 {:.2} / {:.2} ms; \
-                 {} threads, RSS +{} KiB; worst install {:.2} ms alone, {:.2} ms with new clients \
-                 (theirs {:.1} ms){}",
+                "round {}/{} {}: pairs/s {:.0} alone, {:.0} flooded ({:.2}), {:.0} with the flood on \
+                 another daemon ({:.2}); p99 {:.2} / {:.2} / {:.2} ms; {} threads, RSS +{} KiB; \
+                 worst install {:.2} ms alone, {:.2} ms with new clients (theirs {:.1} ms){}",
                 round + 1,
                 a.rounds,
                 builds[i].display(),
                 r.pairs_alone,
                 r.pairs_flood,
                 r.pairs_flood / r.pairs_alone,
+                r.pairs_elsewhere,
+                r.pairs_elsewhere / r.pairs_alone,
                 ms(r.p99_alone),
                 ms(r.p99_flood),
+                ms(r.p99_elsewhere),
                 r.threads,
                 r.rss_growth_kib,
                 ms(r.worst_alone),
@@ -461,20 +494,23 @@ pub fn table(builds: &[PathBuf], per: &[Vec<Round>], rounds: u32) -> String {
     use std::fmt::Write as _;
     let mut w = format!(
         "\nhostile cases, median of {rounds} interleaved rounds (each ratio taken within its round):\n\
-         | build | victim pairs/s alone | flooded ÷ alone | victim p99 alone / flooded ms | daemon threads | \
+         | build | victim pairs/s alone | flooded ÷ alone | flood on another daemon ÷ alone | \
+         victim p99 alone / flooded / flood elsewhere ms | daemon threads | \
          worst install alone / with new clients ms | ÷ | new clients' first request ms |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n"
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for (b, rs) in builds.iter().zip(per) {
         let m = |f: &dyn Fn(&Round) -> f64| median(rs.iter().map(f).collect());
         let _ = writeln!(
             w,
-            "| `{}` | {:.0} | {:.2} | {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {:.1} | {:.1} |",
+            "| `{}` | {:.0} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.0} | {:.2} / {:.2} | {:.1} | {:.1} |",
             b.display(),
             m(&|r| r.pairs_alone),
             m(&|r| r.pairs_flood / r.pairs_alone),
+            m(&|r| r.pairs_elsewhere / r.pairs_alone),
             m(&|r| ms(r.p99_alone)),
             m(&|r| ms(r.p99_flood)),
+            m(&|r| ms(r.p99_elsewhere)),
             m(&|r| r.threads as f64),
             m(&|r| ms(r.worst_alone)),
             m(&|r| ms(r.worst_fat)),
@@ -514,7 +550,7 @@ mod tests {
             ..Round::default()
         };
         let t = table(&[PathBuf::from("a")], &[vec![r(100.0, 60.0), r(200.0, 100.0), r(50.0, 40.0)]], 3);
-        assert!(t.contains("| `a` | 100 | 0.60 |"), "{t}");
+        assert!(t.contains("| `a` | 100 | 0.60 | 0.00 |"), "{t}");
         assert!(t.contains("| 2.00 / 6.00 | 3.0 |"), "{t}");
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
     }
