@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     // Files we create are private unless made otherwise (socket files get --socket_mode).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 
-    let workers = tcpx_rxdm::steering::intake::worker_threads();
+    let workers = tcpx_rxdm::steering::intake::runtime_workers();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -18,7 +18,7 @@ fn gpu_dir() -> &'static Path {
 
 #[test]
 fn every_gpu_script_parses() {
-    for script in ["check.sh", "bench.sh", "tenants.sh", "takeover.sh", "lib.sh"] {
+    for script in ["check.sh", "bench.sh", "tenants.sh", "takeover.sh", "rule_path.sh", "lib.sh"] {
         let out = Command::new("bash").arg("-n").arg(gpu_dir().join(script)).output().unwrap();
         assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
     }

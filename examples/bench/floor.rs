@@ -1,9 +1,22 @@
 //! The protocol's floor: a server that does only the socket work one rule
 //! request needs (accept, read one length-prefixed frame, write the fixed
 //! reply, read EOF, close), with nothing else: no parsing, no rule, no
-//! bookkeeping. Each thread has its own epoll set; all of them watch the
-//! listening socket with `EPOLLEXCLUSIVE`, and a connection stays on the thread
-//! that accepted it.
+//! bookkeeping, and each of those steps done the cheapest way the daemon
+//! knows, so that no server can beat it on the same machine:
+//! - each thread has its own epoll set; all of them watch the listening
+//!   socket with `EPOLLEXCLUSIVE`, and a connection stays on the thread
+//!   that accepted it. A thread accepts one connection per listener event
+//!   unless the batch before also accepted (then it drains the backlog),
+//!   so that connections spread over the threads instead of piling onto
+//!   the one that woke first;
+//! - connections are edge-triggered with `EPOLLRDHUP`, and a whole request
+//!   is peeked (`MSG_PEEK`), answered, and consumed by the read that finds
+//!   the client's end of stream: reading it first would free the client's
+//!   sent data and wake the client once for nothing (the daemon does the
+//!   same, see its `steering::intake`).
+//!
+//! It runs on as many threads as the daemon has rule I/O threads (one per
+//! core): a floor with fewer threads than the daemon keeps busy is no floor.
 
 use std::collections::HashMap;
 use std::io;
@@ -16,7 +29,7 @@ use std::thread::JoinHandle;
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
-use nix::sys::socket::{accept4, SockFlag};
+use nix::sys::socket::{accept4, recv, MsgFlags, SockFlag};
 
 const LISTENER: u64 = u64::MAX;
 
@@ -69,8 +82,14 @@ impl Floor {
 
 struct Conn {
     fd: OwnedFd,
+    /// Bytes of a request that came in pieces (read, not peeked).
     buf: Vec<u8>,
+    /// The reply is written; what is left is the client's EOF.
     replied: bool,
+    /// Bytes at the socket's head already answered: the EOF read drops them.
+    peeked: usize,
+    /// Epoll saw the client's FIN: a read ends in EOF.
+    peer_shut: bool,
 }
 
 fn worker(listener: &UnixListener, reply: &[u8], stop: &AtomicBool) -> io::Result<()> {
@@ -79,6 +98,7 @@ fn worker(listener: &UnixListener, reply: &[u8], stop: &AtomicBool) -> io::Resul
     let mut conns: HashMap<u64, Conn> = HashMap::new();
     let mut events = vec![EpollEvent::empty(); 256];
     let mut scratch = [0u8; 4096];
+    let (mut accepted_now, mut accepted_before) = (false, false);
     while !stop.load(Ordering::Relaxed) {
         let n = match ep.wait(&mut events, 50u16) {
             Ok(n) => n,
@@ -87,30 +107,47 @@ fn worker(listener: &UnixListener, reply: &[u8], stop: &AtomicBool) -> io::Resul
         };
         for ev in &events[..n] {
             if ev.data() == LISTENER {
-                accept_all(listener, &ep, &mut conns)?;
+                accepted_now |= accept(listener, &ep, &mut conns, accepted_before)?;
                 continue;
             }
             let key = ev.data();
             let Some(conn) = conns.get_mut(&key) else { continue };
+            if ev.events().intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP | EpollFlags::EPOLLERR) {
+                conn.peer_shut = true;
+            }
             if let Step::Close = on_readable(conn, reply, &mut scratch) {
                 // Closing the only descriptor also takes it out of the epoll set.
                 conns.remove(&key);
             }
         }
+        accepted_before = std::mem::take(&mut accepted_now);
     }
     Ok(())
 }
 
-fn accept_all(listener: &UnixListener, ep: &Epoll, conns: &mut HashMap<u64, Conn>) -> io::Result<()> {
+/// Accepts one connection, or, under load (`drain`), all that wait; whether any was.
+fn accept(
+    listener: &UnixListener,
+    ep: &Epoll,
+    conns: &mut HashMap<u64, Conn>,
+    drain: bool,
+) -> io::Result<bool> {
+    let mut any = false;
     loop {
         match accept4(listener.as_raw_fd(), SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC) {
             Ok(raw) => {
                 // SAFETY: accept4 just returned this descriptor; nothing else owns it.
                 let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-                ep.add(fd.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, raw as u64))?;
-                conns.insert(raw as u64, Conn { fd, buf: Vec::new(), replied: false });
+                let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
+                ep.add(fd.as_fd(), EpollEvent::new(flags, raw as u64))?;
+                let conn = Conn { fd, buf: Vec::new(), replied: false, peeked: 0, peer_shut: false };
+                conns.insert(raw as u64, conn);
+                any = true;
+                if !drain {
+                    return Ok(true);
+                }
             }
-            Err(Errno::EAGAIN) => return Ok(()),
+            Err(Errno::EAGAIN) => return Ok(any),
             Err(Errno::EINTR | Errno::ECONNABORTED) => continue,
             Err(e) => return Err(e.into()),
         }
@@ -122,32 +159,68 @@ enum Step {
     Close,
 }
 
-/// Reads what is there. Replies once the first frame is complete and then waits
-/// for the next wake-up (the client's EOF) without reading again.
+/// Whether `buf` starts with a whole frame.
+fn whole(buf: &[u8]) -> bool {
+    buf.len() >= 2 && buf.len() >= 2 + u16::from_be_bytes([buf[0], buf[1]]) as usize
+}
+
+/// Runs a connection as far as it goes: a whole request is peeked and
+/// answered; its bytes and the EOF come back from one read later.
 fn on_readable(conn: &mut Conn, reply: &[u8], scratch: &mut [u8]) -> Step {
+    if !conn.replied && conn.buf.is_empty() {
+        match recv(conn.fd.as_raw_fd(), scratch, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+            Ok(k) if k > 0 && whole(&scratch[..k]) => {
+                conn.peeked = k;
+                return match answer(conn, reply) {
+                    Step::Wait if conn.peer_shut => finish(conn, scratch),
+                    step => step,
+                };
+            }
+            // Part of a frame, EOF or an error: a plain read says which.
+            _ => {}
+        }
+    }
+    if conn.replied {
+        return match conn.peer_shut {
+            true => finish(conn, scratch),
+            // Edge-triggered: the EOF raises the next event.
+            false => Step::Wait,
+        };
+    }
     loop {
         match nix::unistd::read(conn.fd.as_fd(), scratch) {
             Ok(0) => return Step::Close,
-            Ok(k) if conn.replied => {
-                // Bytes after the first frame are not part of this protocol run; drop them.
-                let _ = k;
-            }
             Ok(k) => {
                 conn.buf.extend_from_slice(&scratch[..k]);
-                let whole = conn.buf.len() >= 2
-                    && conn.buf.len() >= 2 + u16::from_be_bytes([conn.buf[0], conn.buf[1]]) as usize;
-                if whole {
-                    return match nix::unistd::write(conn.fd.as_fd(), reply) {
-                        Ok(w) if w == reply.len() => {
-                            conn.replied = true;
-                            Step::Wait
-                        }
-                        // A 7-byte write into a fresh socket does not block; if it
-                        // ever does, the client sees the close and counts an error.
-                        _ => Step::Close,
-                    };
+                if whole(&conn.buf) {
+                    return answer(conn, reply);
                 }
             }
+            Err(Errno::EAGAIN) => return Step::Wait,
+            Err(Errno::EINTR) => continue,
+            Err(_) => return Step::Close,
+        }
+    }
+}
+
+fn answer(conn: &mut Conn, reply: &[u8]) -> Step {
+    match nix::unistd::write(conn.fd.as_fd(), reply) {
+        Ok(w) if w == reply.len() => {
+            conn.replied = true;
+            Step::Wait
+        }
+        // A 7-byte write into a fresh socket does not block; if it ever
+        // does, the client sees the close and counts an error.
+        _ => Step::Close,
+    }
+}
+
+/// Consumes what is left (the peeked request) and the EOF, then closes.
+fn finish(conn: &mut Conn, scratch: &mut [u8]) -> Step {
+    loop {
+        match nix::unistd::read(conn.fd.as_fd(), scratch) {
+            Ok(0) => return Step::Close,
+            Ok(k) => conn.peeked = conn.peeked.saturating_sub(k),
             Err(Errno::EAGAIN) => return Step::Wait,
             Err(Errno::EINTR) => continue,
             Err(_) => return Step::Close,

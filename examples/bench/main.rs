@@ -9,6 +9,7 @@
 //!     [--tenant_clients 1,64] [--tenant_requests 8000]
 //!     [--hostile_only] [--hostile_mode enforce] [--hostile_connections 64,512]
 //!     [--hostile_seconds 14] [--hostile_sockets 40000] [--hostile_lone 300]
+//!     [--flood_conns 512] [--flood_seconds 3] [--fat_clients 4] [--fat_fds 19000]
 //! ```
 //!
 //! What it measures, in one run:
@@ -33,15 +34,21 @@
 //!   connections of the benchmark's own, with the simulated GPUs' device-node
 //!   stand-ins (`/dev/nvidia<N>`) created and held open when run as root.
 //!   `--tenants_only` runs only this section.
-//! - hostile tenants (`hostile.rs`, root): a tenant flooding garbled IPv6
-//!   installs from `--hostile_connections` connections against another's IPv4
-//!   pairs, and a lone client's IPv6 installs with and without
-//!   `--hostile_sockets` sockets held in an unrelated network namespace, for
-//!   `--bin` and each `--also` build. `--hostile_only` runs only this section.
+//! - hostile tenants (`hostile.rs`, `hostile_plain.rs`; root), for `--bin` and
+//!   each `--also` build; `--hostile_only` runs only this section:
+//!   - a tenant flooding garbled IPv6 installs from `--hostile_connections`
+//!     connections against another's IPv4 pairs, and a lone client's IPv6
+//!     installs with and without `--hostile_sockets` sockets held in an
+//!     unrelated network namespace (`--hostile_seconds`, 0 skips these);
+//!   - a victim's IPv4 pairs while another tenant floods plain requests from
+//!     `--flood_conns` connections, and its worst install while
+//!     `--fat_clients` new processes holding `--fat_fds` files each become
+//!     clients (`--flood_seconds`, 0 skips these).
 
 mod doc;
 mod floor;
 mod hostile;
+mod hostile_plain;
 mod hostile_roles;
 mod load;
 mod reclaim;
@@ -162,7 +169,7 @@ struct Args {
     #[arg(long = "hostile_connections", alias = "hostile-connections", value_delimiter = ',',
           default_values_t = [64usize, 512])]
     hostile_connections: Vec<usize>,
-    /// Hostile tenants: seconds the victim runs in each flood run (0 skips the section).
+    /// Hostile tenants: seconds the victim runs in each garbled-IPv6 flood run (0 skips those cases).
     #[arg(long = "hostile_seconds", alias = "hostile-seconds", default_value_t = 14)]
     hostile_seconds: u64,
     /// Hostile tenants: sockets held in an unrelated network namespace.
@@ -171,6 +178,25 @@ struct Args {
     /// Hostile tenants: the lone client's timed installs per run.
     #[arg(long = "hostile_lone", alias = "hostile-lone", default_value_t = 300, value_parser = positive)]
     hostile_lone: usize,
+    /// Hostile tenants: the plain flood's connections.
+    #[arg(long = "flood_conns", default_value_t = 512, value_parser = positive)]
+    flood_conns: usize,
+    /// Hostile tenants: the plain flood's threads.
+    #[arg(long = "flood_threads", default_value_t = 2, value_parser = positive)]
+    flood_threads: usize,
+    /// Hostile tenants: seconds the victim runs alone, and again under the plain flood (0 skips
+    /// the plain flood and the new clients with many files).
+    #[arg(long = "flood_seconds", default_value_t = 3.0)]
+    flood_seconds: f64,
+    /// Hostile tenants: new processes with many open files that become clients at once.
+    #[arg(long = "fat_clients", default_value_t = 4, value_parser = positive)]
+    fat_clients: usize,
+    /// Hostile tenants: descriptors each of those processes holds.
+    #[arg(long = "fat_fds", default_value_t = 19_000)]
+    fat_fds: usize,
+    /// Floor threads (0: as many as the daemon has rule I/O threads).
+    #[arg(long = "floor_threads", default_value_t = 0)]
+    floor_threads_wanted: usize,
     /// Internal: run as one of the hostile section's processes.
     #[arg(long = "hostile-role", hide = true)]
     hostile_role: Option<String>,
@@ -185,8 +211,16 @@ struct Args {
     /// Internal: serve the floor on this socket path (the benchmark starts itself so).
     #[arg(long, hide = true)]
     serve_floor: Option<PathBuf>,
-    #[arg(long, hide = true, default_value_t = 1)]
-    floor_threads: usize,
+    #[arg(long = "serve_threads", hide = true, default_value_t = 1)]
+    serve_threads: usize,
+    /// Internal: flood this socket folder (a hostile tenant).
+    #[arg(long, hide = true)]
+    flood: Option<PathBuf>,
+    /// Internal: become a client of this socket folder holding many files.
+    #[arg(long = "fat_client", hide = true)]
+    fat_client: Option<PathBuf>,
+    #[arg(long = "fat_flow", hide = true, default_value_t = 0)]
+    fat_flow: usize,
     /// Internal: a lease client of the daemon serving this folder (`reclaim.rs`).
     #[arg(long, hide = true)]
     lease_client: Option<PathBuf>,
@@ -205,9 +239,9 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
     format!("add_rule:{s}").parse::<SimDelay>().map(|d| d.by).map_err(|e| e.1.to_string())
 }
 
-/// The daemon's rule I/O thread count: the floor gets as many threads.
+/// The daemon's rule I/O thread count (one per core): the floor gets as many threads.
 fn daemon_workers() -> usize {
-    tcpx_rxdm::steering::intake::worker_threads()
+    tcpx_rxdm::steering::intake::io_threads(0)
 }
 
 fn clk_tck() -> f64 {
@@ -402,12 +436,19 @@ fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Du
     (s, t.elapsed())
 }
 
+/// Threads the floor runs on: `--floor_threads`, else as many as the daemon's rule I/O threads.
+static FLOOR_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn floor_threads() -> usize {
+    *FLOOR_THREADS.get().unwrap_or(&daemon_workers())
+}
+
 /// Starts this benchmark again as the floor server, in its own process like the daemon.
 fn start_floor() -> Server {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("floor");
     let mut cmd = Command::new(std::env::current_exe().expect("own path"));
-    cmd.arg("--serve-floor").arg(&sock).arg(format!("--floor-threads={}", daemon_workers()));
+    cmd.arg("--serve-floor").arg(&sock).arg(format!("--serve_threads={}", floor_threads()));
     spawn_until(cmd, false, FLOOR_READY, dir, sock)
 }
 
@@ -488,7 +529,16 @@ struct Report {
 fn main() {
     let a = Args::parse();
     if let Some(sock) = &a.serve_floor {
-        serve_floor(sock, a.floor_threads);
+        serve_floor(sock, a.serve_threads);
+    }
+    if let Some(dir) = &a.flood {
+        hostile_plain::flood(dir, a.flood_conns, a.flood_threads);
+    }
+    if let Some(dir) = &a.fat_client {
+        hostile_plain::fat_client(dir, a.fat_fds, a.fat_flow);
+    }
+    if a.floor_threads_wanted > 0 {
+        let _ = FLOOR_THREADS.set(a.floor_threads_wanted);
     }
     if let Some(dir) = &a.lease_client {
         reclaim::client_main(dir, a.lease_port);
@@ -717,7 +767,7 @@ fn main() {
     if a.tenant_requests > 0 && !tenants_section(&a) {
         std::process::exit(1);
     }
-    if a.hostile_seconds > 0 && !hostile_section(&a) {
+    if (a.hostile_seconds > 0 || a.flood_seconds > 0.0) && !hostile_section(&a) {
         std::process::exit(1);
     }
     if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() || matches!(r.stall, Some(Err(_))) {
@@ -735,7 +785,9 @@ fn tenants_section(a: &Args) -> bool {
 /// The hostile tenants, with the GPU stand-ins held as for the tenant checks.
 fn hostile_section(a: &Args) -> bool {
     let stand_ins = tenants::StandIns::hold();
-    hostile::run(a, &stand_ins)
+    let garbled = a.hostile_seconds == 0 || hostile::run(a, &stand_ins);
+    let plain = a.flood_seconds <= 0.0 || hostile_plain::run(a);
+    garbled && plain
 }
 
 /// The rule-path targets against what this run measured.
@@ -830,13 +882,14 @@ fn header(a: &Args) -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!(
         "Run of {}: {} cores ({cpu}), kernel {}, load average {load1} at the start; \
-         daemon `{}` with {} rule I/O threads, floor with as many threads; \
+         daemon `{}` with {} rule I/O threads, floor with {} threads; \
          `bench {}`; {} round(s).",
         doc::utc_stamp(now),
         cores(),
         kernel.trim(),
         a.bin.display(),
         daemon_workers(),
+        floor_threads(),
         args.join(" "),
         a.rounds
     )

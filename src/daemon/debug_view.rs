@@ -41,6 +41,7 @@ pub(super) fn config_json(config: &Config, b: &Backends, node: &Node) -> String 
         "bindings": bindings,
         "monitor_shutdown": flags.monitor_shutdown,
         "max_connections": flags.max_connections,
+        "rule_io_threads": crate::steering::intake::io_threads(flags.rule_io_threads),
     })
     .to_string()
 }

@@ -374,7 +374,7 @@ impl Startup<'_> {
         };
         intake::spawn(
             rule_listeners,
-            intake::worker_threads(),
+            intake::io_threads(self.config.flags.rule_io_threads),
             state.rules.clone(),
             self.shutdown.clone(),
             self.done.clone(),

@@ -296,8 +296,9 @@ impl TenantPolicy {
         self.refuse(endpoint, Refusal::Gpu, who, || {
             format!(
                 "GPU {name} is not this client's (tenant {}): its process does not hold /dev/nvidia{minor} \
-                 open for reading and writing, as a process that initialised CUDA does for each GPU it may use",
-                t.name()
+                 open for reading and writing, as a process that initialised CUDA does for each GPU it may use{}",
+                t.name(),
+                beyond_scan(t.beyond_scan)
             )
         })
     }
@@ -371,6 +372,21 @@ impl TenantPolicy {
             || format!("flow {} -> {} is not this client's: {why} (tenant {})", flow.src, flow.dst, t.name());
         let detail = || repaired.map(|f| format!("it fits {} -> {}", f.src, f.dst)).unwrap_or_default();
         self.refuse_detailed(endpoint, Refusal::Flow, who, message, detail)
+    }
+}
+
+/// What a GPU refusal adds when the client's open files were not all read
+/// (`beyond`: it held descriptors past the scan's limit; `None`: unknown).
+fn beyond_scan(beyond: Option<bool>) -> String {
+    let limit = super::held::SCAN_LIMIT;
+    match beyond {
+        Some(false) => String::new(),
+        Some(true) => format!(
+            " among its descriptors 0 to {}; it held more when it was first seen, and the daemon reads no \
+             further (CUDA opens its device nodes at cuInit: initialise CUDA before opening many files)",
+            limit - 1
+        ),
+        None => format!(" among its descriptors 0 to {} (the daemon reads no further)", limit - 1),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Unit tests of the tenant checks.
 use super::*;
-use crate::identity::Client;
+use crate::identity::{Client, ClientInfo};
 
 fn policy(mode: TenantIsolation, max_rules: u32) -> (TenantPolicy, Arc<Metrics>) {
     let m = Arc::new(Metrics::new());
@@ -9,7 +9,10 @@ fn policy(mode: TenantIsolation, max_rules: u32) -> (TenantPolicy, Arc<Metrics>)
 }
 
 fn client(cgroup: u64, gpus: u64) -> Client {
-    Client { tenant: Some(Arc::new(Tenant::for_test(cgroup, gpus))), ..Client::default() }
+    Client::from(ClientInfo {
+        tenant: Some(Arc::new(Tenant::for_test(cgroup, gpus))),
+        ..ClientInfo::default()
+    })
 }
 
 fn refused(m: &Metrics, endpoint: &str, reason: Refusal, mode: &str) -> u64 {
@@ -25,6 +28,23 @@ fn a_gpu_is_usable_only_where_its_device_node_is_held() {
     assert_eq!(d.code(), StatusCode::PermissionDenied);
     assert!(d.message.contains("0000:0a:00.0") && d.message.contains("/dev/nvidia2"), "{}", d.message);
     assert_eq!(refused(&m, "gpu_fd", Refusal::Gpu, "enforce"), 1);
+}
+
+#[test]
+fn a_gpu_refusal_says_when_the_clients_files_were_not_all_read() {
+    let (p, _) = policy(TenantIsolation::Enforce, 0);
+    let with = |beyond| {
+        let mut t = Tenant::for_test(10, 0b001);
+        t.beyond_scan = beyond;
+        let c = Client::from(ClientInfo { tenant: Some(Arc::new(t)), ..ClientInfo::default() });
+        p.check_gpu("gpu_fd", &c, 2, &"0000:0a:00.0").unwrap_err().message
+    };
+    let all = with(Some(false));
+    assert!(!all.contains("descriptors"), "{all}");
+    let more = with(Some(true));
+    assert!(more.contains("descriptors 0 to 4095") && more.contains("cuInit"), "{more}");
+    let unknown = with(None);
+    assert!(unknown.contains("descriptors 0 to 4095") && !unknown.contains("held more"), "{unknown}");
 }
 
 #[test]
@@ -59,7 +79,7 @@ fn an_unidentified_client_is_refused_with_the_fix() {
 #[test]
 fn an_exited_opener_is_refused_saying_so() {
     let (p, m) = policy(TenantIsolation::Enforce, 0);
-    let gone = Client { opener_exited: true, ..Client::default() };
+    let gone = Client::from(ClientInfo { opener_exited: true, ..ClientInfo::default() });
     let d = p.check_gpu("gpu_fd", &gone, 0, &"0000:04:00.0").unwrap_err();
     assert_eq!(d.reason, Refusal::Unidentified);
     assert!(d.message.contains("opened this connection has exited"), "{}", d.message);

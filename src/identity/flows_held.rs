@@ -74,7 +74,7 @@ fn in_proc_dir(proc_dir: BorrowedFd<'_>, inodes: &[u32]) -> Option<Vec<u32>> {
 
 fn through_pidfd(pidfd: BorrowedFd<'_>, inodes: &[u32]) -> Vec<u32> {
     let mut held = Vec::new();
-    for n in 0..super::held::PIDFD_SCAN {
+    for n in 0..super::held::SCAN_LIMIT {
         // SAFETY: plain syscall with integer arguments; on success it returns a new fd we own.
         let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), n, 0 as libc::c_uint) };
         if r < 0 {

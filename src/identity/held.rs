@@ -23,7 +23,12 @@
 //! opened as a folder descriptor while the process was known to hold that
 //! pid (the descriptor keeps naming it, whoever gets the pid later), or,
 //! where the pid is not visible, one by one through the pidfd
-//! (`pidfd_getfd`, the first [`PIDFD_SCAN`] descriptors). Each is looked at
+//! (`pidfd_getfd`). Either way only the descriptors numbered below
+//! [`SCAN_LIMIT`] are looked at: a process may hold hundreds of thousands,
+//! and the kernel's listing alone costs microseconds per descriptor. CUDA
+//! opens its device nodes at `cuInit`, early in a process's life, so they
+//! have low numbers; a GPU opened beyond the limit is not seen, and its
+//! refusal says so. Each descriptor is looked at
 //! with `statx(AT_STATX_DONT_SYNC)`: cached attributes, so that a file on a
 //! hung network or FUSE mount costs no round trip. The open mode of the few
 //! that may be GPUs comes from `fdinfo/<fd>` of the same folder, which must
@@ -43,9 +48,12 @@ use nix::sys::stat::Mode;
 
 /// The NVIDIA character devices' major number.
 pub const NVIDIA_MAJOR: u32 = 195;
-/// Descriptors looked at through a pidfd, at most: CUDA opens its device
-/// nodes at `cuInit`, early in a process's life, so they have low numbers.
-pub const PIDFD_SCAN: i32 = 4096;
+/// Descriptors looked at per process: those numbered below this, on both
+/// paths (`/proc/<pid>/fd` and the pidfd). CUDA opens its device nodes at
+/// `cuInit`, early in a process's life, so they have low numbers; the
+/// limit bounds what a process holding very many files costs the daemon
+/// (a few milliseconds at most).
+pub const SCAN_LIMIT: i32 = 4096;
 
 /// How the daemon's GPUs appear as device nodes, in topology order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,6 +91,16 @@ pub fn device_minor(information: &str) -> Option<u32> {
 pub struct FileId {
     pub dev: (u32, u32),
     pub ino: u64,
+}
+
+/// The open files of a process that may give it a GPU, among its
+/// descriptors numbered below the scan's limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenFiles {
+    pub files: Vec<OpenFile>,
+    /// It also holds descriptors at or above the limit, which were not
+    /// looked at; `None` where that cannot be told (the pidfd path).
+    pub beyond_limit: Option<bool>,
 }
 
 /// An open file of a process that may give it a GPU: an NVIDIA device node
@@ -192,23 +210,33 @@ fn fdinfo_read_write(fdinfo: &str, stx: &libc::statx) -> bool {
     same && flags.is_some_and(flags_read_write)
 }
 
+/// The number a `/proc/<pid>/fd` entry names, if it names one.
+fn fd_number(name: &CStr) -> Option<i32> {
+    std::str::from_utf8(name.to_bytes()).ok()?.parse().ok()
+}
+
 /// The open files that may give process `proc_dir` (its `/proc/<pid>`
 /// folder, opened while it was known to be that process: the folder names
-/// it and no later holder of the pid) one of `devices`, each with its open
+/// it and no later holder of the pid) one of `devices`, among its
+/// descriptors numbered below `limit`, each with its open
 /// mode read from `fdinfo/<fd>` of the same folder (once a file is found
 /// open for reading and writing, its other descriptors are not read).
 /// Regular files only where GPUs are simulated. Descriptors closed
-/// meanwhile are left out.
-pub fn open_files_in(proc_dir: BorrowedFd<'_>, devices: &GpuDevices) -> Result<Vec<OpenFile>, Errno> {
+/// meanwhile are left out. The kernel lists the folder in descriptor
+/// order, so the listing stops at the first number past the limit.
+pub fn open_files_in(proc_dir: BorrowedFd<'_>, limit: i32, devices: &GpuDevices) -> Result<OpenFiles, Errno> {
     let folder = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let mut fds = Dir::openat(proc_dir, "fd", folder, Mode::empty())?;
     let dir_fd = fds.as_raw_fd();
     let mut out = Vec::new();
+    let mut beyond_limit = false;
     for entry in fds.iter() {
         let entry = entry?;
         let name = entry.file_name();
-        if name.to_bytes().first().is_none_or(|b| !b.is_ascii_digit()) {
-            continue;
+        let Some(number) = fd_number(name) else { continue };
+        if number >= limit {
+            beyond_limit = true;
+            break;
         }
         // Following the magic link: the open file itself.
         let stx = match statx_at(dir_fd, name, 0) {
@@ -233,21 +261,26 @@ pub fn open_files_in(proc_dir: BorrowedFd<'_>, devices: &GpuDevices) -> Result<V
             };
         out.push(c.opened(read_write));
     }
-    Ok(out)
+    Ok(OpenFiles { files: out, beyond_limit: Some(beyond_limit) })
 }
 
 /// Whether the process whose `/proc` folder is `proc_dir` holds the socket
-/// of inode `ino` (before Linux 6.5, how the daemon tells that a process
-/// holds the client end of a connection).
+/// of inode `ino` among its descriptors numbered below [`SCAN_LIMIT`]
+/// (before Linux 6.5, how the daemon tells that a process holds the client
+/// end of a connection).
 pub fn holds_socket(proc_dir: BorrowedFd<'_>, ino: u32) -> bool {
     let folder = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let Ok(mut fds) = Dir::openat(proc_dir, "fd", folder, Mode::empty()) else { return false };
     let dir_fd = fds.as_raw_fd();
-    let found = fds.iter().filter_map(Result::ok).any(|entry| {
-        statx_at(dir_fd, entry.file_name(), 0).is_ok_and(|stx| {
-            u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFSOCK && stx.stx_ino == u64::from(ino)
-        })
-    });
+    let found = fds
+        .iter()
+        .filter_map(Result::ok)
+        .take_while(|entry| fd_number(entry.file_name()).is_none_or(|n| n < SCAN_LIMIT))
+        .any(|entry| {
+            statx_at(dir_fd, entry.file_name(), 0).is_ok_and(|stx| {
+                u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFSOCK && stx.stx_ino == u64::from(ino)
+            })
+        });
     found
 }
 
@@ -264,14 +297,14 @@ fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: i32) -> Result<OwnedFd, Errno> {
 }
 
 /// The open files that may give the process behind `pidfd` one of
-/// `devices`, among its first `limit` descriptors, duplicated one at a time (needs the right
-/// to ptrace it); each duplicate shares the open file, so its flags
-/// (`F_GETFL`) are the process's open mode.
+/// `devices`, among its descriptors numbered below `limit`, duplicated one
+/// at a time (needs the right to ptrace it); each duplicate shares the open
+/// file, so its flags (`F_GETFL`) are the process's open mode.
 pub fn open_files_of_pidfd(
     pidfd: BorrowedFd<'_>,
     limit: i32,
     devices: &GpuDevices,
-) -> Result<Vec<OpenFile>, Errno> {
+) -> Result<OpenFiles, Errno> {
     let mut out = Vec::new();
     for n in 0..limit {
         match pidfd_getfd(pidfd, n) {
@@ -285,7 +318,7 @@ pub fn open_files_of_pidfd(
             Err(e) => return Err(e),
         }
     }
-    Ok(out)
+    Ok(OpenFiles { files: out, beyond_limit: None })
 }
 
 /// For each GPU of `devices`: the regular file at `dev/nvidia<minor>` under
@@ -312,122 +345,5 @@ pub fn stand_ins_under(root: BorrowedFd<'_>, devices: &GpuDevices) -> Vec<Option
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::{symlink, OpenOptionsExt};
-
-    fn devices(simulated: bool) -> GpuDevices {
-        GpuDevices { minors: vec![0, 1, 5], simulated }
-    }
-
-    /// This process's open files, through `/proc/<pid>` and through a pidfd.
-    fn own_open_files(simulated: bool) -> (Vec<OpenFile>, Vec<OpenFile>) {
-        let dir = std::fs::File::open(format!("/proc/{}", std::process::id())).unwrap();
-        let own = crate::identity::pidfd_open(std::process::id()).unwrap();
-        let d = devices(simulated);
-        (open_files_in(dir.as_fd(), &d).unwrap(), open_files_of_pidfd(own.as_fd(), PIDFD_SCAN, &d).unwrap())
-    }
-
-    #[test]
-    fn a_gpu_is_held_by_its_device_or_for_simulated_gpus_its_stand_in_open_for_reading_and_writing() {
-        let stand_in = FileId { dev: (0, 40), ino: 7 };
-        let other = FileId { dev: (0, 40), ino: 8 };
-        let stand_ins = [None, Some(stand_in), None];
-        let open = [
-            OpenFile::Nvidia { minor: 5, read_write: true },
-            OpenFile::Nvidia { minor: 0, read_write: false },
-            OpenFile::Regular { id: other, read_write: true },
-        ];
-        assert_eq!(held_gpus(&open, &devices(false), &stand_ins), 0b100, "195:5 is the third GPU");
-        assert_eq!(held_gpus(&open, &devices(true), &stand_ins), 0b100, "another file stands in for nothing");
-        let open = [OpenFile::Regular { id: stand_in, read_write: true }];
-        assert_eq!(held_gpus(&open, &devices(true), &stand_ins), 0b010);
-        assert_eq!(held_gpus(&open, &devices(false), &stand_ins), 0, "real GPUs: only the device counts");
-        let open = [OpenFile::Regular { id: stand_in, read_write: false }];
-        assert_eq!(held_gpus(&open, &devices(true), &stand_ins), 0, "held, not for reading and writing");
-        assert_eq!(held_gpus(&[], &devices(true), &stand_ins), 0, "present, not held");
-    }
-
-    #[test]
-    fn the_open_mode_counts_only_for_the_same_file_read_and_written() {
-        // SAFETY: statx is plain data: all zeroes is a valid value.
-        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-        (stx.stx_mask, stx.stx_mnt_id, stx.stx_ino) = (libc::STATX_MNT_ID, 24, 3);
-        let info = |flags: &str, mnt: u64, ino: u64| {
-            format!("pos:\t0\nflags:\t{flags}\nmnt_id:\t{mnt}\nino:\t{ino}\n")
-        };
-        assert!(fdinfo_read_write(&info("02100002", 24, 3), &stx), "O_RDWR|O_CLOEXEC|O_LARGEFILE");
-        assert!(!fdinfo_read_write(&info("0100000", 24, 3), &stx), "O_RDONLY");
-        assert!(!fdinfo_read_write(&info("0100001", 24, 3), &stx), "O_WRONLY");
-        assert!(!fdinfo_read_write(&info("012000000", 24, 3), &stx), "O_PATH");
-        assert!(!fdinfo_read_write(&info("010000002", 24, 3), &stx), "O_PATH with O_RDWR set");
-        assert!(!fdinfo_read_write(&info("0100002", 24, 4), &stx), "another file at that number now");
-        assert!(!fdinfo_read_write(&info("0100002", 25, 3), &stx), "another mount");
-        assert!(!fdinfo_read_write("pos:\t0\nflags:\t0100002\nmnt_id:\t24\n", &stx), "no inode to compare");
-        stx.stx_mask = 0;
-        assert!(!fdinfo_read_write(&info("0100002", 24, 3), &stx), "no mount id from statx");
-    }
-
-    #[test]
-    fn only_a_held_regular_file_reached_without_a_link_stands_in() {
-        let root = tempfile::tempdir().unwrap();
-        let dev = root.path().join("dev");
-        std::fs::create_dir(&dev).unwrap();
-        std::fs::write(dev.join("nvidia0"), b"").unwrap();
-        symlink("nvidia0", dev.join("nvidia1")).unwrap();
-        std::fs::write(dev.join("nvidia5"), b"").unwrap();
-        // Through the link, this process holds nvidia0 twice; nvidia5 not at all.
-        let rw = || std::fs::OpenOptions::new().read(true).write(true).clone();
-        let _a = rw().open(dev.join("nvidia0")).unwrap();
-        let _b = rw().open(dev.join("nvidia1")).unwrap();
-        let rootfd = std::fs::File::open(root.path()).unwrap();
-        let d = devices(true);
-        let stand_ins = stand_ins_under(rootfd.as_fd(), &d);
-        assert!(stand_ins[0].is_some() && stand_ins[1].is_none() && stand_ins[2].is_some(), "{stand_ins:?}");
-        let (in_proc, mut through_pidfd) = own_open_files(true);
-        assert_eq!(held_gpus(&in_proc, &d, &stand_ins), 0b001);
-        // The same files through the pidfd.
-        assert_eq!(held_gpus(&through_pidfd, &d, &stand_ins), 0b001);
-        let id = stand_ins[0].unwrap();
-        through_pidfd.retain(|f| *f == OpenFile::Regular { id, read_write: true });
-        assert!(through_pidfd.len() >= 2, "both descriptors of nvidia0 are seen");
-        // A `dev` that is itself a link is not followed.
-        let other = tempfile::tempdir().unwrap();
-        symlink(&dev, other.path().join("dev")).unwrap();
-        let otherfd = std::fs::File::open(other.path()).unwrap();
-        assert_eq!(stand_ins_under(otherfd.as_fd(), &d), vec![None; 3]);
-        // Real GPUs: regular files are not even listed.
-        let (in_proc, through_pidfd) = own_open_files(false);
-        assert!(!in_proc.iter().chain(&through_pidfd).any(|f| matches!(f, OpenFile::Regular { .. })));
-    }
-
-    #[test]
-    fn a_stand_in_held_only_by_path_or_for_reading_or_for_writing_gives_no_gpu() {
-        let root = tempfile::tempdir().unwrap();
-        let dev = root.path().join("dev");
-        std::fs::create_dir(&dev).unwrap();
-        for n in [0, 1, 5] {
-            std::fs::write(dev.join(format!("nvidia{n}")), b"").unwrap();
-        }
-        let path_only = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH)
-            .open(dev.join("nvidia0"))
-            .unwrap();
-        let read_only = std::fs::File::open(dev.join("nvidia1")).unwrap();
-        let write_only = std::fs::OpenOptions::new().write(true).open(dev.join("nvidia5")).unwrap();
-        let rootfd = std::fs::File::open(root.path()).unwrap();
-        let d = devices(true);
-        let stand_ins = stand_ins_under(rootfd.as_fd(), &d);
-        let (in_proc, through_pidfd) = own_open_files(true);
-        assert_eq!(held_gpus(&in_proc, &d, &stand_ins), 0, "O_PATH, O_RDONLY, O_WRONLY");
-        assert_eq!(held_gpus(&through_pidfd, &d, &stand_ins), 0, "O_PATH, O_RDONLY, O_WRONLY (pidfd)");
-        // Opened for reading and writing, nvidia5 is held.
-        let read_write =
-            std::fs::OpenOptions::new().read(true).write(true).open(dev.join("nvidia5")).unwrap();
-        let (in_proc, through_pidfd) = own_open_files(true);
-        assert_eq!(held_gpus(&in_proc, &d, &stand_ins), 0b100);
-        assert_eq!(held_gpus(&through_pidfd, &d, &stand_ins), 0b100);
-        drop((path_only, read_only, write_only, read_write));
-    }
-}
+#[path = "held_tests.rs"]
+mod tests;

@@ -36,14 +36,13 @@ use std::time::Duration;
 use foldhash::HashMap;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 
 use super::access::TenantPolicy;
 use super::peer;
 #[cfg(test)]
 use super::peer::kernel_has_peer_pidfd;
 use super::tenant::{self, Tenant, Unread};
-use super::Client;
 use crate::metrics::Metrics;
 use crate::netlink::sock_diag::SockDiag;
 
@@ -141,7 +140,7 @@ struct Table {
     /// Users already told that their connections get no lease.
     warned_uids: HashSet<u32>,
     /// Processes whose tenant is being read, and where the outcome will come.
-    reading: HashMap<ProcKey, watch::Receiver<Option<Read>>>,
+    reading: HashMap<ProcKey, Arc<ReadSlot>>,
 }
 
 /// The registry of watched client processes.
@@ -164,8 +163,8 @@ pub struct ClientTracker {
     runtime: Option<tokio::runtime::Handle>,
     /// Tenant isolation: whether to find each process's tenant, and how.
     tenants: Arc<TenantPolicy>,
-    /// Tenant reads under way, at most [`READ_SLOTS`].
-    slots: Arc<Semaphore>,
+    /// The threads that read new processes' tenants.
+    readers: Readers,
     /// How long a connection waits for its client's tenant.
     timeout: Duration,
     /// Added to every tenant read on the pool: a slow read, for tests.
@@ -197,7 +196,7 @@ impl ClientTracker {
             pidfds: AtomicU64::new(0),
             runtime: tokio::runtime::Handle::try_current().ok(),
             tenants,
-            slots: Arc::new(Semaphore::new(READ_SLOTS)),
+            readers: Readers::default(),
             timeout: IDENTIFY_TIMEOUT,
             #[cfg(test)]
             read_delay: Duration::ZERO,
@@ -384,8 +383,11 @@ mod handover;
 mod identify;
 #[path = "leases_opener.rs"]
 mod opener;
-pub use identify::{IdentifyError, IDENTIFY_TIMEOUT};
-use identify::{Read, READ_SLOTS};
+#[path = "leases_readers.rs"]
+mod readers;
+use identify::ReadSlot;
+pub use identify::{Asked, ClientCache, IdentifyError, PendingClient, IDENTIFY_TIMEOUT};
+use readers::Readers;
 
 #[cfg(test)]
 #[path = "leases_tests.rs"]

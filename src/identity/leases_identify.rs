@@ -1,23 +1,24 @@
 //! Identifying a connection's client process: the lease it already has, or
-//! a new one whose tenant is read off the caller's thread, on the runtime's
-//! blocking pool, once per process, waited for a bounded time. A process
-//! that exits before its tenant is read is nobody (see `opener`).
+//! a new one whose tenant is read off the caller's thread, by the tenant
+//! readers (`readers`), once per process. A caller that serves others
+//! (a rule I/O thread, a runtime task) never waits for a read: it is told
+//! the read is under way, and its `Waker` is woken when the read ends. A
+//! process that exits before its tenant is read is nobody (see `opener`).
 
 use std::num::NonZeroU32;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use foldhash::HashMap;
 
 use super::opener::Opener;
-use super::{Client, ClientTracker, Lease, ProcKey};
+use super::{ClientTracker, Lease, ProcKey};
+use crate::identity::{Client, ClientInfo};
 
 /// How long a connection waits for its client's tenant to be read.
 pub const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(2);
-/// Tenants read at once, at most, each on a blocking thread: a read that
-/// hangs (a client's files on a mount that does not answer) holds one.
-pub(super) const READ_SLOTS: usize = 16;
 
 /// Why a connection's client could not be told in time. Its request gets
 /// UNAVAILABLE: asking again waits for the same read.
@@ -29,7 +30,10 @@ pub enum IdentifyError {
         IDENTIFY_TIMEOUT.as_secs()
     )]
     TimedOut,
-    #[error("the daemon could not read this client's tenant: every reader is busy; try again")]
+    #[error(
+        "the daemon could not read this client's tenant: too many new processes of this tenant wait to be \
+         read, or every reader is busy; try again"
+    )]
     Busy,
 }
 
@@ -50,102 +54,251 @@ pub(super) enum Read {
     Lease(Arc<Lease>),
     /// The process exited before its tenant was read.
     Exited,
-    /// No reader was free in time, or the read failed.
+    /// No reader could take it, or the read failed.
     Failed,
+}
+
+/// A tenant read under way: its outcome once it ends, and who waits for it.
+#[derive(Default)]
+pub(super) struct ReadSlot {
+    done: OnceLock<Read>,
+    waiters: Mutex<Vec<Waker>>,
+}
+
+impl ReadSlot {
+    /// Records the outcome and wakes everyone waiting for it.
+    pub(super) fn finish(&self, read: Read) {
+        let _ = self.done.set(read);
+        // Taken after the outcome is set: a waiter that registers later sees it.
+        let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in waiters {
+            w.wake();
+        }
+    }
+
+    /// The outcome, or `None` with `waker` to be woken when it comes.
+    fn poll(&self, waker: &Waker) -> Option<Read> {
+        if let Some(r) = self.done.get() {
+            return Some(r.clone());
+        }
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = self.done.get() {
+            return Some(r.clone());
+        }
+        if !w.iter().any(|x| x.will_wake(waker)) {
+            w.push(waker.clone());
+        }
+        None
+    }
+}
+
+/// A connection's client, asked without waiting ([`ClientTracker::ask`]).
+pub enum Asked {
+    /// Known now, or known not to be told in time.
+    Now(Result<Client, IdentifyError>),
+    /// Its process is new and its tenant is being read: the waker given is
+    /// woken when the read ends; then [`ClientTracker::pending`] tells.
+    Reading(PendingClient),
+}
+
+/// A client whose tenant is being read.
+pub struct PendingClient {
+    slot: Arc<ReadSlot>,
+    /// When the connection stops waiting ([`IDENTIFY_TIMEOUT`] after it asked).
+    pub deadline: Instant,
+}
+
+/// The clients one thread has seen, by their process's pidfs inode, so that
+/// a known process's next connection costs no lock shared with other
+/// threads. An entry counts while its process's lease is alive.
+#[derive(Default)]
+pub struct ClientCache {
+    by_inode: HashMap<u64, Client>,
+}
+
+/// Entries a [`ClientCache`] keeps, at most; past that it starts over.
+const CACHE_MOST: usize = 4096;
+
+impl ClientCache {
+    /// The client of process `inode`, while its process lives.
+    pub(super) fn get(&mut self, inode: u64) -> Option<Client> {
+        let c = self.by_inode.get(&inode)?;
+        if c.process.as_ref().is_some_and(|l| l.alive()) {
+            return Some(c.clone());
+        }
+        self.by_inode.remove(&inode);
+        None
+    }
+
+    fn put(&mut self, inode: u64, c: &Client) {
+        if self.by_inode.len() >= CACHE_MOST {
+            self.by_inode.retain(|_, c| c.process.as_ref().is_some_and(|l| l.alive()));
+            if self.by_inode.len() >= CACHE_MOST {
+                self.by_inode.clear();
+            }
+        }
+        self.by_inode.insert(inode, c.clone());
+    }
 }
 
 /// What finding a connection's process came to.
 enum Found {
     Now(Who),
-    /// Its tenant is being read: the outcome comes on this channel.
-    Reading(watch::Receiver<Option<Read>>),
+    /// From the caller's cache.
+    Cached(Client),
+    /// Its tenant is being read.
+    Reading(Arc<ReadSlot>),
 }
 
-/// Waits at most `limit` for the read behind `rx`.
-async fn wait_for_read(mut rx: watch::Receiver<Option<Read>>, limit: Duration) -> Result<Who, IdentifyError> {
-    match tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await {
-        Ok(Ok(read)) => outcome((*read).clone()),
-        Ok(Err(_)) => Err(IdentifyError::Busy),
-        Err(_) => Err(IdentifyError::TimedOut),
+/// A finished read as the client it found.
+fn outcome(read: Read) -> Result<Who, IdentifyError> {
+    match read {
+        Read::Lease(l) => Ok(Who::Lease(l)),
+        Read::Exited => Ok(Who::OpenerExited),
+        Read::Failed => Err(IdentifyError::Busy),
     }
 }
 
-/// A finished read as the client it found (`None`: not finished yet).
-fn outcome(read: Option<Read>) -> Result<Who, IdentifyError> {
-    match read {
-        Some(Read::Lease(l)) => Ok(Who::Lease(l)),
-        Some(Read::Exited) => Ok(Who::OpenerExited),
-        Some(Read::Failed) => Err(IdentifyError::Busy),
-        None => Err(IdentifyError::TimedOut),
+/// Wakes a thread parked in [`wait_blocking`].
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Waits on this thread, at most until `deadline`, for the read behind `slot`.
+fn wait_blocking(slot: &ReadSlot, deadline: Instant) -> Result<Who, IdentifyError> {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    loop {
+        if let Some(r) = slot.poll(&waker) {
+            return outcome(r);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(IdentifyError::TimedOut);
+        }
+        std::thread::park_timeout(left);
     }
 }
 
 impl ClientTracker {
-    /// Who is at the other end of `sock`: the process that opened it (its
-    /// visible pid, its tenant and, where its rules go away with it
-    /// (`--leases`), its lease), while that process lives. Called on a
-    /// thread of its own (the rule endpoints' I/O threads): a tenant still
-    /// to be read is read on the runtime's blocking pool, and waited for at
-    /// most [`IDENTIFY_TIMEOUT`].
-    pub fn who(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Result<Client, IdentifyError> {
-        Ok(self.client_of(self.find(sock)?))
-    }
-
-    /// [`Self::who`] for a task on the runtime: it waits without holding a worker.
-    pub async fn who_async(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Result<Client, IdentifyError> {
-        let who = match self.begin(sock, Some(tokio::runtime::Handle::current())) {
-            Found::Now(who) => who,
-            Found::Reading(rx) => wait_for_read(rx, self.timeout).await?,
-        };
-        Ok(self.client_of(who))
-    }
-
-    fn client_of(&self, who: Who) -> Client {
-        match who {
-            Who::Lease(lease) => Client {
-                pid: lease.pid,
-                tenant: lease.tenant.clone(),
-                lease: self.policy.reclaim.then(|| lease.clone()),
-                process: Some(lease),
-                opener_exited: false,
-            },
-            Who::Nobody => Client::default(),
-            Who::OpenerExited => Client { opener_exited: true, ..Client::default() },
+    /// Who is at the other end of `sock`, without waiting: the process that
+    /// opened it (its visible pid, its tenant and, where its rules go away
+    /// with it (`--leases`), its lease), while that process lives. A new
+    /// process's tenant is read by the tenant readers: the answer is then
+    /// [`Asked::Reading`], and `waker` is woken when the read ends.
+    /// `cache`: the calling thread's own memory of known processes.
+    pub fn ask(self: &Arc<Self>, sock: BorrowedFd<'_>, cache: &mut ClientCache, waker: &Waker) -> Asked {
+        match self.begin(sock, Some(cache)) {
+            Found::Now(who) => Asked::Now(Ok(self.client_of(who, Some(cache)))),
+            Found::Cached(c) => Asked::Now(Ok(c)),
+            Found::Reading(slot) => {
+                let deadline = Instant::now() + self.timeout;
+                match slot.poll(waker) {
+                    Some(r) => Asked::Now(outcome(r).map(|w| self.client_of(w, Some(cache)))),
+                    None => Asked::Reading(PendingClient { slot, deadline }),
+                }
+            }
         }
+    }
+
+    /// A client whose tenant was being read: `Some` once the read ended
+    /// (or, at `now`, the wait passed its deadline), else `None` with
+    /// `waker` to be woken when it ends.
+    pub fn pending(
+        &self,
+        p: &PendingClient,
+        cache: &mut ClientCache,
+        waker: &Waker,
+        now: Instant,
+    ) -> Option<Result<Client, IdentifyError>> {
+        match p.slot.poll(waker) {
+            Some(r) => Some(outcome(r).map(|w| self.client_of(w, Some(cache)))),
+            None if now >= p.deadline => Some(Err(IdentifyError::TimedOut)),
+            None => None,
+        }
+    }
+
+    /// [`Self::ask`] for a task on the runtime: it waits, without holding a
+    /// worker, at most [`IDENTIFY_TIMEOUT`].
+    pub async fn who_async(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Result<Client, IdentifyError> {
+        let slot = match self.begin(sock, None) {
+            Found::Now(who) => return Ok(self.client_of(who, None)),
+            Found::Cached(c) => return Ok(c),
+            Found::Reading(slot) => slot,
+        };
+        let read = std::future::poll_fn(|cx| match slot.poll(cx.waker()) {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        });
+        match tokio::time::timeout(self.timeout, read).await {
+            Ok(r) => outcome(r).map(|w| self.client_of(w, None)),
+            Err(_) => Err(IdentifyError::TimedOut),
+        }
+    }
+
+    /// [`Self::ask`], waiting on this thread for a tenant still to be read
+    /// (at most [`IDENTIFY_TIMEOUT`]): for tools and tests, never for a
+    /// thread that serves other clients.
+    pub fn who(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Result<Client, IdentifyError> {
+        let who = self.find_blocking(sock)?;
+        Ok(self.client_of(who, None))
     }
 
     /// The lease of the process that opened `sock` (`None`: not tracked,
     /// it cannot be told, or it has exited); its watch starts here if it is
-    /// new. On a runtime thread, or without a runtime, a tenant is read right here.
+    /// new. Waits like [`Self::who`].
     pub fn identify(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Result<Option<Arc<Lease>>, IdentifyError> {
-        Ok(match self.find(sock)? {
+        Ok(match self.find_blocking(sock)? {
             Who::Lease(l) => Some(l),
             Who::Nobody | Who::OpenerExited => None,
         })
     }
 
-    fn find(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Result<Who, IdentifyError> {
-        let pool = match tokio::runtime::Handle::try_current() {
-            Ok(_) => None,
-            Err(_) => self.runtime.clone(),
-        };
-        match self.begin(sock, pool.clone()) {
+    fn find_blocking(self: &Arc<Self>, sock: BorrowedFd<'_>) -> Result<Who, IdentifyError> {
+        match self.begin(sock, None) {
             Found::Now(who) => Ok(who),
-            Found::Reading(rx) => match pool {
-                Some(rt) => rt.block_on(wait_for_read(rx, self.timeout)),
-                // Read inline, or by another caller not done yet.
-                None => outcome(rx.borrow().clone()),
-            },
+            Found::Cached(_) => unreachable!("no cache was given"),
+            Found::Reading(slot) => wait_blocking(&slot, Instant::now() + self.timeout),
         }
     }
 
-    /// The lease of the process that opened `sock`, or how to wait for it. A
-    /// tenant to read is read on `pool`'s blocking threads, or inline without one.
-    fn begin(self: &Arc<Self>, sock: BorrowedFd<'_>, pool: Option<tokio::runtime::Handle>) -> Found {
+    /// `who` as the client a request carries; remembered in `cache` when
+    /// its process's pidfs inode names it.
+    fn client_of(&self, who: Who, cache: Option<&mut ClientCache>) -> Client {
+        match who {
+            Who::Lease(lease) => {
+                let inode = match lease.key {
+                    ProcKey::Inode(i) => Some(i),
+                    _ => None,
+                };
+                let c = Client::from(ClientInfo {
+                    pid: lease.pid,
+                    tenant: lease.tenant.clone(),
+                    lease: self.policy.reclaim.then(|| lease.clone()),
+                    process: Some(lease),
+                    opener_exited: false,
+                });
+                if let (Some(cache), Some(inode)) = (cache, inode) {
+                    cache.put(inode, &c);
+                }
+                c
+            }
+            Who::Nobody => Client::default(),
+            Who::OpenerExited => Client::from(ClientInfo { opener_exited: true, ..ClientInfo::default() }),
+        }
+    }
+
+    /// The lease of the process that opened `sock`, or the read under way
+    /// that will tell it. A tenant to read is handed to the readers.
+    fn begin(self: &Arc<Self>, sock: BorrowedFd<'_>, cache: Option<&mut ClientCache>) -> Found {
         if !self.policy.track {
             return Found::Now(Who::Nobody);
         }
-        let (pidfd, key, pid) = match self.opener(sock) {
+        let (pidfd, key, pid) = match self.opener(sock, cache) {
+            Opener::Cached(c) => return Found::Cached(c),
             Opener::Known(l) => return Found::Now(Who::Lease(l)),
             Opener::New { pidfd, key, pid } => (pidfd, key, pid),
             Opener::Gone => return Found::Now(Who::OpenerExited),
@@ -157,80 +310,37 @@ impl ClientTracker {
         if !self.tenants.checks() {
             return Found::Now(Who::Lease(self.record(key, pidfd, pid, None)));
         }
-        // Its tenant: read once per process, off the caller's thread where it can be.
-        let tx = {
+        // Its tenant: read once per process, by the readers.
+        let slot = {
             let mut t = self.table.lock().expect("lease table lock");
-            if let Some(rx) = t.reading.get(&key) {
-                return Found::Reading(rx.clone()); // another connection of it started the read
+            if let Some(slot) = t.reading.get(&key) {
+                return Found::Reading(slot.clone()); // another connection of it started the read
             }
-            let (tx, rx) = watch::channel(None);
-            t.reading.insert(key, rx);
-            tx
+            let slot = Arc::<ReadSlot>::default();
+            t.reading.insert(key, slot.clone());
+            slot
         };
-        let rx = tx.subscribe();
-        match pool {
-            Some(rt) => drop(rt.spawn(self.clone().read_on_pool(key, pidfd, pid, tx))),
-            None => {
-                let read = self.read_tenant(key, pidfd, pid);
-                self.read_done(key, &tx, read);
-            }
-        }
-        Found::Reading(rx)
+        self.readers.submit(self, key, pidfd, pid, slot.clone());
+        Found::Reading(slot)
     }
 
     /// Reads the tenant of the process behind `pidfd` and, unless it has
-    /// exited meanwhile, records its lease.
-    fn read_tenant(self: &Arc<Self>, key: ProcKey, pidfd: OwnedFd, pid: Option<NonZeroU32>) -> Read {
+    /// exited meanwhile, records its lease (on a reader's thread).
+    pub(super) fn read_tenant(
+        self: &Arc<Self>,
+        key: ProcKey,
+        pidfd: OwnedFd,
+        pid: Option<NonZeroU32>,
+    ) -> Read {
         match self.find_tenant(&pidfd, pid) {
             Ok(tenant) => Read::Lease(self.record(key, pidfd, pid, tenant)),
             Err(_) => Read::Exited,
         }
     }
 
-    /// Reads a tenant on a blocking thread, once one of [`READ_SLOTS`] is
-    /// free, and records the lease; the readers waiting hear of it on `tx`.
-    async fn read_on_pool(
-        self: Arc<Self>,
-        key: ProcKey,
-        pidfd: OwnedFd,
-        pid: Option<NonZeroU32>,
-        tx: watch::Sender<Option<Read>>,
-    ) {
-        let started = std::time::Instant::now();
-        let read = match tokio::time::timeout(self.timeout, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(slot)) => {
-                let me = self.clone();
-                let read = tokio::task::spawn_blocking(move || {
-                    let _slot = slot;
-                    #[cfg(test)]
-                    std::thread::sleep(me.read_delay);
-                    me.read_tenant(key, pidfd, pid)
-                });
-                read.await.unwrap_or(Read::Failed)
-            }
-            _ => {
-                tracing::warn!(
-                    pid = pid.map_or(0, NonZeroU32::get),
-                    slots = READ_SLOTS,
-                    "cannot read a client's tenant: every reader is busy (stuck on other clients' files?); \
-                     its request gets UNAVAILABLE"
-                );
-                Read::Failed
-            }
-        };
-        let took = started.elapsed();
-        if took > self.timeout {
-            tracing::warn!(
-                pid = pid.map_or(0, NonZeroU32::get),
-                took_ms = took.as_millis() as u64,
-                "reading a client's tenant was slow: its connection was answered UNAVAILABLE meanwhile"
-            );
-        }
-        self.read_done(key, &tx, read);
-    }
-
-    fn read_done(&self, key: ProcKey, tx: &watch::Sender<Option<Read>>, read: Read) {
+    /// The read of `key` ended (or never started): its waiters hear of it.
+    pub(super) fn read_done(&self, key: ProcKey, slot: &ReadSlot, read: Read) {
         self.table.lock().expect("lease table lock").reading.remove(&key);
-        tx.send_replace(Some(read));
+        slot.finish(read);
     }
 }

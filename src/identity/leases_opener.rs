@@ -14,13 +14,16 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 
+use super::identify::ClientCache;
 use super::peer::{self, peer_pidfd, pidfd_open, pidfs_inode, PidNow};
 use super::tenant;
 use super::{same_process, ClientTracker, Lease, ProcKey, SockDiag};
-use crate::identity::{credentials, held};
+use crate::identity::{credentials, held, Client};
 
 /// The process that opened a connection.
 pub(super) enum Opener {
+    /// Known to the calling thread already: the client it recorded.
+    Cached(Client),
     /// Watched already: its lease.
     Known(Arc<Lease>),
     /// Seen for the first time: held by `pidfd`, told apart from other
@@ -35,11 +38,12 @@ pub(super) enum Opener {
 }
 
 impl ClientTracker {
-    /// The process that opened the connection `sock`.
-    pub(super) fn opener(&self, sock: BorrowedFd<'_>) -> Opener {
+    /// The process that opened the connection `sock`; `cache`: what the
+    /// calling thread remembers of processes it has seen.
+    pub(super) fn opener(&self, sock: BorrowedFd<'_>, cache: Option<&mut ClientCache>) -> Opener {
         if !self.no_peer_pidfd.load(Ordering::Relaxed) {
             match peer_pidfd(sock) {
-                Ok(pidfd) => return self.opener_of_pidfd(pidfd),
+                Ok(pidfd) => return self.opener_of_pidfd(pidfd, cache),
                 Err(Errno::ENOPROTOOPT) => {
                     tracing::info!(
                         "this kernel has no SO_PEERPIDFD (Linux 6.5+): a client is the process at the \
@@ -59,10 +63,13 @@ impl ClientTracker {
     }
 
     /// The opener behind its `SO_PEERPIDFD` pidfd.
-    fn opener_of_pidfd(&self, pidfd: OwnedFd) -> Opener {
+    fn opener_of_pidfd(&self, pidfd: OwnedFd, cache: Option<&mut ClientCache>) -> Opener {
         // Linux 6.9+: the pidfd's inode names the process; a known one costs
-        // this `fstat` and a lookup.
+        // this `fstat` and a lookup (in the calling thread's own cache first).
         if let Some(ino) = pidfs_inode(pidfd.as_fd()) {
+            if let Some(c) = cache.and_then(|c| c.get(ino)) {
+                return Opener::Cached(c);
+            }
             let key = ProcKey::Inode(ino);
             if let Some(l) = self.lookup(key, |_| true) {
                 return Opener::Known(l);

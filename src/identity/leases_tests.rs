@@ -27,7 +27,7 @@ async fn one_watch_per_process_across_connections() {
     assert_eq!(t.metrics.leases.clients.get(), 1);
     let c = t.who(pairs[0].0.as_fd()).unwrap();
     assert_eq!(c.lease.as_ref().map(|l| l.id()), Some(leases[0].id));
-    assert!(c.lease.is_some_and(|l| l.alive()));
+    assert!(c.lease.as_ref().is_some_and(|l| l.alive()));
 }
 
 #[tokio::test]

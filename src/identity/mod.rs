@@ -36,19 +36,46 @@ mod peer;
 pub mod tenant;
 
 use std::num::NonZeroU32;
+use std::ops::Deref;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use nix::sys::socket::{getsockopt, sockopt};
 
 pub use access::{Denied, Examined, Refusal, TenantPolicy};
-pub use leases::{ClientCount, ClientTracker, IdentifyError, Lease, LeasePolicy};
+pub use leases::{
+    Asked, ClientCache, ClientCount, ClientTracker, IdentifyError, Lease, LeasePolicy, PendingClient,
+};
 pub use peer::{pidfd_open, probe_peer_pidfd};
 pub use tenant::Tenant;
 
-/// Who a connection's client is, as far as the daemon can tell.
+/// Who a connection's client is, as far as the daemon can tell: a shared
+/// [`ClientInfo`] (nobody by default). A request carries it from thread to
+/// thread, so cloning it touches one reference count, not one per part.
 #[derive(Debug, Clone, Default)]
-pub struct Client {
+pub struct Client(Option<Arc<ClientInfo>>);
+
+/// Nobody: what [`Client::default`] reads as.
+static NOBODY: ClientInfo =
+    ClientInfo { pid: None, lease: None, tenant: None, process: None, opener_exited: false };
+
+impl Deref for Client {
+    type Target = ClientInfo;
+
+    fn deref(&self) -> &ClientInfo {
+        self.0.as_deref().unwrap_or(&NOBODY)
+    }
+}
+
+impl From<ClientInfo> for Client {
+    fn from(info: ClientInfo) -> Client {
+        Client(Some(Arc::new(info)))
+    }
+}
+
+/// What the daemon knows of a connection's client.
+#[derive(Debug, Default)]
+pub struct ClientInfo {
     /// The process's pid in the daemon's pid namespace; `None` when that
     /// process lives in a namespace the daemon cannot see, or clients are not
     /// tracked.
@@ -66,7 +93,7 @@ pub struct Client {
     pub opener_exited: bool,
 }
 
-impl Client {
+impl ClientInfo {
     /// The tenant's cgroup id, as rules record it.
     pub fn tenant_id(&self) -> Option<u64> {
         self.tenant.as_ref().map(|t| t.cgroup_id)

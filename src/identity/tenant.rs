@@ -113,6 +113,9 @@ pub struct Tenant {
     gpus: u64,
     /// Its network namespace, where it could be opened.
     pub net: Option<NetNs>,
+    /// It held descriptors numbered at or above the scan's limit when its
+    /// open files were read, which were not looked at (`None`: not known).
+    pub beyond_scan: Option<bool>,
 }
 
 impl Tenant {
@@ -128,7 +131,7 @@ impl Tenant {
 
     /// A tenant as a takeover hands it on.
     pub fn from_parts(cgroup_id: u64, cgroup: Option<String>, gpus: u64, net: Option<NetNs>) -> Tenant {
-        Tenant { cgroup_id, cgroup, gpus, net }
+        Tenant { cgroup_id, cgroup, gpus, net, beyond_scan: None }
     }
 
     /// How logs and `status` name it.
@@ -138,7 +141,13 @@ impl Tenant {
 
     #[cfg(test)]
     pub(crate) fn for_test(cgroup_id: u64, gpus: u64) -> Tenant {
-        Tenant { cgroup_id, cgroup: Some(format!("/test/{cgroup_id}")), gpus, net: None }
+        Tenant {
+            cgroup_id,
+            cgroup: Some(format!("/test/{cgroup_id}")),
+            gpus,
+            net: None,
+            beyond_scan: Some(false),
+        }
     }
 }
 
@@ -204,16 +213,16 @@ fn identify_visible(
             std::fs::metadata(root.join(path.trim_start_matches('/'))).map_err(|_| Unread::Unknown)?.ino()
         }
     };
-    let gpus = gpus_of_visible(pidfd, dir.as_fd(), devices);
+    let (gpus, beyond_scan) = gpus_of_visible(pidfd, dir.as_fd(), devices);
     let net = open_net(pidfd, Some(dir.as_fd()));
-    Ok(Tenant { cgroup_id, cgroup, gpus, net })
+    Ok(Tenant { cgroup_id, cgroup, gpus, net, beyond_scan })
 }
 
 fn identify_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> Result<Tenant, Unread> {
     let cgroup_id = peer::pidfd_cgroup_id(pidfd).map_err(|_| Unread::Unknown)?;
-    let gpus = gpus_of_hidden(pidfd, devices);
+    let (gpus, beyond_scan) = gpus_of_hidden(pidfd, devices);
     let net = open_net(pidfd, None);
-    Ok(Tenant { cgroup_id, cgroup: None, gpus, net })
+    Ok(Tenant { cgroup_id, cgroup: None, gpus, net, beyond_scan })
 }
 
 /// The text of file `name` in folder `dir`.
@@ -249,14 +258,15 @@ fn pidfd_ns(pidfd: BorrowedFd<'_>, cmd: libc::c_ulong) -> Result<OwnedFd, Errno>
 }
 
 /// The GPUs that the process behind `pidfd` holds open, read through its
-/// `/proc` folder `dir`.
-fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
+/// `/proc` folder `dir`, and whether it held descriptors past the scan's limit.
+fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevices) -> (u64, Option<bool>) {
     // `/proc/<pid>/fd` is its owner's (0500): a daemon of another user
     // without CAP_DAC_READ_SEARCH (the systemd unit keeps only CAP_SYS_PTRACE)
     // cannot list it, but may duplicate the descriptors through the pidfd.
-    let open = match held::open_files_in(dir, devices).or_else(|e| {
+    let limit = held::SCAN_LIMIT;
+    let open = match held::open_files_in(dir, limit, devices).or_else(|e| {
         if e == Errno::EACCES {
-            held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices)
+            held::open_files_of_pidfd(pidfd, limit, devices)
         } else {
             Err(e)
         }
@@ -264,9 +274,10 @@ fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevi
         Ok(open) => open,
         Err(e) => {
             tracing::debug!(error = %e, "cannot read a client's open files");
-            return 0;
+            return (0, None);
         }
     };
+    let (beyond, open) = (open.beyond_limit, open.files);
     let stand_ins = match has_regular(&open) {
         true => nix::fcntl::openat(
             dir,
@@ -278,7 +289,7 @@ fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevi
         .unwrap_or_default(),
         false => Vec::new(),
     };
-    held::held_gpus(&open, devices, &stand_ins)
+    (held::held_gpus(&open, devices, &stand_ins), beyond)
 }
 
 /// Whether `open` lists a regular file (which may stand in for a simulated GPU).
@@ -289,21 +300,22 @@ fn has_regular(open: &[OpenFile]) -> bool {
 /// The GPUs that the process behind `pidfd`, whose pid is not visible here,
 /// holds open: its descriptors through the pidfd, a simulated GPU's stand-in
 /// inside its mount namespace.
-fn gpus_of_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> u64 {
-    let open = match held::open_files_of_pidfd(pidfd, held::PIDFD_SCAN, devices) {
+fn gpus_of_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> (u64, Option<bool>) {
+    let open = match held::open_files_of_pidfd(pidfd, held::SCAN_LIMIT, devices) {
         Ok(open) => open,
         Err(e) => {
             tracing::debug!(error = %e, "cannot read the open files of a client in another pid namespace");
-            return 0;
+            return (0, None);
         }
     };
+    let (beyond, open) = (open.beyond_limit, open.files);
     let stand_ins = match has_regular(&open) {
         true => pidfd_ns(pidfd, PIDFD_GET_MNT_NAMESPACE)
             .map(|ns| stand_ins_in_mount_ns(ns.as_fd(), devices))
             .unwrap_or_default(),
         false => Vec::new(),
     };
-    held::held_gpus(&open, devices, &stand_ins)
+    (held::held_gpus(&open, devices, &stand_ins), beyond)
 }
 
 /// The simulated GPUs' stand-ins in mount namespace `ns`, looked up from a

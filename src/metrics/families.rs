@@ -152,6 +152,22 @@ impl Metrics {
                     )
                     .expect("valid metric"),
                 ),
+                tenant_reads_waiting: reg(
+                    &r,
+                    IntGauge::new(
+                        "tcpx_rxdm_tenant_reads_waiting",
+                        "New client processes whose tenant waits to be read.",
+                    )
+                    .expect("valid metric"),
+                ),
+                tenant_reads_refused: reg(
+                    &r,
+                    IntCounter::new(
+                        "tcpx_rxdm_tenant_reads_refused_total",
+                        "New client processes not identified because too many of their cgroup's waited to be read.",
+                    )
+                    .expect("valid metric"),
+                ),
             },
             foreign_slots: gauge(
                 "tcpx_rxdm_foreign_rule_slots",
@@ -317,6 +333,8 @@ mod tests {
             r#"tcpx_rxdm_connections{endpoint="rule_manager"} 0"#,
             "tcpx_rxdm_lease_clients 0",
             "tcpx_rxdm_connections_without_lease_total 0",
+            "tcpx_rxdm_tenant_reads_waiting 0",
+            "tcpx_rxdm_tenant_reads_refused_total 0",
             "tcpx_rxdm_ready 0",
             r#"tcpx_rxdm_pool_size_bytes{gpu="0000:8b:00.0"} 0"#,
             r#"tcpx_rxdm_rules_by_queue{nic="eth4",queue="15"} 0"#,

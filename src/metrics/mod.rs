@@ -9,6 +9,8 @@
 mod families;
 mod record;
 
+pub use record::RuleLocal;
+
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
@@ -132,4 +134,8 @@ pub struct LeaseMetrics {
     pub clients: IntGauge,
     /// Connections whose process could not be identified (no lease).
     pub connections_without_lease: IntCounter,
+    /// New processes' tenant reads waiting for a reader now.
+    pub tenant_reads_waiting: IntGauge,
+    /// New processes whose tenant read was refused (too many waiting).
+    pub tenant_reads_refused: IntCounter,
 }

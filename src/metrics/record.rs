@@ -2,16 +2,63 @@
 
 use std::time::SystemTime;
 
+use prometheus::local::{LocalHistogram, LocalIntCounter};
+
 use super::{Metrics, RecentError, RuleOp, RECENT_ERRORS};
 use crate::nic::NicError;
 use crate::types::status::{StatusCode, ALL_CODES};
 
+/// The rule-request series of one thread, added to the shared ones by
+/// [`RuleLocal::flush`]: a thread that answers many requests per wake-up
+/// (a NIC's rule thread) touches the counters every thread shares once per
+/// batch, not once per request (on a machine with many cores, a counter
+/// written by all of them is a cache line they pass around).
+pub struct RuleLocal {
+    requests: [[LocalIntCounter; ALL_CODES.len()]; 2],
+    latency: [LocalHistogram; 2],
+    pending: bool,
+}
+
+impl RuleLocal {
+    /// Counts one rule request and its latency, here.
+    pub fn done(&mut self, op: RuleOp, code: StatusCode, seconds: f64) {
+        self.requests[op as usize][code_index(code)].inc();
+        self.latency[op as usize].observe(seconds);
+        self.pending = true;
+    }
+
+    /// Adds what was counted here to the shared series.
+    pub fn flush(&mut self) {
+        if !std::mem::take(&mut self.pending) {
+            return;
+        }
+        for c in self.requests.iter().flatten() {
+            c.flush();
+        }
+        for h in &self.latency {
+            h.flush();
+        }
+    }
+}
+
+fn code_index(code: StatusCode) -> usize {
+    ALL_CODES.iter().position(|c| *c == code).expect("every code is listed")
+}
+
 impl Metrics {
     /// Counts one rule request and its latency.
     pub fn rule_done(&self, op: RuleOp, code: StatusCode, seconds: f64) {
-        let i = ALL_CODES.iter().position(|c| *c == code).expect("every code is listed");
-        self.rule_series.requests[op as usize][i].inc();
+        self.rule_series.requests[op as usize][code_index(code)].inc();
         self.rule_series.latency[op as usize].observe(seconds);
+    }
+
+    /// Rule-request series for one thread ([`RuleLocal`]).
+    pub fn rule_local(&self) -> RuleLocal {
+        RuleLocal {
+            requests: self.rule_series.requests.each_ref().map(|codes| codes.each_ref().map(|c| c.local())),
+            latency: self.rule_series.latency.each_ref().map(|h| h.local()),
+            pending: false,
+        }
     }
 
     /// Counts a failed NIC operation and remembers it for `status`.

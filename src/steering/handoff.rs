@@ -19,6 +19,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Wake, Waker};
 
 use nix::errno::Errno;
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -47,6 +48,18 @@ impl Handoff {
     /// The client's socket.
     pub fn sock(&self) -> BorrowedFd<'_> {
         self.sock.as_fd()
+    }
+
+    /// The connection's key on its thread.
+    pub(super) fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// A waker that asks the connection's thread to look at it again
+    /// (through its inbox): for work done elsewhere, such as reading the
+    /// client's tenant.
+    pub(super) fn waker(self: &Arc<Self>) -> Waker {
+        Waker::from(self.clone())
     }
 
     /// Owner: a request is handed over from now on.
@@ -88,6 +101,16 @@ impl Handoff {
             return None;
         }
         Some(std::mem::take(&mut *self.rest.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+}
+
+impl Wake for Handoff {
+    fn wake(self: Arc<Self>) {
+        self.inbox.post(self.key);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.inbox.post(self.key);
     }
 }
 

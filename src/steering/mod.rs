@@ -34,7 +34,6 @@ pub mod request;
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::os::fd::BorrowedFd;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -44,7 +43,7 @@ use tokio::sync::oneshot;
 
 use crate::endpoint::budget::ConnBudget;
 use crate::endpoint::pause::Gate;
-use crate::identity::{Client, ClientTracker, IdentifyError, TenantPolicy};
+use crate::identity::{Client, ClientTracker, TenantPolicy};
 use crate::metrics::{Metrics, RuleOp};
 use crate::nic::{FlowSpec, NicError};
 use crate::rules::engine::Installed;
@@ -140,7 +139,7 @@ impl RulePath {
 /// `--leases`, the lease whose end removes the rule. The NIC thread refuses
 /// installs for a process already known to be gone, so that no rule
 /// outlives its reclaim. There is no default: each is the client of a
-/// connection ([`Requester::of`]), or explicitly nobody
+/// connection (`From<Client>`), or explicitly nobody
 /// ([`Requester::unchecked`]).
 #[derive(Debug, Clone)]
 pub struct Requester {
@@ -166,16 +165,20 @@ impl From<Client> for Requester {
     }
 }
 
+/// The turn key of requests whose client is not known.
+pub const NOBODY_TURN: u64 = u64::MAX;
+
 impl Requester {
+    /// What its requests take turns by, wherever they wait with others'
+    /// (a rule I/O thread's ready connections, a NIC thread's batch): its
+    /// tenant (cgroup id), else its process (lease), else nobody's.
+    pub fn turn(&self) -> u64 {
+        turn_of(&self.client)
+    }
+
     /// Whether its process is already known to be gone.
     pub fn gone(&self) -> bool {
         self.client.lease.as_ref().is_some_and(|l| !l.alive())
-    }
-
-    /// The client at the other end of `sock`, asked of the client registry
-    /// (which waits a bounded time for a tenant still being read).
-    pub fn of(clients: &Arc<ClientTracker>, sock: BorrowedFd<'_>) -> Result<Requester, IdentifyError> {
-        clients.who(sock).map(Requester::from)
     }
 
     /// Nobody in particular: for an uninstall while tenant isolation is
@@ -183,6 +186,15 @@ impl Requester {
     /// finds no tenant in it and refuses it as unidentified.
     pub fn unchecked() -> Requester {
         Requester::from(Client::default())
+    }
+}
+
+/// [`Requester::turn`] of a client.
+pub fn turn_of(c: &Client) -> u64 {
+    match (&c.tenant, &c.process) {
+        (Some(t), _) => t.cgroup_id & !(1 << 63),
+        (None, Some(l)) => (1 << 63) | u64::from(l.id().get()),
+        (None, None) => NOBODY_TURN,
     }
 }
 

@@ -1,7 +1,9 @@
 //! The shared vocabulary of every layer: PCI addresses, TCP flows, reply
-//! status codes and the GPU ↔ NIC ↔ queue topology. Plain data and pure
-//! functions; this module imports no other module of the crate.
+//! status codes, the GPU ↔ NIC ↔ queue topology, and the queue that takes
+//! turns between tenants ([`fair`]). Plain data and pure functions; this
+//! module imports no other module of the crate.
 
+pub mod fair;
 pub mod flow;
 pub mod ifname;
 pub mod mode;

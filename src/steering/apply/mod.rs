@@ -5,14 +5,14 @@
 //! whole batches and the thread takes every queued request per wake-up, so
 //! under load one hand-off serves many requests.
 //!
-//! Without load there is nothing to batch, and the hand-off costs a wake-up
-//! of the NIC thread (on a VM, an interrupt to an idle CPU) per request. So a
-//! connection thread may run a lone request itself ([`NicRuleThread::run_here`])
+//! A hand-off costs a wake-up of the NIC thread (on a VM, an interrupt to an
+//! idle CPU), and one more thread to be scheduled before the client's answer.
+//! So a connection thread runs its requests itself ([`NicRuleThread::run_here`])
 //! when the NIC has been quick: its last [`FAST_STREAK`] operations each
 //! took under [`FAST_OP`], nothing is queued for it and nobody runs it now.
 //! The rule I/O threads keep one of their number out of such calls at all
 //! times, so a NIC that turns slow in the middle of one delays only the
-//! request that waits for that NIC anyway.
+//! requests of the thread that made it.
 //!
 //! Deletes the NIC refuses stay booked (bookkeeping always equals the NIC's
 //! table) and the thread retries them with backoff until the NIC confirms.
@@ -38,6 +38,7 @@ use crate::wire::handover::RuleTable;
 mod queue;
 mod reply;
 mod thread;
+mod turns;
 
 use super::{Job, Requester, SocketReply};
 use queue::JobQueue;
@@ -186,6 +187,7 @@ impl NicRuleThread {
         for job in batch.drain(..) {
             st.handle(job);
         }
+        st.flush_counts();
         let new_retry = !had_retry && st.retry_pending();
         drop(st);
         if new_retry {

@@ -73,6 +73,17 @@ impl<T> JobQueue<T> {
         Ok(())
     }
 
+    /// Puts `rest` (taken earlier, not run) back at the front of the queue,
+    /// before what came meanwhile; leaves `rest` empty.
+    pub(super) fn put_back(&self, rest: &mut Vec<T>) {
+        if rest.is_empty() {
+            return;
+        }
+        let mut q = self.lock();
+        rest.append(&mut q.jobs);
+        std::mem::swap(&mut q.jobs, rest);
+    }
+
     /// Whether nothing is queued now.
     pub(super) fn is_empty(&self) -> bool {
         self.lock().jobs.is_empty()
@@ -139,6 +150,18 @@ mod tests {
         let mut got = Vec::new();
         assert_eq!(q.take(&mut got, None), Taken::Jobs);
         assert_eq!(got, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn what_is_put_back_comes_before_what_came_meanwhile() {
+        let q = JobQueue::new();
+        q.push(3).unwrap();
+        let mut rest = vec![1, 2];
+        q.put_back(&mut rest);
+        assert!(rest.is_empty());
+        let mut got = Vec::new();
+        assert_eq!(q.take(&mut got, None), Taken::Jobs);
+        assert_eq!(got, [1, 2, 3]);
     }
 
     #[test]

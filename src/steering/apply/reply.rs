@@ -6,15 +6,28 @@ use std::num::NonZeroU32;
 use std::time::Instant;
 
 use super::{BookedRule, SocketReply};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleOp};
 use crate::nic::FlowSpec;
 use crate::rules::table::RuleEntry;
 use crate::rules::RuleFailure;
 use crate::types::status::StatusCode;
 
 /// Writes a rule request's reply to the client's socket and counts it
-/// (its latency ends at `now`).
+/// (its latency ends at `now`) in the shared series.
 pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Option<&Metrics>, now: Instant) {
+    let (op, code, secs) = answer_only(to, r, now);
+    if let Some(m) = metrics {
+        m.rule_done(op, code, secs);
+    }
+}
+
+/// Writes a rule request's reply to the client's socket; what to count of it:
+/// its operation, its code and its latency up to `now`, in seconds.
+pub(super) fn answer_only(
+    to: SocketReply,
+    r: Result<(), RuleFailure>,
+    now: Instant,
+) -> (RuleOp, StatusCode, f64) {
     use crate::wire::frame;
     let encoded;
     let (code, bytes) = match r {
@@ -30,9 +43,7 @@ pub(super) fn answer(to: SocketReply, r: Result<(), RuleFailure>, metrics: Optio
     };
     // The client first, the bookkeeping after.
     to.conn.answer(bytes);
-    if let Some(m) = metrics {
-        m.rule_done(to.op, code, now.saturating_duration_since(to.started).as_secs_f64());
-    }
+    (to.op, code, now.saturating_duration_since(to.started).as_secs_f64())
 }
 
 pub(super) fn booked_rule(gpu_names: &[String], f: &FlowSpec, e: &RuleEntry) -> BookedRule {

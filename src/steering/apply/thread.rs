@@ -2,15 +2,12 @@
 //! each queued job in arrival order, retries refused deletes with backoff,
 //! and writes each rule request's reply to the client's socket itself.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prometheus::{Histogram, IntGauge};
-
 use crate::identity::TenantPolicy;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleLocal, RuleOp};
 use crate::nic::{FlowSpec, NicControl, NicError};
 use crate::rules::engine::{Installed, NicRuleEngine, Removal};
 use crate::rules::table::RuleEntry;
@@ -18,40 +15,19 @@ use crate::rules::RuleFailure;
 use crate::steering::request::{ENDPOINT_INSTALL, ENDPOINT_UNINSTALL};
 
 use super::queue::{JobQueue, Taken};
+use super::reply::answer_only;
+use super::turns::{take_turns, NIC_TURN};
+use super::*;
+use crate::types::fair::FairQueue;
+use crate::types::status::StatusCode;
 
+#[path = "series.rs"]
+mod series;
+use series::Series;
 #[path = "thread_garbled.rs"]
 mod garbled;
 #[path = "thread_views.rs"]
 mod views;
-use super::reply::answer;
-use super::*;
-
-/// The metric series one NIC thread updates per request, resolved once
-/// (a label lookup hashes and locks).
-pub(super) struct Series {
-    add_latency: Histogram,
-    del_latency: Histogram,
-    installed: IntGauge,
-    pending: IntGauge,
-    foreign: IntGauge,
-    by_queue: HashMap<u32, IntGauge>,
-}
-
-impl Series {
-    fn new(metrics: &Metrics, ifname: &str, queues: &[u32]) -> Self {
-        Series {
-            add_latency: metrics.nic_op_latency.with_label_values(&["add_rule"]),
-            del_latency: metrics.nic_op_latency.with_label_values(&["del_rule"]),
-            installed: metrics.rules_installed.with_label_values(&[ifname]),
-            pending: metrics.rule_deletes_pending.with_label_values(&[ifname]),
-            foreign: metrics.foreign_slots.with_label_values(&[ifname]),
-            by_queue: queues
-                .iter()
-                .map(|q| (*q, metrics.rules_by_queue.with_label_values(&[ifname, &q.to_string()])))
-                .collect(),
-        }
-    }
-}
 
 /// The state owned by one NIC's thread.
 pub(super) struct NicThread {
@@ -70,6 +46,8 @@ pub(super) struct NicThread {
     fast_streak: u32,
     /// Tenant isolation: whose rule a client may remove, and the quota.
     tenants: Arc<TenantPolicy>,
+    /// The rule-request series, counted here and added to the shared ones per batch.
+    local: RuleLocal,
 }
 
 /// Answers whatever is left in the queue when the thread ends, even by a
@@ -91,15 +69,24 @@ pub(super) fn run(jobs: &JobQueue<Job>, state: &Mutex<NicThread>, metrics: Arc<M
     let _abandon = AbandonOnExit(jobs, metrics);
     let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
     let mut batch = Vec::new();
+    let mut lanes = FairQueue::default();
     loop {
         let deadline = lock().retry_at;
         match jobs.take(&mut batch, deadline) {
             Taken::Jobs => {
+                // Tenants taking turns: a few, then a look at the queue again.
+                let mut rest = match take_turns(&mut batch, &mut lanes) && batch.len() > NIC_TURN {
+                    true => batch.split_off(NIC_TURN),
+                    false => Vec::new(),
+                };
                 let mut st = lock();
                 for job in batch.drain(..) {
                     st.handle(job);
                 }
+                st.flush_counts();
                 st.retry_if_due();
+                drop(st);
+                jobs.put_back(&mut rest);
             }
             Taken::Timeout => lock().retry_if_due(),
             Taken::Closed => return,
@@ -121,6 +108,7 @@ impl NicThread {
             (0..gpu_names.len()).flat_map(|g| engine.rules().gpu(g).queues().to_vec()).collect();
         let series = Series::new(&metrics, &engine.ifname, &queues);
         NicThread {
+            local: metrics.rule_local(),
             engine,
             gpu_names,
             nic,
@@ -133,6 +121,19 @@ impl NicThread {
             fast_streak: 0,
             tenants,
         }
+    }
+
+    /// Counts an answered rule request (see [`Self::flush_counts`]).
+    fn count(&mut self, done: Option<(RuleOp, StatusCode, f64)>) {
+        if let Some((op, code, secs)) = done {
+            self.local.done(op, code, secs);
+        }
+    }
+
+    /// Adds the requests counted since the last call to the shared series:
+    /// once per batch.
+    pub(super) fn flush_counts(&mut self) {
+        self.local.flush();
     }
 
     pub(super) fn retry_pending(&self) -> bool {
@@ -166,28 +167,26 @@ impl NicThread {
         let stopping = self.stopping.load(Ordering::Acquire);
         match job {
             Job::InstallTo { to, .. } | Job::UninstallTo { to, .. } if stopping => {
-                answer(
-                    to,
-                    Err(unavailable("the daemon is shutting down")),
-                    Some(&self.metrics),
-                    Instant::now(),
-                );
+                let done = answer_only(to, Err(unavailable("the daemon is shutting down")), Instant::now());
+                self.count(Some(done));
             }
             Job::InstallTo { flow, gpu, hint, who, to } => {
+                let mut done = None;
                 if who.gone() {
                     let r = Err(unavailable("the requesting process has exited"));
-                    answer(to, r, Some(&self.metrics), Instant::now());
+                    done = Some(answer_only(to, r, Instant::now()));
                 } else {
-                    let metrics = self.metrics.clone();
                     let _ = self.install(flow, gpu, hint, &who, |r, now| {
-                        answer(to, r.clone().map(drop), Some(&metrics), now)
+                        done = Some(answer_only(to, r.clone().map(drop), now))
                     });
                 }
+                self.count(done);
             }
             Job::UninstallTo { flow, who, to } => {
-                let metrics = self.metrics.clone();
-                let _ =
-                    self.uninstall(flow, &who, |r, now| answer(to, r.clone().map(drop), Some(&metrics), now));
+                let mut done = None;
+                let _ = self
+                    .uninstall(flow, &who, |r, now| done = Some(answer_only(to, r.clone().map(drop), now)));
+                self.count(done);
             }
             Job::Install { reply, .. } if stopping => {
                 let _ = reply.send(Err(unavailable("the daemon is shutting down")));

@@ -28,15 +28,16 @@ use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::Cx;
-use crate::config::flags::TenantIsolation;
 use crate::endpoint::pause::Parked;
-use crate::endpoint::{budget, memory, shutting_down, Endpoint, Reply};
-use crate::metrics::RuleOp;
-use crate::steering::request::{self, RuleStart};
-use crate::steering::{Handoff, Requester};
+use crate::endpoint::{budget, memory, shutting_down, Endpoint};
+use crate::steering::Handoff;
 use crate::types::status::StatusCode;
 use crate::wire::frame;
 use crate::wire::proto::UnixSocketProto;
+
+#[path = "conn_serve.rs"]
+mod serve;
+use serve::Who;
 
 /// Bytes read from a client after shutdown began, at most: enough for every
 /// request a well-behaved client can have in flight.
@@ -61,8 +62,14 @@ pub(super) struct Conn {
     buf: Vec<u8>,
     /// Reply bytes owed to the client, not yet written.
     out: Vec<u8>,
-    /// The client process, found at its first install.
-    requester: Option<Requester>,
+    /// Who the client is (asked when the connection was taken in).
+    who: Who,
+    /// A request parsed while its client's tenant was still being read.
+    stashed: Option<UnixSocketProto>,
+    /// What its requests take turns by: its tenant, else its process.
+    pub(super) turn: u64,
+    /// It waits in its thread's queue of connections to run.
+    pub(super) queued: bool,
     last_request: Instant,
     /// A request is with a NIC thread or a runtime task.
     handed: bool,
@@ -103,7 +110,10 @@ impl Conn {
             endpoint,
             buf: Vec::new(),
             out: Vec::new(),
-            requester: None,
+            who: Who::Unasked,
+            stashed: None,
+            turn: serve::NOBODY,
+            queued: false,
             last_request: now,
             handed: false,
             eof: false,
@@ -141,7 +151,12 @@ impl Conn {
     /// Whether it sits between two requests: nothing in flight, nothing
     /// owed, no whole request unanswered, not closing.
     pub(super) fn parkable(&self) -> bool {
-        !self.handed && self.out.is_empty() && !self.closing && !self.eof && whole_frame(&self.buf).is_none()
+        !self.handed
+            && self.stashed.is_none()
+            && self.out.is_empty()
+            && !self.closing
+            && !self.eof
+            && whole_frame(&self.buf).is_none()
     }
 
     /// What a takeover hands on of it (a duplicate of its socket).
@@ -161,6 +176,16 @@ impl Conn {
         self.settle();
     }
 
+    /// Just accepted, its client known: the socket is worth a look before
+    /// epoll says so (marks it readable; `false` while its client is being read).
+    pub(super) fn fresh(&mut self) -> bool {
+        if matches!(self.who, Who::Reading(..)) {
+            return false;
+        }
+        self.may_read = true;
+        true
+    }
+
     /// The pause ended: look at the socket again.
     pub(super) fn unpause(&mut self) {
         self.may_read = true;
@@ -174,7 +199,11 @@ impl Conn {
     /// Whether the connection has gone `limit` without a complete request
     /// (and nothing is in flight or owed).
     pub(super) fn idle_for(&self, limit: Duration, now: Instant) -> bool {
-        !self.handed && self.out.is_empty() && !self.closing && now.duration_since(self.last_request) >= limit
+        !self.handed
+            && self.stashed.is_none()
+            && self.out.is_empty()
+            && !self.closing
+            && now.duration_since(self.last_request) >= limit
     }
 
     /// Ends an idle connection: silently with nothing pending, with
@@ -189,6 +218,9 @@ impl Conn {
     /// Runs the connection as far as it can go without waiting.
     pub(super) fn drive(&mut self, cx: &mut Cx) -> Next {
         loop {
+            if self.waiting_for_who(cx) {
+                return Next::Keep;
+            }
             if !self.out.is_empty() {
                 match self.write_out() {
                     Ok(true) => {}
@@ -361,69 +393,6 @@ impl Conn {
             // Still a reply: a client waits for one.
             let fallback = frame::error(StatusCode::Internal, format!("reply not sent: {e}"));
             frame::encode_into(&fallback, &mut self.out).expect("a short reply fits");
-        }
-    }
-
-    fn serve(&mut self, msg: UnixSocketProto, cx: &mut Cx) {
-        if cx.stopping {
-            self.reply(&shutting_down());
-            return;
-        }
-        let install = self.endpoint == Endpoint::RuleManager;
-        // Uninstalls need to know who asks only for the tenant checks and to
-        // repair an IPv6 flow (looked up in the client's network namespace).
-        let who = if install || cx.state.tenants.checks() || request::names_ipv6_flow(&msg) {
-            match &self.requester {
-                Some(r) => r.clone(),
-                None => match Requester::of(&cx.state.clients, self.shared.sock()) {
-                    Ok(r) => self.requester.insert(r).clone(),
-                    // Its tenant could not be read in time: enforce cannot decide, so
-                    // the request is not served; audit serves it, unidentified.
-                    // The next request asks again.
-                    Err(e) if cx.state.tenants.mode == TenantIsolation::Enforce => {
-                        let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
-                        let took = cx.now.elapsed().as_secs_f64();
-                        cx.state.metrics.rule_done(op, StatusCode::Unavailable, took);
-                        self.reply(&frame::error(StatusCode::Unavailable, e.to_string()));
-                        return;
-                    }
-                    Err(_) => Requester::unchecked(),
-                },
-            }
-        } else {
-            Requester::unchecked()
-        };
-        if let Some(req) = request::needs_repair(&msg, install) {
-            // A garbled IPv6 install is looked up by the repair workers, a
-            // queue per tenant: not on this thread, which serves others.
-            self.shared.begin();
-            self.handed = true;
-            cx.state.repairs.submit(&cx.state, req, who, self.shared.clone(), cx.now);
-            return;
-        }
-        match request::start_rule(&cx.state, msg, install, who.clone(), &self.shared, cx.now) {
-            RuleStart::Answered(Reply::Message(m)) => self.reply(&m),
-            RuleStart::Answered(Reply::Close(m)) => {
-                self.reply(&m);
-                self.closing = true;
-            }
-            RuleStart::Answered(Reply::Fd(_)) => {
-                self.reply(&frame::error(StatusCode::Internal, "no file descriptor is served here"))
-            }
-            RuleStart::Handed { nic, job } => {
-                self.shared.begin();
-                self.handed = true;
-                cx.pending[nic].push(job);
-            }
-            RuleStart::General(req) => {
-                self.shared.begin();
-                self.handed = true;
-                let (state, conn) = (cx.state.clone(), self.shared.clone());
-                cx.runtime.spawn(async move {
-                    let reply = request::uninstall_everywhere(&state, req, who).await;
-                    request::answer_handed(&conn, reply);
-                });
-            }
         }
     }
 }

@@ -113,7 +113,8 @@ impl IoThread {
             self.conns.remove(key);
             return;
         }
-        self.series[li].open.inc();
+        c.ask_who(&mut self.cx);
+        self.series[li].opened += 1;
         self.drive(key);
     }
 }

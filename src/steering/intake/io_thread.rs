@@ -1,15 +1,25 @@
 //! One rule I/O thread: its epoll set, its connections, accepting under the
 //! connection budget, and shutdown.
+//!
+//! Tenants take turns. Each batch of events only notes which connections
+//! are ready, in a queue with a lane per tenant (per process where tenants
+//! are not told apart); the thread then runs them in rounds, each lane
+//! giving at most [`TURN`] connections per round while other lanes wait,
+//! and looks for new events between rounds. A lane that was empty goes
+//! first. So a tenant with hundreds of connections busy delays another
+//! tenant's request by at most a turn of its own, not by all of them; with
+//! one tenant busy, a round is at most [`ALONE_TURN`] connections, so a
+//! request of another tenant arriving meanwhile is seen soon.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-use nix::sys::socket::{accept4, shutdown, Shutdown, SockFlag};
+use nix::sys::socket::{shutdown, Shutdown};
 use prometheus::{IntCounter, IntGauge};
 use tokio::sync::mpsc;
 
@@ -18,15 +28,41 @@ use super::slab::{self, Slab};
 use super::{Cx, Listener, Shared, EVENTS, FIRST_LISTENER_KEY, INBOX_KEY, PERMIT_POLL, SCRATCH, SWEEP_EVERY};
 use crate::endpoint::accept_backoff::AcceptBackoff;
 use crate::endpoint::Endpoint;
-use crate::steering::{Handoff, Inbox, RulePath};
+use crate::steering::{Inbox, RulePath};
+use crate::types::fair::FairQueue;
 
+/// Connections of one tenant run per round while other tenants wait.
+pub(super) const TURN: usize = 4;
+/// Connections run per round while only one tenant has some ready: new
+/// events are looked for between rounds, so another tenant's new request
+/// waits for at most this many of them, not for a whole batch of events.
+pub(super) const ALONE_TURN: usize = 32;
+
+#[path = "io_accept.rs"]
+mod accept;
 #[path = "io_pause.rs"]
 mod pause;
 
-/// Per listener: the connection gauge and counter of its endpoint.
+/// Per listener: the connection gauge and counter of its endpoint, and
+/// what this thread changed since it last added that to them (once per
+/// batch of events: a series every thread writes per connection is a cache
+/// line they pass around).
 struct Series {
     open: IntGauge,
     total: IntCounter,
+    opened: i64,
+    accepted: u64,
+}
+
+impl Series {
+    fn flush(&mut self) {
+        if self.opened != 0 {
+            self.open.add(std::mem::take(&mut self.opened));
+        }
+        if self.accepted != 0 {
+            self.total.inc_by(std::mem::take(&mut self.accepted));
+        }
+    }
 }
 
 pub(super) struct IoThread {
@@ -43,6 +79,8 @@ pub(super) struct IoThread {
     backoff: AcceptBackoff,
     pub(super) inbox: Arc<Inbox>,
     conns: Slab<Conn>,
+    /// Connections to run, by turn key (see the module's notes).
+    turns: FairQueue<u64, u64>,
     cx: Cx,
     shared: Arc<Shared>,
     next_sweep: Instant,
@@ -88,6 +126,8 @@ impl IoThread {
             .map(|l| Series {
                 open: state.metrics.connections.with_label_values(&[l.endpoint.kind()]),
                 total: state.metrics.connections_total.with_label_values(&[l.endpoint.kind()]),
+                opened: 0,
+                accepted: 0,
             })
             .collect();
         let now = Instant::now();
@@ -102,6 +142,7 @@ impl IoThread {
             backoff: AcceptBackoff::new("rule"),
             inbox,
             conns: Slab::default(),
+            turns: FairQueue::default(),
             cx: Cx {
                 state: state.clone(),
                 runtime: runtime.clone(),
@@ -110,6 +151,8 @@ impl IoThread {
                 paused: false,
                 now,
                 scratch: Box::new([0; SCRATCH]),
+                clients: Default::default(),
+                deadlines: Default::default(),
             },
             shared: shared.clone(),
             next_sweep: now,
@@ -140,8 +183,11 @@ impl IoThread {
     pub(super) fn run(mut self) {
         let mut events = vec![EpollEvent::empty(); EVENTS];
         let mut hints = Vec::new();
+        let mut round = Vec::new();
         loop {
-            let n = match self.ep.wait(&mut events, self.timeout()) {
+            // Connections still waiting for their turn: only look for new events.
+            let timeout = if self.turns.is_empty() { self.timeout() } else { EpollTimeout::ZERO };
+            let n = match self.ep.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
                 Err(e) => {
@@ -156,7 +202,7 @@ impl IoThread {
                     INBOX_KEY => {
                         self.inbox.take(&mut hints);
                         for key in hints.drain(..) {
-                            self.drive(key);
+                            self.ready(key);
                         }
                     }
                     // (An event from before a pause is dropped.)
@@ -168,10 +214,14 @@ impl IoThread {
                     key => {
                         if let Some(c) = self.conns.get_mut(key) {
                             c.on_event(ev.events());
-                            self.drive(key);
+                            self.ready(key);
                         }
                     }
                 }
+            }
+            self.turns.round(TURN, ALONE_TURN, &mut round);
+            for key in round.drain(..) {
+                self.drive(key);
             }
             if !self.cx.stopping
                 && (self.shared.requested.load(Ordering::Acquire)
@@ -182,6 +232,9 @@ impl IoThread {
             self.flush();
             self.follow_gate();
             self.housekeeping();
+            for s in &mut self.series {
+                s.flush();
+            }
             self.accepted_before = std::mem::take(&mut self.accepted_now);
             if self.cx.stopping && self.conns.is_empty() {
                 return;
@@ -189,35 +242,22 @@ impl IoThread {
         }
     }
 
-    /// Hands the jobs collected in this batch to their NIC threads, or runs
-    /// a lone request here (see the module's notes).
+    /// Runs the jobs collected in this round here, NIC by NIC, where the
+    /// NIC has been quick, nothing is queued for it and nobody runs it now;
+    /// hands the others to their NIC threads (see the module's notes).
     fn flush(&mut self) {
-        if let Some(nic) = self.lone_job() {
-            if self.shared.enter_inline() {
-                let ran = self.cx.state.nics[nic].run_here(&mut self.cx.pending[nic]);
-                self.shared.leave_inline();
-                if ran {
-                    return;
-                }
-            }
+        if self.cx.pending.iter().all(Vec::is_empty) {
+            return;
         }
+        let here = self.shared.enter_inline();
         for (nic, jobs) in self.cx.pending.iter_mut().enumerate() {
-            if !jobs.is_empty() {
-                self.cx.state.nics[nic].submit(jobs);
+            if jobs.is_empty() || (here && self.cx.state.nics[nic].run_here(jobs)) {
+                continue;
             }
+            self.cx.state.nics[nic].submit(jobs);
         }
-    }
-
-    /// The NIC of the only job collected, when this thread has no other
-    /// connection: then running it here keeps nobody waiting.
-    fn lone_job(&self) -> Option<usize> {
-        if self.conns.len() != 1 || !self.waiting.is_empty() {
-            return None;
-        }
-        let mut busy = self.cx.pending.iter().enumerate().filter(|(_, j)| !j.is_empty());
-        match (busy.next(), busy.next()) {
-            (Some((nic, jobs)), None) if jobs.len() == 1 => Some(nic),
-            _ => None,
+        if here {
+            self.shared.leave_inline();
         }
     }
 
@@ -230,6 +270,9 @@ impl IoThread {
         let mut sooner = |t: Instant| until = Some(until.map_or(t, |u| u.min(t)));
         if let Some(t) = self.resume_at {
             sooner(t);
+        }
+        if let Some(std::cmp::Reverse((t, _))) = self.cx.deadlines.peek() {
+            sooner(*t);
         }
         if !self.conns.is_empty() && self.idle_limit().is_some() {
             sooner(self.next_sweep);
@@ -256,8 +299,17 @@ impl IoThread {
         self.cx.state.conn_limit.idle_limit(Endpoint::RuleManager)
     }
 
+    /// Queues a connection to run in its tenant's turn.
+    fn ready(&mut self, key: u64) {
+        if let Some(c) = self.conns.get_mut(key).filter(|c| !c.queued) {
+            c.queued = true;
+            self.turns.push(c.turn, key);
+        }
+    }
+
     fn drive(&mut self, key: u64) {
         let Some(c) = self.conns.get_mut(key) else { return };
+        c.queued = false;
         match c.drive(&mut self.cx) {
             Next::Keep => {}
             Next::WantWrite => {
@@ -275,96 +327,23 @@ impl IoThread {
 
     fn close(&mut self, key: u64) {
         if let Some(c) = self.conns.remove(key) {
-            self.series[c.listener].open.dec();
+            self.series[c.listener].opened -= 1;
             // The socket closes with the last holder of the hand-off (a NIC
             // thread may still hold it for a moment); closing also takes it
             // out of the epoll set.
         }
     }
 
-    fn accept(&mut self, li: usize) {
-        let endpoint = self.listeners[li].endpoint;
-        loop {
-            if !self.cx.stopping && !self.cx.state.conn_limit.has_room(endpoint) {
-                // At the limit: new clients wait in the kernel's backlog.
-                self.pause(PERMIT_POLL);
-                return;
-            }
-            let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
-            match accept4(self.listeners[li].socket.as_raw_fd(), flags) {
-                Ok(raw) => {
-                    // SAFETY: accept4 just returned this descriptor; nothing else owns it.
-                    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-                    self.backoff.succeeded();
-                    if self.cx.stopping {
-                        self.add(fd, li, None);
-                        continue;
-                    }
-                    match self.cx.state.conn_limit.try_acquire(endpoint) {
-                        Some(p) => {
-                            self.add(fd, li, Some(p));
-                            let under_load = self.accepted_before;
-                            self.accepted_now = true;
-                            if !under_load {
-                                return;
-                            }
-                        }
-                        None => {
-                            // Another thread took the last permit meanwhile.
-                            self.waiting.push_back((fd, li));
-                            self.pause(PERMIT_POLL);
-                            return;
-                        }
-                    }
-                }
-                Err(Errno::EAGAIN) => return,
-                Err(Errno::EINTR | Errno::ECONNABORTED) => {}
-                Err(e) => {
-                    // EMFILE and friends: pause (growing, one log line per few
-                    // seconds); clients wait in the backlog meanwhile.
-                    let pause = self.backoff.failed(&io::Error::from(e));
-                    self.pause(pause);
-                    return;
-                }
-            }
-        }
-    }
-
-    fn add(&mut self, fd: OwnedFd, li: usize, permit: Option<tokio::sync::OwnedSemaphorePermit>) {
-        let (inbox, endpoint, now) = (self.inbox.clone(), self.listeners[li].endpoint, self.cx.now);
-        let key = self
-            .conns
-            .insert(|key| Conn::new(Arc::new(Handoff::new(fd, inbox, key)), li, endpoint, now, permit));
-        let c = self.conns.get_mut(key).expect("just inserted");
-        if self.cx.stopping {
-            c.begin_stop();
-        }
-        if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(false), key)).is_err() {
-            // Cannot watch it (out of kernel memory): close it at once rather
-            // than leave a client that nobody serves.
-            self.conns.remove(key);
-            return;
-        }
-        self.series[li].open.inc();
-        self.series[li].total.inc();
-        if self.cx.stopping {
-            self.drive(key);
-        }
-    }
-
-    /// Stops accepting for at least `pause`.
-    fn pause(&mut self, pause: Duration) {
-        if self.listening {
-            for l in self.listeners.iter() {
-                let _ = self.ep.delete(l.socket.as_fd());
-            }
-            self.listening = false;
-        }
-        self.resume_at = Some(self.cx.now + pause);
-    }
-
     fn housekeeping(&mut self) {
         let now = self.cx.now;
+        // Requests whose client's tenant was not read in time are answered.
+        while let Some(&std::cmp::Reverse((t, key))) = self.cx.deadlines.peek() {
+            if t > now {
+                break;
+            }
+            self.cx.deadlines.pop();
+            self.ready(key);
+        }
         if self.cx.paused {
             return;
         }
@@ -381,30 +360,6 @@ impl IoThread {
                     }
                 }
             }
-        }
-    }
-
-    /// Serves the connections that waited for a permit, then accepts again
-    /// if the budget has room.
-    fn resume(&mut self, now: Instant) {
-        while let Some((_, li)) = self.waiting.front() {
-            let endpoint = self.listeners[*li].endpoint;
-            let Some(p) = self.cx.state.conn_limit.try_acquire(endpoint) else { break };
-            let (fd, li) = self.waiting.pop_front().expect("front exists");
-            self.add(fd, li, Some(p));
-        }
-        let room = self.listeners.iter().any(|l| self.cx.state.conn_limit.has_room(l.endpoint));
-        if !self.waiting.is_empty() || !room {
-            self.resume_at = Some(now + PERMIT_POLL);
-            return;
-        }
-        if let Err(e) = self.listen() {
-            tracing::warn!(error = %e, "rule I/O thread: cannot watch the listeners again; retrying");
-            for l in self.listeners.iter() {
-                let _ = self.ep.delete(l.socket.as_fd());
-            }
-            self.listening = false;
-            self.resume_at = Some(now + PERMIT_POLL);
         }
     }
 

@@ -15,11 +15,13 @@
 //! thread serves many requests. The NIC thread writes the reply to the client
 //! itself (see [`Handoff`](super::Handoff)).
 //!
-//! A thread that serves a single connection with a single request, the
-//! unloaded case where nothing amortises a hand-off, runs it itself if the
-//! NIC has been quick (see [`apply`](super::apply)). At most all threads but one do
-//! so at any moment: one always stays free to accept and serve, so a NIC
-//! call that turns slow holds up only the request that waits for it.
+//! A thread runs the requests of its round itself, NIC by NIC, where the
+//! NIC has been quick, nothing is queued for it and no other thread runs it
+//! (see [`apply`](super::apply)): no hand-off, no wake-up of another thread,
+//! one thread fewer to be scheduled on the request's way. At most all
+//! threads but one do so at any moment: one always stays free to accept and
+//! serve, so a NIC call that turns slow holds up only the requests of the
+//! thread that made it (the NIC is then left to its own thread).
 //!
 //! The connection budget, the idle limit, the error replies and the shutdown
 //! behaviour are the ones of every other endpoint.
@@ -28,6 +30,8 @@ mod conn;
 mod io_thread;
 mod slab;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,6 +43,7 @@ use tokio::sync::{mpsc, watch};
 use super::{Inbox, Job, RulePath};
 use crate::endpoint::pause::Parked;
 use crate::endpoint::Endpoint;
+use crate::identity::ClientCache;
 use io_thread::IoThread;
 
 /// Epoll keys below [`slab::FIRST_KEY`]: the inbox, then the listeners.
@@ -71,6 +76,11 @@ pub(super) struct Cx {
     /// Taken once per batch of events.
     now: Instant,
     scratch: Box<[u8; SCRATCH]>,
+    /// The client processes this thread has seen (no lock shared with
+    /// other threads for a known one).
+    clients: ClientCache,
+    /// When connections waiting for their client's tenant stop waiting.
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
 }
 
 /// Starts `threads` I/O threads serving `listeners` until `shutdown`, and
@@ -163,10 +173,25 @@ impl Shared {
     }
 }
 
-/// How many I/O threads serve the rule endpoints, and how many workers the
-/// async runtime has: one per core, at most four.
-pub fn worker_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get().min(4)).unwrap_or(2)
+/// Rule I/O threads by default, at most, however many cores there are.
+pub const MAX_IO_THREADS: usize = 32;
+
+/// How many I/O threads serve the rule endpoints: `flag`
+/// (`--rule_io_threads`) if not 0, else one per core the daemon may run on
+/// (the kernel's answer: its CPU affinity and cgroup quota), at most
+/// [`MAX_IO_THREADS`].
+pub fn io_threads(flag: u32) -> usize {
+    match flag {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get().min(MAX_IO_THREADS)),
+        n => n as usize,
+    }
+}
+
+/// The async runtime's workers: it serves the endpoints other than the
+/// rule sockets (queue ids, registry, pools, HTTP), which see far less
+/// traffic; one per core, at most four.
+pub fn runtime_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
 }
 
 #[cfg(test)]
