@@ -59,16 +59,38 @@ pub enum TuningPlan {
 pub enum TuningError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
-    #[error("writing \"{}\" to {path}: {source}", .value.escape_debug())]
+    #[error("writing \"{}\" to {path}: {source}{}", .value.escape_debug(), write_hint(.source))]
     Write { path: PathBuf, value: String, source: io::Error },
     #[error("route netlink: {0}")]
     Netlink(#[source] NlError),
-    #[error("route {route}: {source}")]
+    #[error("route {route}: {source}{}", route_hint(.source))]
     Route { route: String, source: NlError },
     #[error("{}: {source}", script.display())]
     ScriptStart { script: PathBuf, source: io::Error },
     #[error("{}: {detail}", script.display())]
     Script { script: PathBuf, detail: String },
+}
+
+/// Why a write was refused: these files are root's, so root may write them
+/// without any capability, but only through a writable mount.
+fn write_hint(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EROFS) => {
+            " (a read-only mount: mount it writable for the daemon to set it, or set it on the node)".into()
+        }
+        Some(libc::EACCES | libc::EPERM) => {
+            " (the file is root's: run the daemon as root (uid 0); no capability is needed)".into()
+        }
+        _ => String::new(),
+    }
+}
+
+/// Why a route change was refused: rtnetlink changes need `CAP_NET_ADMIN`.
+fn route_hint(e: &NlError) -> String {
+    match e.errno() {
+        Errno::EPERM => format!(" ({})", crate::caps::lacking(crate::caps::Cap::NetAdmin)),
+        _ => String::new(),
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -25,6 +25,15 @@ use super::folder_access::warn_if_unreachable;
 
 pub const LOCK_FILE: &str = ".rxdm.lock";
 
+/// Why giving a file the socket group was refused: a group the process is
+/// not a member of needs `CAP_CHOWN`.
+fn chown_hint(e: &std::io::Error) -> String {
+    e.raw_os_error()
+        .and_then(|n| crate::caps::refusal(n, crate::caps::Cap::Chown))
+        .map(|w| format!(" ({w})"))
+        .unwrap_or_default()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SocketDirError {
     #[error("creating socket folder {path}: {err}")]
@@ -73,7 +82,7 @@ pub enum SocketDirError {
          find it, or choose another --uds_path"
     )]
     Replaced { path: PathBuf },
-    #[error("setting the group of {path}: {err}")]
+    #[error("setting the group of {path} (--socket_group): {err}{}", chown_hint(.err))]
     Chown {
         path: PathBuf,
         #[source]
