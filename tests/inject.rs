@@ -236,12 +236,12 @@ fn uninject_removes_exactly_what_inject_added() {
         assert_eq!(docs(&plain), docs(&text), "a round trip of a plain manifest changed it");
         for mode in MODES {
             for nccl in NCCLS {
-                for unprivileged in [false, true] {
-                    let o = Options { unprivileged, ..opts(mode, nccl) };
+                for privileged in [false, true] {
+                    let o = Options { privileged, ..opts(mode, nccl) };
                     let injected = run(&text, &o);
                     assert_ne!(injected, plain);
                     let back = run(&injected, &Options { uninject: true, ..Options::default() });
-                    assert_eq!(back, plain, "{input} {mode:?} {nccl:?} unprivileged={unprivileged}");
+                    assert_eq!(back, plain, "{input} {mode:?} {nccl:?} privileged={privileged}");
                 }
             }
         }
@@ -500,10 +500,13 @@ fn a_new_users_manifests_get_tcpx_where_gpus_are_and_a_hand_written_daemon_is_co
     for says in [
         "Pod/hand-written: injected: native-sidecar",
         "converted hand-written tcpx-rxdm daemon rxdm (flags carried: --uds_path=/run/tcpx --tenant_isolation=audit --log_level=Warning; left to inject's --mode: --nomonitor_shutdown; volumes removed: sockets; --uninject brings it back)",
-        "rxdm was not privileged; inject's daemon is (privileged: true): --unprivileged gives it NET_ADMIN",
     ] {
         assert!(line.contains(says), "{says:?} not in {line}");
     }
+    // Its NET_ADMIN-only daemon stays unprivileged, without a word about it.
+    assert!(!line.contains("privileged: true"), "{line}");
+    let sc = &d["securityContext"];
+    assert_eq!((&sc["privileged"], &sc["capabilities"]["add"][0]), (&Value::Bool(false), &Value::from("NET_ADMIN")));
     // Again: nothing changes; --uninject gives the input back, the hand-written daemon included.
     assert_eq!(transform(&out, &again()).unwrap().0, out);
     let (back, report) = transform(&out, &Options { uninject: true, ..again() }).unwrap();
@@ -559,7 +562,7 @@ fn the_recorded_mode_stays_unless_mode_is_given() {
     let first = Options {
         image: "registry.example/tcpx-rxdm:9".into(),
         cpu: Some("500m".into()),
-        unprivileged: true,
+        privileged: true,
         daemon_flags: vec!["--rx_pool_size=1073741824".into()],
         ..opts(Mode::Sidecar, Nccl::ConfigMap)
     };

@@ -71,6 +71,14 @@ pub enum TuningError {
     Script { script: PathBuf, detail: String },
 }
 
+impl TuningError {
+    /// A write refused because the file's mount is read-only (the host's
+    /// `/sys` in the Kubernetes manifests): a choice, not a failure.
+    pub fn read_only_mount(&self) -> bool {
+        matches!(self, TuningError::Write { source, .. } if source.raw_os_error() == Some(libc::EROFS))
+    }
+}
+
 /// Why a write was refused: these files are root's, so root may write them
 /// without any capability, but only through a writable mount.
 fn write_hint(e: &io::Error) -> String {
@@ -112,8 +120,9 @@ const SYSCTLS: [(&str, Target); 7] = [
 const HYSTART_DETECT: (&str, Target) = ("module/tcp_cubic/parameters/hystart_detect", Target::Exact("2"));
 
 /// `/proc/sys` under `procfs_root`: `<root>/sys` for a procfs mount, `<root>`
-/// itself when it is a mount of `/proc/sys` (the tcpx-daemon manifests mount
-/// the host's `/proc/sys` at `/hostprocsysfs`).
+/// itself when it is a mount of `/proc/sys`, or a folder holding a mount of
+/// its `net` (the Kubernetes manifests mount the host's `/proc/sys/net` at
+/// `/hostprocsysfs/net`; the GKE guide, all of `/proc/sys` at `/hostprocsysfs`).
 pub fn sysctl_dir(procfs_root: &Path) -> PathBuf {
     if procfs_root.join("sys/net").is_dir() || !procfs_root.join("net").is_dir() {
         procfs_root.join("sys")
