@@ -570,6 +570,40 @@ fn the_recorded_mode_stays_unless_mode_is_given() {
     assert_eq!(transform(&once, &again()).unwrap().0, once);
 }
 
+/// A template an inject from before least privilege wrote (its daemon
+/// privileged: true, that inject's default) gets the unprivileged daemon
+/// when injected again, and the report says so; `--privileged` keeps the old
+/// daemon, is recorded, and is kept by later runs without options.
+#[test]
+fn upgrade_from_a_privileged_injection_drops_privileged_unless_asked() {
+    let old = read("tests/inject/privileged-job.yaml");
+    let again = Options { given: Given::NONE, ..Options::default() };
+    let (out, report) = transform(&old, &again).unwrap();
+    golden("tests/inject/privileged-job.native-sidecar.yaml", &out);
+    assert!(
+        report[0].contains("; the daemon is no longer privileged: only the capabilities it needs, the GPUs through the platform's device mechanism (--privileged keeps privileged: true)"),
+        "{report:#?}"
+    );
+    let tpl = &docs(&out)[0]["spec"]["template"];
+    let sc = &tpl["spec"]["initContainers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], Value::Bool(false));
+    assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+    assert!(tpl["metadata"]["annotations"]["devices.gke.io/container.tcpx-daemon"].is_string());
+    assert_eq!(transform(&out, &again).unwrap().0, out, "not idempotent");
+
+    let asked = Options { privileged: true, given: Given { privileged: true, ..Given::NONE }, ..again.clone() };
+    let (kept, report) = transform(&old, &asked).unwrap();
+    assert!(report[0].contains("privileged daemon (--privileged)"), "{report:#?}");
+    let tpl = &docs(&kept)[0]["spec"]["template"];
+    assert_eq!(tpl["spec"]["initContainers"][0]["securityContext"], docs("privileged: true")[0]);
+    assert!(tpl["metadata"]["annotations"][ANNOTATION].as_str().unwrap().contains(" privileged=yes "));
+    assert!(tpl["metadata"]["annotations"].get("devices.gke.io/container.tcpx-daemon").is_none());
+    assert_eq!(transform(&kept, &again).unwrap().0, kept, "--privileged not kept by a run without options");
+    let unasked = Options { privileged: false, given: Given { privileged: true, ..Given::NONE }, ..again };
+    let back = transform(&kept, &unasked).unwrap().0;
+    assert_eq!(docs(&back)[0]["spec"]["template"], docs(&out)[0]["spec"]["template"]);
+}
+
 /// A converted daemon comes back with --uninject; a record written before
 /// inject kept one says it cannot give one back, and what to do.
 #[test]
