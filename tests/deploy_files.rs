@@ -135,7 +135,9 @@ fn check_daemon_pod(rel: &str, pod: &Value) -> Flags {
     // Host mounts where the daemon looks for them, and the driver libraries.
     let m = mounts(c);
     // /sys is only read; of /proc/sys only net is written (host tuning).
-    for (path, host, read_only) in [("/hostsysfs", "/sys", true), ("/hostprocsysfs/net", "/proc/sys/net", false)] {
+    for (path, host, read_only) in
+        [("/hostsysfs", "/sys", true), ("/hostprocsysfs/net", "/proc/sys/net", false)]
+    {
         let vol = volume(pod, m.get(path).unwrap_or_else(|| panic!("{rel}: {path} not mounted")));
         assert_eq!(vol["hostPath"]["path"], host, "{rel}: {path}");
         let mount = c["volumeMounts"].as_array().unwrap().iter().find(|v| v["mountPath"] == path).unwrap();

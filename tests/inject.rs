@@ -506,7 +506,10 @@ fn a_new_users_manifests_get_tcpx_where_gpus_are_and_a_hand_written_daemon_is_co
     // Its NET_ADMIN-only daemon stays unprivileged, without a word about it.
     assert!(!line.contains("privileged: true"), "{line}");
     let sc = &d["securityContext"];
-    assert_eq!((&sc["privileged"], &sc["capabilities"]["add"][0]), (&Value::Bool(false), &Value::from("NET_ADMIN")));
+    assert_eq!(
+        (&sc["privileged"], &sc["capabilities"]["add"][0]),
+        (&Value::Bool(false), &Value::from("NET_ADMIN"))
+    );
     // Again: nothing changes; --uninject gives the input back, the hand-written daemon included.
     assert_eq!(transform(&out, &again()).unwrap().0, out);
     let (back, report) = transform(&out, &Options { uninject: true, ..again() }).unwrap();
@@ -591,7 +594,8 @@ fn upgrade_from_a_privileged_injection_drops_privileged_unless_asked() {
     assert!(tpl["metadata"]["annotations"]["devices.gke.io/container.tcpx-daemon"].is_string());
     assert_eq!(transform(&out, &again).unwrap().0, out, "not idempotent");
 
-    let asked = Options { privileged: true, given: Given { privileged: true, ..Given::NONE }, ..again.clone() };
+    let asked =
+        Options { privileged: true, given: Given { privileged: true, ..Given::NONE }, ..again.clone() };
     let (kept, report) = transform(&old, &asked).unwrap();
     assert!(report[0].contains("privileged daemon (--privileged)"), "{report:#?}");
     let tpl = &docs(&kept)[0]["spec"]["template"];

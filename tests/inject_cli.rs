@@ -135,8 +135,7 @@ fn help_says_comments_are_lost_and_lists_the_kinds() {
     let (code, out, _) = inject(&["--help"], "");
     assert_eq!(code, 0);
     assert!(out.contains("Comments and formatting of the input are lost"), "{out}");
-    for kind in
-        ["CronJob", "JobSet", "PyTorchJob", "MPIJob", "TrainingRuntime", "--uninject", "--privileged"]
+    for kind in ["CronJob", "JobSet", "PyTorchJob", "MPIJob", "TrainingRuntime", "--uninject", "--privileged"]
     {
         assert!(out.contains(kind), "--help does not mention {kind}");
     }
@@ -412,8 +411,14 @@ fn the_report_says_what_was_added_beyond_the_daemon_container() {
         assert!(err.contains(says), "{says:?} not in\n{err}");
     }
     let (_, _, err) = inject(&["--privileged", "--mode=sidecar", "--metrics_address=127.0.0.1:9999"], JOB);
-    assert!(err.contains("injected: sidecar (inline nccl, 1 GPU container, privileged daemon (--privileged))"), "{err}");
-    assert!(err.contains("spec.template: --privileged: the daemon runs privileged: true, with every capability"), "{err}");
+    assert!(
+        err.contains("injected: sidecar (inline nccl, 1 GPU container, privileged daemon (--privileged))"),
+        "{err}"
+    );
+    assert!(
+        err.contains("spec.template: --privileged: the daemon runs privileged: true, with every capability"),
+        "{err}"
+    );
     assert!(err.contains("privileged: true (--privileged); readinessProbe runs `tcpx-rxdm status mine` in the container (the daemon's HTTP address 127.0.0.1:9999 is loopback, which the kubelet cannot reach); no livenessProbe"), "{err}");
     // What --uninject took out, line by line.
     let (_, once, _) = inject(&[], JOB);

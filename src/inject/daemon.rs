@@ -16,8 +16,10 @@ pub const REFERENCE_BIN: &str = "/tcpgpudmarxd/build/app/tcpgpudmarxd";
 /// of `/proc/sys` only `net` is written (host tuning): the rest of it is
 /// not the daemon's to change, and root may write much of it with no
 /// capability at all (`kernel.core_pattern` runs a program as the host's root).
-const HOST_MOUNTS: [(&str, &str, &str, bool); 2] =
-    [("tcpx-sys", "/sys", "/hostsysfs", true), ("tcpx-proc-sys", "/proc/sys/net", "/hostprocsysfs/net", false)];
+const HOST_MOUNTS: [(&str, &str, &str, bool); 2] = [
+    ("tcpx-sys", "/sys", "/hostsysfs", true),
+    ("tcpx-proc-sys", "/proc/sys/net", "/hostprocsysfs/net", false),
+];
 /// The same with `--privileged`, as before least privilege: both whole and writable.
 const PRIVILEGED_HOST_MOUNTS: [(&str, &str, &str, bool); 2] =
     [("tcpx-sys", "/sys", "/hostsysfs", false), ("tcpx-proc-sys", "/proc/sys", "/hostprocsysfs", false)];
