@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let daemon_line = !args.get(1).is_some_and(|w| cli::is_command(w));
+    let daemon_line = !cli::is_command_line(&args);
     let invocation = match cli::parse(args) {
         Ok(i) => i,
         Err(e) => {
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            tracing::error!(error = %e, "could not start the async runtime");
+            eprintln!("tcpx-rxdm: could not start the async runtime: {e}");
             failed_status(&format!("could not start the async runtime: {e}"), 1);
             return ExitCode::from(1);
         }
@@ -59,7 +59,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line per fatal error: the log goes to stderr, i.e. the journal.
-            tracing::error!(error = %e, "tcpx-rxdm stopped");
+            // A filter that hides errors (RUST_LOG=off, a target-only
+            // directive) must not make a failed start silent.
+            if tracing::enabled!(tracing::Level::ERROR) {
+                tracing::error!(error = %e, "tcpx-rxdm stopped");
+            } else {
+                eprintln!("tcpx-rxdm: {e}");
+            }
             failed_status(&e.to_string(), e.exit_code().into());
             ExitCode::from(e.exit_code())
         }
@@ -77,14 +83,24 @@ fn failed_status(why: &str, code: i32) {
 async fn serve(flags: Flags) -> Result<(), daemon::DaemonError> {
     // Handlers first, so that a signal during startup is kept, not fatal.
     let shutdown = daemon::shutdown_on_signals(flags.node_wide).map_err(daemon::DaemonError::Signals)?;
-    let mut config = daemon::load_config_waiting_for_nics(flags).await?;
+    let mut shutdown = Box::pin(shutdown);
+    // Nothing is touched while waiting for NICs: a signal ends the wait at once, exit 0.
+    let loaded = tokio::select! {
+        loaded = daemon::load_config_waiting_for_nics(flags) => loaded?,
+        why = &mut shutdown => {
+            tracing::info!(reason = %why, "stopped while waiting for the NICs; nothing was touched");
+            daemon::notify::send(&daemon::notify::status(&format!("stopped while waiting for the NICs: {why}")));
+            return Ok(());
+        }
+    };
+    let daemon::Loaded { mut config, dir } = loaded;
     let backends = daemon::select_backends(&mut config)?;
-    daemon::run(config, backends, shutdown).await
+    daemon::run_in(config, backends, shutdown, dir).await
 }
 
 fn init_logging(flags: &Flags) {
     let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&flags.log_level))
+        .or_else(|_| EnvFilter::try_new(flags.log_level.name()))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder =
@@ -127,6 +143,10 @@ fn subcommand(invocation: Invocation) -> u8 {
         Invocation::Inject(inv) => tcpx_rxdm::inject::command::main(inv),
         Invocation::InjectServe(cfg) => tcpx_rxdm::inject::serve::main(*cfg),
         Invocation::Upgrade(opts) => tcpx_rxdm::upgrade::main(&opts),
+        Invocation::Version => {
+            println!("tcpx-rxdm {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
         Invocation::Completions(shell) => {
             cli::write_completions(shell, &mut std::io::stdout());
             0

@@ -87,6 +87,8 @@ struct Daemon {
     pid: u32,
     process: Process,
     ready: bool,
+    /// What it waits for, while it is starting (`--wait_for_nics`).
+    starting: Option<String>,
 }
 
 impl Daemon {
@@ -111,7 +113,8 @@ fn answering(uds: &Path, wait: Duration) -> Result<Daemon, String> {
              a takeover may be under way; try again"
         ));
     }
-    Ok(Daemon { pid, process, ready: v["ready"].as_bool() == Some(true) })
+    let starting = v["starting"]["waiting_for"].as_str().map(str::to_string);
+    Ok(Daemon { pid, process, ready: v["ready"].as_bool() == Some(true), starting })
 }
 
 /// The daemon serving `uds`, checked able to take part in an upgrade.
@@ -124,7 +127,8 @@ fn serving_daemon(uds: &Path) -> Result<Daemon, String> {
             return Err(format!("no daemon serves {} ({} is missing)", uds.display(), lock.display()))
         }
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(format!("{}: permission denied: run as the daemon's user (root)", lock.display()))
+            let hint = crate::server::status::run_as_hint(uds, "upgrade");
+            return Err(format!("{}: permission denied: {hint}", lock.display()));
         }
         Err(e) => return Err(format!("{}: {e}", lock.display())),
     };
@@ -138,6 +142,11 @@ fn serving_daemon(uds: &Path) -> Result<Daemon, String> {
         ));
     }
     let pid = d.pid;
+    if let Some(what) = &d.starting {
+        return Err(format!(
+            "pid {pid} is still starting (waiting for {what}): there is nothing to hand over yet; nothing sent"
+        ));
+    }
     let Some(here) = d.process.pid_here() else {
         return Err(format!(
             "pid {pid} runs in a pid namespace this command cannot see into: run it where the daemon runs"
@@ -170,7 +179,7 @@ pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
     let pid = old.pid;
     old.process.signal(nix::sys::signal::Signal::SIGUSR2).map_err(|e| match e {
         nix::errno::Errno::EPERM => {
-            format!("not allowed to signal pid {pid}: run as the daemon's user (root)")
+            format!("not allowed to signal pid {pid}: {}", crate::server::status::run_as_hint(uds, "upgrade"))
         }
         nix::errno::Errno::ESRCH => format!("pid {pid} exited before it was asked; nothing sent"),
         e => format!("signalling pid {pid}: {e}"),

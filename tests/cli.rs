@@ -20,7 +20,7 @@ const DAEMON_ONLY: [&str; 4] =
 
 #[test]
 fn help_lists_every_command_one_line_each_before_the_daemon_flags() {
-    let want = ["status", "doctor", "nccl-env", "inject", "upgrade", "completions", "man"];
+    let want = ["status", "doctor", "nccl-env", "inject", "upgrade", "completions", "man", "version"];
     assert!(want.iter().all(|w| commands().iter().any(|c| c == w)), "{:?}", commands());
     for args in [&["--help"][..], &["-h"], &["help"]] {
         let (code, out, err) = run_bin(args);
@@ -118,17 +118,76 @@ fn completions_for_each_shell_name_the_commands() {
     assert!(err.contains("possible values") && err.contains("bash"), "{err}");
 }
 
+/// What bash's completion offers for the last of `words` (the script as
+/// installed, its function found with `complete -p`, called as bash calls it).
+fn bash_completes(script: &std::path::Path, words: &[&str]) -> Vec<String> {
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let program = format!(
+        "source '{}'\n\
+         f=$(complete -p tcpx-rxdm | sed -n 's/.* -F \\([^ ]*\\) .*/\\1/p')\n\
+         [ -n \"$f\" ] || {{ echo 'no completion function for tcpx-rxdm' >&2; exit 3; }}\n\
+         COMP_WORDS=({})\nCOMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))\n\
+         \"$f\" tcpx-rxdm \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        quoted.join(" ")
+    );
+    let out = std::process::Command::new("bash").args(["--norc", "--noprofile", "-c", &program]).output();
+    let out = out.expect("bash runs (the completion test needs it)");
+    assert!(out.status.success(), "{words:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+}
+
+#[test]
+fn bash_completes_the_options_of_each_command() {
+    let (code, script, _) = run_bin(&["completions", "bash"]);
+    assert_eq!(code, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tcpx-rxdm");
+    std::fs::write(&path, script).unwrap();
+    for (words, want) in [
+        (&["tcpx-rxdm", "st"][..], "status"),
+        (&["tcpx-rxdm", "--uds"], "--uds_path"),
+        (&["tcpx-rxdm", "inject", "--im"], "--image"),
+        (&["tcpx-rxdm", "inject", "serve", "--on"], "--on-error"),
+        (&["tcpx-rxdm", "nccl-env", "--for"], "--format"),
+        (&["tcpx-rxdm", "status", "--js"], "--json"),
+        (&["tcpx-rxdm", "doctor", "--gpu_nic"], "--gpu_nic_preset"),
+        (&["tcpx-rxdm", "upgrade", "--ti"], "--timeout"),
+        (&["tcpx-rxdm", "completions", "ba"], "bash"),
+    ] {
+        let offered = bash_completes(&path, words);
+        assert!(offered.iter().any(|o| o == want), "{words:?}: offered {offered:?}, not {want}");
+    }
+}
+
 #[test]
 fn the_man_pages_come_from_the_same_definitions() {
     let (code, out, _) = run_bin(&["man"]);
     assert_eq!(code, 0);
     assert!(out.starts_with(".ie") && out.contains(".TH tcpx-rxdm 1"), "{out}");
-    let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = run_bin(&["man", &format!("--dir={}", dir.path().display())]);
+    assert!(out.contains(".SH \"EXIT STATUS\"") && out.contains(".SH \"SIGNALS\""), "{out}");
+    // A folder not there yet is made, as `install -D` would.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("share/man/man1");
+    let (code, out, err) = run_bin(&["man", &format!("--dir={}", dir.display())]);
     assert_eq!(code, 0, "{err}");
     for c in commands() {
-        let page = dir.path().join(format!("tcpx-rxdm-{c}.1"));
+        let page = dir.join(format!("tcpx-rxdm-{c}.1"));
         assert!(page.is_file() && out.contains(&page.display().to_string()), "{c}: {out}");
+    }
+    // Every page another page points to was written; on stdout too.
+    let (_, top, _) = run_bin(&["man"]);
+    let pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .chain(std::iter::once(top))
+        .collect();
+    for page in &pages {
+        for named in page.split_whitespace().filter(|w| w.starts_with("tcpx") && w.ends_with("(1)")) {
+            let file = named.trim_end_matches("(1)").replace("\\-", "-");
+            assert!(dir.join(format!("{file}.1")).is_file(), "{named} is named but no page was written");
+        }
     }
 }
 
@@ -160,10 +219,89 @@ fn errors_name_the_real_cause() {
         let name = flag.split('=').next().unwrap();
         assert!(err.contains(name) && err.contains(why), "{flag}: {err}");
     }
-    // Daemon flags before a command: an error that says so.
-    let (code, _, err) = run_bin(&["--uds_path=/tmp/x", "status"]);
+}
+
+#[test]
+fn options_before_a_command_are_the_commands_as_with_kubectl() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("nobody-here");
+    let flag = format!("--uds_path={}", uds.display());
+    let (code, _, err) = run_bin(&[&flag, "status"]);
+    assert_eq!(code, 1, "asked the folder given before the command: {err}");
+    assert!(err.contains(&format!("no daemon answers at {}", uds.display())), "{err}");
+    let (same, _, err_after) = run_bin(&["status", &flag]);
+    assert_eq!((same, err_after), (code, err));
+    // The value in the next word, and an option the command does not take.
+    let (code, _, err) = run_bin(&["--uds_path", uds.to_str().unwrap(), "status", "--json"]);
+    assert!(code == 1 && err.contains("no daemon answers"), "{err}");
+    let (code, _, err) = run_bin(&["--metrics_address=:1", "upgrade"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("status") && err.contains("--uds_path"), "{err}");
+    assert!(err.contains("--metrics_address") && err.contains("Usage: tcpx-rxdm upgrade"), "{err}");
+}
+
+#[test]
+fn version_as_a_command_too() {
+    let (code, out, err) = run_bin(&["version"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, format!("tcpx-rxdm {}\n", env!("CARGO_PKG_VERSION")).as_str()),
+        "{err}"
+    );
+}
+
+#[test]
+fn reference_flags_we_do_not_take_name_what_to_do_instead() {
+    for (name, instead) in tcpx_rxdm::config::retired::RETIRED {
+        // (`-helpfull` is `-h` and more letters: the help itself.)
+        let single = (!name.starts_with('h')).then(|| format!("-{name}=1"));
+        for typed in std::iter::once(format!("--{name}")).chain(single) {
+            let (code, _, err) = run_bin(&[&typed]);
+            assert_eq!(code, 2, "{typed}: {err}");
+            assert!(err.contains(&format!("--{name} is a flag the reference tcpgpudmarxd takes")), "{err}");
+            assert!(err.contains(instead), "{typed}: {err}");
+        }
+    }
+    let (code, _, err) = run_bin(&["--enable_quickack"]);
+    assert!(code == 2 && err.contains("--setup_param=\"--verbose 128 2 1\""), "{err}");
+    // On a command that takes the daemon's flags, with that command's usage.
+    let (code, _, err) = run_bin(&["doctor", "--logtostderr"]);
+    assert!(code == 2 && err.contains("stderr") && err.contains("Usage: tcpx-rxdm doctor"), "{err}");
+}
+
+#[test]
+fn log_level_takes_the_levels_listed_and_refuses_others_by_name() {
+    for bad in ["verbose", "warn,tcpx_rxdm=debug"] {
+        let (code, _, err) = run_bin(&[&format!("--log_level={bad}")]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains("--log_level") && err.contains("error, warn, info, debug, trace"), "{err}");
+    }
+    let (code, out, _) = run_bin(&["--log_level=warning", "--show_version"]);
+    assert_eq!((code, out.starts_with("tcpx-rxdm ")), (0, true));
+}
+
+#[test]
+fn a_failed_start_is_printed_whatever_the_log_filter() {
+    // A NIC that is not there (a sysfs without it): exit 2 before anything is touched.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("sys/class/net")).unwrap();
+    let sysfs = format!("--sysfs_root={}", dir.path().join("sys").display());
+    let uds = format!("--uds_path={}", dir.path().join("uds").display());
+    let line = ["--gpu_nic_preset=a3vm", "--metrics_address=", &uds, &sysfs];
+    for (level, filter) in [
+        ("--log_level=error", None),
+        ("--log_level=info", Some("off")),
+        ("--log_level=info", Some("warning")),
+    ] {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(line).arg(level).env_remove("RUST_LOG");
+        if let Some(f) = filter {
+            cmd.env("RUST_LOG", f);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{level} RUST_LOG={filter:?}: {err}");
+        assert!(err.contains("eth1"), "{level} RUST_LOG={filter:?}: the cause is not printed: {err:?}");
+    }
 }
 
 #[test]

@@ -173,6 +173,33 @@ fn readme_flag_table_matches_help() {
     assert!(problems.is_empty(), "README.md, section Flags:\n{}", problems.join("\n"));
 }
 
+/// README's table that starts with the header row `header`, as rows of cells.
+fn table_after(doc: &str, header: &str) -> Vec<Vec<String>> {
+    let at = doc.find(header).unwrap_or_else(|| panic!("no table with header {header:?}"));
+    table_rows(&doc[at..])
+}
+
+#[test]
+fn readme_states_the_exit_status_and_signals_that_help_and_the_man_page_do() {
+    use tcpx_rxdm::cli::pages::{EXIT_STATUS, SIGNALS};
+    let readme = read("README.md");
+    let flags = section(&readme, "Flags");
+    for (header, rows) in
+        [("| signal | what the daemon does |", &SIGNALS[..]), ("| code | when |", &EXIT_STATUS[..])]
+    {
+        let want: Vec<Vec<String>> = rows.iter().map(|(a, b)| vec![a.to_string(), b.to_string()]).collect();
+        assert_eq!(table_after(flags, header), want, "README.md, section Flags, the table {header}");
+    }
+    let (code, help, _) = run_bin(&["--help"]);
+    let (_, man, _) = run_bin(&["man"]);
+    assert_eq!(code, 0);
+    for (term, text) in SIGNALS.iter().chain(&EXIT_STATUS) {
+        assert!(help.contains(text), "--help lacks {term}: {text}");
+        assert!(man.contains(&format!("\\fB{}\\fR", term.replace('-', "\\-"))), "the man page lacks {term}");
+    }
+    assert!(man.contains(".SH \"EXIT STATUS\"") && man.contains(".SH \"SIGNALS\""), "{man}");
+}
+
 #[test]
 fn migrating_lists_every_daemon_flag() {
     let help = help_flags();
@@ -209,6 +236,13 @@ fn migrating_lists_every_daemon_flag() {
     }
     for f in refused.iter().filter(|f| help.contains_key(*f)) {
         problems.push(format!("{f} is listed as not accepted but --help has it"));
+    }
+    // Those the daemon refuses with a way forward (`config::retired`) are the ones listed.
+    let retired: BTreeSet<String> =
+        tcpx_rxdm::config::retired::RETIRED.iter().map(|(n, _)| format!("--{n}")).collect();
+    for f in refused.symmetric_difference(&retired) {
+        problems
+            .push(format!("{f}: listed as not accepted, or refused with advice (config::retired), not both"));
     }
     assert!(problems.is_empty(), "docs/MIGRATING.md, section Flags:\n{}", problems.join("\n"));
 }

@@ -20,7 +20,7 @@ fn line<'a>(out: &'a str, section: &str, name: &str) -> &'a str {
     let body = body.split("\n\n").next().unwrap();
     body.lines()
         .map(str::trim)
-        .find(|l| l.get(4..).is_some_and(|rest| rest.starts_with(&format!("{name}:"))))
+        .find(|l| l.split_once(' ').is_some_and(|(_, rest)| rest.starts_with(&format!("{name}:"))))
         .unwrap_or_else(|| panic!("no line {name} in {section}:\n{out}"))
 }
 
@@ -202,4 +202,116 @@ fn gpu_lines_follow_the_gpu_backend() {
     let (code, out, _) = doctor(&["--gpu_nic_preset=sim", "--gpu_backend=cuda", &uds]);
     assert_eq!(code, 1, "{out}");
     assert!(line(&out, "GPUs", "driver").starts_with("✗ driver: libcuda.so not found"), "{out}");
+}
+
+/// Runs `tcpx-rxdm ARGS` as a user other than the folder's owner: as
+/// `nobody` through setpriv when the tests run as root (root may write
+/// anywhere), as this user otherwise. The binary is read from where it is.
+fn as_another_user(args: &[&str], ulimit: Option<&str>) -> (i32, String, String) {
+    let mut line = String::new();
+    if let Some(u) = ulimit {
+        line += &format!("ulimit {u} && ");
+    }
+    line += "exec \"$0\" \"$@\"";
+    let mut cmd = if nix::unistd::geteuid().is_root() {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c"]);
+        c
+    } else {
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c");
+        c
+    };
+    let out = cmd.arg(line).arg(common::BIN).args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+/// A folder other users may enter but only its owner may write in (`0755`
+/// owned by root when root, `0555` of this user otherwise), in a temporary one.
+fn not_writable_by_another_user() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let parent = tmp.path().join("run");
+    std::fs::create_dir(&parent).unwrap();
+    let mode = if nix::unistd::geteuid().is_root() { 0o755 } else { 0o555 };
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(mode)).unwrap();
+    (tmp, parent)
+}
+
+#[test]
+fn a_socket_folder_is_judged_by_whether_this_user_could_make_it_as_the_daemon_would() {
+    let (_tmp, parent) = not_writable_by_another_user();
+    let uds = format!("--uds_path={}", parent.join("tcpx").display());
+    let (code, out, err) = as_another_user(&["doctor", "--gpu_nic_preset=sim", &uds], None);
+    assert_eq!(code, 1, "{out}{err}");
+    let folder = line(&out, "host", "socket folder");
+    assert!(folder.starts_with("✗ socket folder:") && folder.contains("cannot create it"), "{out}");
+    assert!(folder.contains("Permission denied") && out.contains("--uds_path it can create"), "{out}");
+    assert!(out.contains("verdict: NOT ready"), "{out}");
+    // The daemon with the same flags, as the same user, agrees.
+    let (code, _, err) = as_another_user(&["--gpu_nic_preset=sim", &uds, "--metrics_address="], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    // A folder it can make (missing parents included) is fine.
+    let ok = tempfile::tempdir().unwrap();
+    let uds = format!("--uds_path={}", ok.path().join("a/b").display());
+    let (code, out, _) = doctor(&["--gpu_nic_preset=sim", &uds]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "host", "socket folder").contains("absent: the daemon creates it"), "{out}");
+    assert!(line(&out, "host", "daemon").contains("none running"), "{out}");
+}
+
+#[test]
+fn a_folder_this_user_cannot_read_is_not_called_free() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = tmp.path().join("tcpx");
+    let d = common::Daemon::start(&[&format!("--uds_path={}", dir.display()), "--metrics_address="]);
+    // As root, another user; as a user, its own folder closed to itself.
+    if !nix::unistd::geteuid().is_root() {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    let uds = format!("--uds_path={}", dir.display());
+    let (_, out, err) = as_another_user(&["doctor", "--gpu_nic_preset=sim", &uds], None);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    drop(d);
+    let daemon = line(&out, "host", "daemon");
+    assert!(daemon.starts_with("! daemon: cannot tell whether a daemon runs"), "{out}{err}");
+    assert!(daemon.contains("permission denied") && !out.contains("none running"), "{out}");
+    assert!(out.contains("run doctor as"), "{out}");
+}
+
+#[test]
+fn open_files_are_judged_by_the_hard_limit_the_daemon_raises_to() {
+    let (code, out, _) = as_another_user(&["doctor", "--gpu_nic_preset=sim"], Some("-Sn 64"));
+    let files = line(&out, "host", "open files");
+    assert!(files.starts_with("✔ open files: RLIMIT_NOFILE soft 64"), "{code}: {out}");
+    assert!(files.contains("raises the soft limit to the hard one"), "{out}");
+    let (_, out, _) =
+        as_another_user(&["doctor", "--gpu_nic_preset=sim", "--max_connections=4096"], Some("-n 512"));
+    let files = line(&out, "host", "open files");
+    assert!(
+        files.starts_with("! open files:") && files.contains("512 is below --max_connections 4096"),
+        "{out}"
+    );
+    assert!(out.contains("raise the hard limit to 4352"), "{out}");
+}
+
+#[test]
+fn tuning_scripts_that_are_not_there_are_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let flag = format!("--tuning_script_path={}", dir.path().display());
+    let (_, out, _) = doctor(&["--gpu_nic_preset=a3vm", &flag]);
+    let tuning = line(&out, "host", "tuning");
+    assert!(tuning.starts_with("! tuning:") && tuning.contains("setup.sh or"), "{out}");
+    for f in ["setup.sh", "teardown.sh"] {
+        std::fs::write(dir.path().join(f), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(dir.path().join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (_, out, _) = doctor(&["--gpu_nic_preset=a3vm", &flag]);
+    assert!(line(&out, "host", "tuning").starts_with("✔ tuning:"), "{out}");
 }

@@ -2,8 +2,10 @@
 //! ports, paths, the certificate's Secret and DNS names), the injector's
 //! arguments are accepted by `inject serve`, it gets no API access, and the
 //! webhook's selectors pick labelled Pods and namespaces but never the
-//! daemon's own Pods or the injector's. `.ci/deploy-lint` validates the
-//! built-in kinds against the Kubernetes schemas.
+//! daemon's own Pods or the injector's; the NetworkPolicy lets only the API
+//! server's sources reach the server's port, and the kustomization applies
+//! every file. `.ci/deploy-lint` validates the built-in kinds against the
+//! Kubernetes schemas.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -139,4 +141,60 @@ fn the_selectors_pick_labelled_pods_and_namespaces_only() {
         pod.insert("tcpx-rxdm.io/inject", "enabled");
         assert!(!called(&ns("ml", Some("enabled")), &pod), "{rel}");
     }
+}
+
+#[test]
+fn only_the_api_servers_sources_reach_the_port_and_every_file_is_applied() {
+    let inj = docs("deploy/kubernetes/injector/injector.yaml");
+    let policy = &docs("deploy/kubernetes/injector/networkpolicy.yaml")[0];
+    let dep = find(&inj, "Deployment");
+    let ns = s(&find(&inj, "Namespace")["metadata"]["name"]);
+    assert_eq!(policy["kind"], "NetworkPolicy");
+    assert_eq!(s(&policy["metadata"]["namespace"]), ns);
+    let spec = &policy["spec"];
+    // It selects the injector's Pods, by labels its template has.
+    let labels = &dep["spec"]["template"]["metadata"]["labels"];
+    let selected = spec["podSelector"]["matchLabels"].as_mapping().unwrap();
+    assert!(!selected.is_empty());
+    for (k, v) in selected {
+        assert_eq!(&labels[s(k)], v, "{k:?}");
+    }
+    // Ingress only, and every rule names its sources and the server's port:
+    // a rule without `from` or `ports` would let every Pod in.
+    assert_eq!(spec["policyTypes"], Value::from(vec!["Ingress"]));
+    let port = &dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"];
+    let rules = spec["ingress"].as_sequence().unwrap();
+    assert!(!rules.is_empty());
+    for rule in rules {
+        let ports = rule["ports"].as_sequence().expect("a rule without ports opens every port");
+        assert!(ports.iter().all(|p| &p["port"] == port && p["protocol"] == "TCP"), "{ports:?}");
+        let from = rule["from"].as_sequence().expect("a rule without from admits every source");
+        assert!(!from.is_empty());
+        for peer in from {
+            if let Some(block) = peer.get("ipBlock") {
+                // The control plane's range, filled in by the user: never everything.
+                let cidr = s(&block["cidr"]);
+                assert!(!cidr.ends_with("/0") || block.get("except").is_some(), "{cidr}");
+            } else {
+                // Konnectivity's agents: Pods of kube-system, by their label.
+                assert_eq!(
+                    s(&peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]),
+                    "kube-system"
+                );
+                assert_eq!(s(&peer["podSelector"]["matchLabels"]["k8s-app"]), "konnectivity-agent");
+            }
+        }
+    }
+
+    // `kubectl apply -k` applies every manifest of the folder.
+    let k = &docs("deploy/kubernetes/injector/kustomization.yaml")[0];
+    let listed: std::collections::BTreeSet<String> =
+        k["resources"].as_sequence().unwrap().iter().map(|r| s(r).to_string()).collect();
+    let on_disk: std::collections::BTreeSet<String> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/injector"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+            .collect();
+    assert_eq!(listed, on_disk);
 }

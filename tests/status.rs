@@ -158,9 +158,11 @@ fn flows_larger_than_a_frame_arrive_whole() {
 
 #[test]
 fn status_answers_not_ready_while_startup_finishes() {
-    // Every private-flag change takes 300 ms: enabling header split on four
-    // NICs after the status socket opened keeps startup going for seconds.
-    let d = no_http(&["--sim_delay=set_priv_flag:300"]);
+    // Every private-flag change takes 500 ms: enabling header split on four
+    // NICs, one after another, after the status socket opened keeps startup
+    // going for 4 s, against one status call. (Priming makes the same
+    // changes, before the socket opens, so a held call would hold it shut.)
+    let d = no_http(&["--sim_delay=set_priv_flag:500"]);
     let sock = d.dir.path().join("rxdm_status");
     wait_until(Duration::from_secs(20), || sock.exists());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -178,4 +180,47 @@ fn status_answers_not_ready_while_startup_finishes() {
         assert!(std::time::Instant::now() < deadline, "never became ready");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// `tcpx-rxdm ARGS` as uid/gid `id` (no groups), through setpriv; needs root.
+fn as_uid(id: u32, args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new("setpriv")
+        .args([&format!("--reuid={id}"), &format!("--regid={id}"), "--clear-groups", "--", common::BIN])
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+#[ignore = "needs root: runs the daemon and the commands as other users"]
+fn a_user_the_daemon_does_not_serve_is_told_who_runs_it() {
+    use std::os::unix::fs::PermissionsExt;
+    common::require_root("setpriv to other users");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A daemon run by root, asked by nobody: root is named.
+    let d = start(&[]);
+    let uds = d.uds_arg();
+    let (code, err) = as_uid(65534, &["status", &uds]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("permission denied") && err.contains("run it as root, who owns"), "{err}");
+    assert!(err.contains(&format!("`sudo tcpx-rxdm status {uds}`")), "{err}");
+    drop(d);
+    // A daemon run by nobody, asked by another user: nobody is named, not root.
+    let dir = tmp.path().join("tcpx");
+    let folder = format!("--uds_path={}", dir.display());
+    let prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+    let d = Daemon::spawn_under(&prefix, &[&folder, "--metrics_address="], &[]).ready();
+    for command in ["status", "upgrade"] {
+        let (code, err) = as_uid(65533, &[command, &folder]);
+        assert_eq!(code, 1, "{command}: {err}");
+        assert!(
+            err.contains("run it as the daemon's user, nobody (uid 65534), who owns"),
+            "{command}: {err}"
+        );
+        assert!(err.contains(&format!("`sudo -u nobody tcpx-rxdm {command} {folder}`")), "{command}: {err}");
+        assert!(!err.contains("root"), "{command}: {err}");
+    }
+    drop(d);
 }

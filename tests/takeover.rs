@@ -204,14 +204,14 @@ fn twenty_takeovers_under_load_lose_nothing() {
         let st = current.wait_exit(Duration::from_secs(20));
         assert!(st.success(), "takeover {i}: the old daemon exited {st:?}");
         let pid = next.child.id();
-        let line = current.wait_for_log("handed over to pid", Duration::from_secs(5)).unwrap();
+        let line = current.wait_for_log("handed over to pid", Duration::from_secs(30)).unwrap();
         assert!(line.contains(&format!("handed over to pid {pid}")), "{line}");
         let log = current.log().join("\n");
         assert!(
             !log.contains("rules removed") && !log.contains("shutdown complete"),
             "takeover {i}: the old daemon restored something:\n{log}"
         );
-        let took_line = next.wait_for_log("took over from pid", Duration::from_secs(5)).unwrap();
+        let took_line = next.wait_for_log("took over from pid", Duration::from_secs(30)).unwrap();
         assert!(took_line.contains(&format!("took over from pid {}", current.child.id())), "{took_line}");
         load.hold();
         let booked = check_tables(&next);
@@ -298,7 +298,7 @@ fn a_failed_takeover_leaves_the_old_daemon_serving() {
     assert!(
         old.wait_for_log(
             r#"tenant_isolation differs: this daemon has "audit", the other "off""#,
-            Duration::from_secs(2)
+            Duration::from_secs(30)
         )
         .is_some(),
         "{}",
@@ -327,7 +327,7 @@ fn a_failed_takeover_leaves_the_old_daemon_serving() {
     let mut second = daemon(&folder, &["--takeover"], &[]);
     assert_eq!(second.wait_exit(Duration::from_secs(20)).code(), Some(1));
     assert!(
-        second.wait_for_log("another takeover is under way", Duration::from_secs(2)).is_some(),
+        second.wait_for_log("another takeover is under way", Duration::from_secs(30)).is_some(),
         "{}",
         second.log().join("\n")
     );
@@ -365,14 +365,14 @@ fn takeover_auto_starts_normally_when_nobody_serves() {
     let mut none = daemon(&folder, &["--takeover"], &[]);
     assert_eq!(none.wait_exit(Duration::from_secs(20)).code(), Some(1));
     assert!(
-        none.wait_for_log("no daemon serves", Duration::from_secs(2)).is_some(),
+        none.wait_for_log("no daemon serves", Duration::from_secs(30)).is_some(),
         "{}",
         none.log().join("\n")
     );
     let first = daemon(&folder, &["--takeover=auto"], &[]).ready();
-    assert!(first.wait_for_log("no daemon to take over from", Duration::from_secs(2)).is_some());
+    assert!(first.wait_for_log("no daemon to take over from", Duration::from_secs(30)).is_some());
     let second = daemon(&folder, &["--takeover=auto"], &[]).ready();
-    assert!(second.wait_for_log("took over from pid", Duration::from_secs(5)).is_some());
+    assert!(second.wait_for_log("took over from pid", Duration::from_secs(30)).is_some());
 }
 
 #[test]
@@ -397,7 +397,7 @@ fn sigusr2_starts_a_successor_and_wait_mode_exits_on_sigterm_only() {
     assert!(asked.contains("via=the channel to a successor it started"), "{asked}");
     let pid: i32 =
         line.split("handed over to pid ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
-    assert!(old.wait_for_log("waiting for SIGTERM", Duration::from_secs(5)).is_some());
+    assert!(old.wait_for_log("waiting for SIGTERM", Duration::from_secs(30)).is_some());
     // The successor's close of an idle connection reaches the client although
     // the old daemon still runs: it let go of its copy.
     idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

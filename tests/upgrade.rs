@@ -49,7 +49,7 @@ fn stop(pid: u32, folder: &Path, log: &Daemon) {
     kill(Pid::from_raw(pid as i32), Signal::SIGTERM).unwrap();
     wait_until(Duration::from_secs(20), || !alive(pid));
     assert!(
-        log.wait_for_log("shutdown complete", Duration::from_secs(5)).is_some(),
+        log.wait_for_log("shutdown complete", Duration::from_secs(30)).is_some(),
         "{}",
         log.log().join("\n")
     );
@@ -83,9 +83,9 @@ fn upgrade_hands_the_folder_to_a_new_process_and_the_old_one_exits() {
     // The old daemon exited 0 without restoring; the new one holds the folder.
     let st = old.wait_exit(Duration::from_secs(10));
     assert!(st.success(), "{st:?}");
-    assert!(old.wait_for_log(&format!("handed over to pid {b}"), Duration::from_secs(5)).is_some());
+    assert!(old.wait_for_log(&format!("handed over to pid {b}"), Duration::from_secs(30)).is_some());
     // The successor writes to the same stderr.
-    assert!(old.wait_for_log(&format!("took over from pid {a}"), Duration::from_secs(5)).is_some());
+    assert!(old.wait_for_log(&format!("took over from pid {a}"), Duration::from_secs(30)).is_some());
     assert!(!old.log().iter().any(|l| l.contains("rules removed")), "{}", old.log().join("\n"));
     assert!(alive(b));
     assert_eq!(lock_pid(&folder), b);

@@ -35,6 +35,7 @@
 mod doc;
 mod floor;
 mod load;
+mod reclaim;
 mod reference;
 mod stall;
 mod stats;
@@ -146,6 +147,11 @@ struct Args {
     serve_floor: Option<PathBuf>,
     #[arg(long, hide = true, default_value_t = 1)]
     floor_threads: usize,
+    /// Internal: a lease client of the daemon serving this folder (`reclaim.rs`).
+    #[arg(long, hide = true)]
+    lease_client: Option<PathBuf>,
+    #[arg(long, hide = true, default_value_t = 40_000)]
+    lease_port: i32,
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -345,14 +351,11 @@ fn start_daemon(bin: &Path, extra: &[String]) -> (Server, Duration) {
 fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(bin);
-    cmd.args([
-        "--gpu_nic_preset=sim",
-        &format!("--metrics_address={metrics}"),
-        "--nomonitor_shutdown",
-        "--log_level=warn,tcpx_rxdm::daemon=info",
-    ])
-    .arg(format!("--uds_path={}", dir.path().display()))
-    .args(extra);
+    cmd.args(["--gpu_nic_preset=sim", &format!("--metrics_address={metrics}"), "--nomonitor_shutdown"])
+        .arg(format!("--uds_path={}", dir.path().display()))
+        .args(extra)
+        // Per-module filters are RUST_LOG's (--log_level takes one level).
+        .env("RUST_LOG", "warn,tcpx_rxdm::daemon=info");
     let sock = dir.path().join("rx_rule_manager");
     let t = Instant::now();
     let s = spawn_until(cmd, true, READY_LINE, dir, sock);
@@ -446,6 +449,9 @@ fn main() {
     let a = Args::parse();
     if let Some(sock) = &a.serve_floor {
         serve_floor(sock, a.floor_threads);
+    }
+    if let Some(dir) = &a.lease_client {
+        reclaim::client_main(dir, a.lease_port);
     }
     if let Some(dir) = &a.target {
         let mut errors = Errors::new();
@@ -600,11 +606,12 @@ fn main() {
         let m = stall::measure(&mut daemon, a.stall_samples);
         match &m {
             Ok(st) => println!(
-                "no stall (eth1 1 s per insert): /healthz p99 {:.2} ms, queue_ids p99 {:.2} ms, eth2 install p99 {:.2} ms (idle {:.2} ms), SIGTERM logged after {:.2} ms, exit {:?} after {:.0} ms",
+                "no stall (eth1 1 s per insert): /healthz p99 {:.2} ms, queue_ids p99 {:.2} ms, eth2 install p99 {:.2} ms (idle {:.2} ms), a killed client's rules removed p50 {:.2} ms, SIGTERM logged after {:.2} ms, exit {:?} after {:.0} ms",
                 ms(st.healthz.1),
                 ms(st.queue_ids.1),
                 ms(st.other_nic_busy.1),
                 ms(st.other_nic_idle.1),
+                ms(st.reclaim.0),
                 ms(st.sigterm_logged),
                 st.exit_code,
                 ms(st.exited)
@@ -926,30 +933,35 @@ fn render(r: &Report, a: &Args, took: Duration) -> String {
                     "eth1 takes {} s per insert (`--sim_delay=add_rule:{}ms:eth1`) and {} clients keep \
                      it busy, each waiting for its answer; meanwhile, {} samples of each figure below. \
                      eth1 completed {} of those clients' inserts before the SIGTERM, about one a \
-                     second. `tests/no_stall.rs` asserts bounds on the same figures.\n",
+                     second. `tests/no_stall.rs` asserts the order, not these times: with eth1's insert \
+                     held until the test lets it go, every other request is answered and SIGTERM \
+                     logged first.\n",
                     stall::SLOW.as_secs(),
                     stall::SLOW.as_millis(),
                     stall::HAMMERS,
                     a.stall_samples,
                     st.slow_replies
                 );
-                let _ = writeln!(w, "| while eth1 is busy | p50 | p99 | bound the test asserts |");
-                let _ = writeln!(w, "|---|---:|---:|---:|");
-                let row = |w: &mut String, what: &str, v: &stall::P50P99, bound: &str| {
-                    let _ = writeln!(w, "| {what} | {:.2} ms | {:.2} ms | {bound} |", ms(v.0), ms(v.1));
+                let _ = writeln!(w, "| while eth1 is busy | p50 | p99 |");
+                let _ = writeln!(w, "|---|---:|---:|");
+                let row = |w: &mut String, what: &str, v: &stall::P50P99| {
+                    let _ = writeln!(w, "| {what} | {:.2} ms | {:.2} ms |", ms(v.0), ms(v.1));
                 };
-                row(w, "`/healthz` (a new TCP connection each)", &st.healthz, "p99 ≤ 50 ms");
-                row(w, "`queue_ids_by_gpu` (one connection)", &st.queue_ids, "p99 ≤ 5 ms");
-                row(w, "install on eth2 (a new connection each)", &st.other_nic_busy, "p99 ≤ 50 ms");
-                row(w, "the same before eth1 was made busy", &st.other_nic_idle, "");
-                let _ = writeln!(
-                    w,
-                    "| SIGTERM → `shutting down` logged | {:.2} ms | | ≤ 100 ms |",
-                    ms(st.sigterm_logged)
+                row(w, "`/healthz` (a new TCP connection each)", &st.healthz);
+                row(w, "`queue_ids_by_gpu` (one connection)", &st.queue_ids);
+                row(w, "install on eth2 (a new connection each)", &st.other_nic_busy);
+                row(w, "the same before eth1 was made busy", &st.other_nic_idle);
+                let what = format!(
+                    "a killed client's {} rules on eth2 removed (SIGKILL → `/metrics` shows them reclaimed), {} clients",
+                    reclaim::RULES,
+                    a.stall_samples.clamp(1, 20)
                 );
+                row(w, &what, &st.reclaim);
+                let _ =
+                    writeln!(w, "| SIGTERM → `shutting down` logged | {:.2} ms | |", ms(st.sigterm_logged));
                 let _ = writeln!(
                     w,
-                    "| SIGTERM → exit (code {}), a {} s insert in flight | {:.0} ms | | ≤ 5 s |",
+                    "| SIGTERM → exit (code {}), a {} s insert in flight | {:.0} ms | |",
                     st.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "none: killed".into()),
                     stall::SLOW.as_secs(),
                     ms(st.exited)

@@ -36,11 +36,35 @@ pub fn status() -> Command {
                 .help("What to ask: the daemon's status (default), flows, or mine"),
         )
         .arg(bool_arg("json").help("Print the daemon's answer as JSON"))
+        .arg(output_arg())
         // The daemon's others are accepted (a daemon's command line may be given), unused.
         .args(daemon_args(&["uds_path"]))
         .after_help(
-            "Exit status: 0 answered and ready; 1 unreachable, refused or not ready; 2 bad arguments.",
+            "Exit status: 0 answered and ready; 1 unreachable, refused or not ready (still starting, e.g. \
+             waiting for its NICs: the first line says what for); 2 bad arguments.",
         )
+}
+
+/// `-o json` / `--output=json`, as kubectl writes it: the same as `--json`.
+fn output_arg() -> Arg {
+    Arg::new("output")
+        .short('o')
+        .long("output")
+        .value_name("FORMAT")
+        .value_parser(["text", "json"])
+        .help("text (default) or json; -o json is --json")
+}
+
+/// Whether `--json` or `-o json` was asked for; the two differing is a usage error.
+pub fn json_output(cmd: &mut Command, m: &ArgMatches) -> Result<bool, clap::Error> {
+    let json = m.get_flag("json");
+    match m.get_one::<String>("output").map(String::as_str) {
+        Some("json") => Ok(true),
+        Some(_) if json => {
+            Err(cmd.error(ErrorKind::ArgumentConflict, "--json and --output=text differ: give one of them"))
+        }
+        _ => Ok(json),
+    }
 }
 
 /// The daemon's flags the doctor's checks read.
@@ -73,6 +97,7 @@ pub fn doctor() -> Command {
         )
         .args_override_self(true)
         .arg(bool_arg("json").help("Print the report as JSON"))
+        .arg(output_arg())
         .args(daemon_args(&DOCTOR_READS))
         .after_help("Exit status: 0 ready; 1 not ready; 2 bad flags.")
 }
@@ -96,6 +121,8 @@ pub fn nccl_env() -> Command {
         .arg(
             Arg::new("format")
                 .long("format")
+                .short('o')
+                .visible_alias("output")
                 .value_name("FORMAT")
                 .value_parser(PossibleValuesParser::new(Format::NAMES))
                 .default_value("env")
@@ -151,20 +178,12 @@ pub fn nccl_env_options(cmd: &mut Command, m: &ArgMatches) -> Result<NcclOptions
     Ok(NcclOptions { format, check, env_file, json, machine: m.get_one::<String>("machine").cloned() })
 }
 
-/// A duration: whole seconds, or a number with `ms`, `s` or `m`; more than
-/// zero and at most an hour.
+/// A duration as the daemon's duration flags take it, more than zero.
 fn upgrade_timeout(s: &str) -> Result<Duration, String> {
-    let (digits, ms) = match (s.strip_suffix("ms"), s.strip_suffix('s'), s.strip_suffix('m')) {
-        (Some(d), _, _) => (d, 1),
-        (None, Some(d), _) => (d, 1000),
-        (None, None, Some(d)) => (d, 60_000),
-        _ => (s, 1000),
-    };
-    let total = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(ms));
-    total
-        .filter(|t| (1..=3_600_000).contains(t))
-        .map(Duration::from_millis)
-        .ok_or_else(|| "expected a duration above 0, up to 1 hour: 60, 60s, 1500ms, 2m".into())
+    crate::config::flags::parse_wait(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| "expected a duration above 0, up to 1 hour: 60, 60s, 1500ms, 2m or 1h".into())
 }
 
 /// `upgrade`: the folder (the daemon's own `--uds_path`, with its default
@@ -193,7 +212,7 @@ pub fn upgrade() -> Command {
                 .value_name("DURATION")
                 .default_value("60s")
                 .value_parser(upgrade_timeout)
-                .help("How long to wait: seconds, or with a unit (500ms, 90s, 2m)"),
+                .help("How long to wait: seconds, or with a unit (500ms, 90s, 2m, 1h)"),
         )
         .after_help(
             "Exit status: 0 upgraded; 1 not upgraded (the old daemon serves on; its log says why); \
@@ -234,4 +253,11 @@ pub fn man() -> Command {
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("Write every page into DIR instead"),
         )
+}
+
+pub fn version() -> Command {
+    Command::new("version").about("Print the version (as --version and --show_version do)").long_about(
+        "Prints `tcpx-rxdm VERSION`, as --version and the reference's --show_version do. The \
+             running daemon's version is in `tcpx-rxdm status` (its first line).",
+    )
 }

@@ -160,3 +160,33 @@ fn upgrade_refuses_bad_arguments_naming_the_flag() {
     assert!(upgrade(&[&long]).unwrap_err().contains("--uds_path"));
     assert!(upgrade(&["--uds_path="]).unwrap_err().contains("empty"));
 }
+
+#[test]
+fn output_json_as_kubectl_writes_it() {
+    for line in [&["status", "-o", "json"][..], &["status", "--output=json"], &["status", "--json"]] {
+        let Ok(Invocation::Status { json, .. }) = parse_line(line) else { panic!("{line:?}") };
+        assert!(json, "{line:?}");
+    }
+    let Ok(Invocation::Doctor { json, .. }) = parse_line(&["doctor", "-o", "json"]) else { panic!() };
+    assert!(json);
+    let Ok(Invocation::Doctor { json, .. }) = parse_line(&["doctor", "-o", "text"]) else { panic!() };
+    assert!(!json);
+    let e = parse_line(&["doctor", "--json", "-o", "text"]).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    let e = parse_line(&["status", "-o", "yaml"]).unwrap_err().to_string();
+    assert!(e.contains("--output") && e.contains("text, json"), "{e}");
+    let Ok(Invocation::NcclEnv { opts, .. }) = parse_line(&["nccl-env", "-o", "configmap"]) else { panic!() };
+    assert_eq!(opts.format, nccl::command::Format::ConfigMap);
+}
+
+#[test]
+fn options_before_the_command_and_version() {
+    let Ok(Invocation::Status { flags, json, .. }) = parse_line(&["--uds_path=/tmp/x", "--json", "status"])
+    else {
+        panic!("status")
+    };
+    assert_eq!((flags.uds_path.to_str(), json), (Some("/tmp/x"), true));
+    assert!(matches!(parse_line(&["version"]), Ok(Invocation::Version)));
+    assert!(is_command_line(&["tcpx-rxdm".into(), "--uds_path=/x".into(), "status".into()]));
+    assert!(!is_command_line(&["tcpx-rxdm".into(), "--uds_path=/x".into()]));
+}

@@ -89,6 +89,36 @@ pub fn normalize<I: IntoIterator<Item = String>>(cmd: &Command, args: I) -> Vec<
     out
 }
 
+/// Moves the options given before a subcommand's name to just after it
+/// (`tcpx-rxdm --uds_path=/x status` → `tcpx-rxdm status --uds_path=/x`), as
+/// kubectl and cargo take global options on either side of the command.
+/// `args` is already [`normalize`]d; a help or version flag among the words
+/// moved, or a first word that is not a subcommand, leaves them as they are.
+pub fn options_after_command(cmd: &Command, args: Vec<String>) -> Vec<String> {
+    let mut i = 1;
+    while let Some(word) = args.get(i) {
+        if word == "--" || word == "-" || !word.starts_with('-') {
+            break;
+        }
+        if ["-h", "--help", "-V", "--version"].contains(&word.as_str()) {
+            return args;
+        }
+        let name = word.trim_start_matches('-');
+        i += 1;
+        if !name.contains('=') && long(cmd, name).is_some_and(takes_next_word) {
+            i += 1;
+        }
+    }
+    let Some(sub) = args.get(i).filter(|w| cmd.find_subcommand(w.as_str()).is_some()) else { return args };
+    if i == 1 || sub == "help" {
+        return args;
+    }
+    let mut out = vec![args[0].clone(), sub.clone()];
+    out.extend(args[1..i].iter().cloned());
+    out.extend(args[i + 1..].iter().cloned());
+    out
+}
+
 /// A boolean option in absl's forms (`--name`, `--name=true|false`, `--noname`
 /// after [`normalize`]), false unless given.
 pub fn bool_arg(name: &'static str) -> Arg {
@@ -136,5 +166,20 @@ mod tests {
         assert_eq!(norm(&["serve", "--nocheck", "-listen=:1"]), ["serve", "--check=false", "--listen=:1"]);
         // Unknown words go to clap as long flags, which names them.
         assert_eq!(norm(&["-bogus", "--nobogus", "--", "-json"]), ["--bogus", "--nobogus", "--", "-json"]);
+    }
+
+    #[test]
+    fn options_before_a_command_move_after_its_name() {
+        let hoist = |args: &[&str]| {
+            let argv = std::iter::once("t").chain(args.iter().copied()).map(String::from).collect();
+            options_after_command(&cmd(), argv)[1..].to_vec()
+        };
+        assert_eq!(hoist(&["--uds_path=/x", "serve", "--check"]), ["serve", "--uds_path=/x", "--check"]);
+        assert_eq!(hoist(&["--uds_path", "/x", "--json", "serve"]), ["serve", "--uds_path", "/x", "--json"]);
+        // Not a command, no options first, or a help flag: as given.
+        assert_eq!(hoist(&["--uds_path", "serve"]), ["--uds_path", "serve"]);
+        assert_eq!(hoist(&["serve", "--json"]), ["serve", "--json"]);
+        assert_eq!(hoist(&["--help", "serve"]), ["--help", "serve"]);
+        assert_eq!(hoist(&["--json", "--", "serve"]), ["--json", "--", "serve"]);
     }
 }

@@ -11,8 +11,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-use super::flag_values::{parse_listen_addr, parse_mode, parse_uds_path, parse_wait};
-pub use super::flag_values::{ListenAddr, UDS_PATH_MAX};
+pub use super::flag_values::{parse_byte_size, parse_wait, ListenAddr, LogLevel, UDS_PATH_MAX};
+use super::flag_values::{parse_listen_addr, parse_mode, parse_uds_path};
 use crate::gpu::BinderKind;
 use crate::gpu::ShmemType;
 use crate::host::tuning::TuningParams;
@@ -163,8 +163,9 @@ pub struct Flags {
     /// Folder for the Unix sockets (created if missing).
     #[arg(long = "uds_path", default_value = "/run/tcpx", value_parser = parse_uds_path)]
     pub uds_path: PathBuf,
-    /// Bytes per GPU pool; 0 = the topology's value or 4 GiB.
-    #[arg(long = "rx_pool_size", default_value_t = 0)]
+    /// Bytes per GPU pool, or with a unit: K, M, G, T (powers of 1024: 2G =
+    /// 2147483648); 0 = the topology's value or 4 GiB.
+    #[arg(long = "rx_pool_size", default_value = "0", value_parser = parse_byte_size)]
     pub rx_pool_size: u64,
     /// Rule slots per NIC; 0 = the topology's value. Ignored for a3vm.
     #[arg(long = "max_rx_rules", default_value_t = 0)]
@@ -196,7 +197,8 @@ pub struct Flags {
     /// How pools are bound to NIC queues.
     #[arg(long = "bind_backend", default_value = "auto", value_parser = names_parser::<BinderKind>(BinderKind::NAMES))]
     pub bind_backend: BinderKind,
-    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz, /debug/*); empty disables.
+    /// Address of the HTTP endpoints (/metrics, /healthz, /readyz, /debug/*): IP:PORT,
+    /// :PORT (every address) or localhost:PORT; empty disables.
     #[arg(long = "metrics_address", default_value = "0.0.0.0:9467", value_parser = parse_listen_addr)]
     pub metrics_address: ListenAddr,
     /// Mode of the socket files, octal.
@@ -221,9 +223,11 @@ pub struct Flags {
     /// Log format.
     #[arg(long = "log_format", value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides.
-    #[arg(long = "log_level", default_value = "info")]
-    pub log_level: String,
+    /// Least severe events logged (warning is taken for warn); a fatal error is
+    /// printed whatever the level. RUST_LOG, a tracing filter with per-module
+    /// directives, overrides it.
+    #[arg(long = "log_level", value_enum, ignore_case = true, default_value = "info")]
+    pub log_level: LogLevel,
     /// Root of sysfs (default /hostsysfs when present, else /sys).
     #[arg(long = "sysfs_root")]
     pub sysfs_root: Option<PathBuf>,
@@ -254,7 +258,8 @@ pub struct Flags {
     pub sim_fault: Vec<Fault>,
     /// Simulated NIC delay OP:DELAY or OP:DELAY:IFNAME for every call of OP, on every NIC or
     /// only IFNAME (repeatable); DELAY in milliseconds or with a unit, e.g.
-    /// del_rule:50, del_rule:50ms, add_rule:200us, add_rule:1000:eth1.
+    /// del_rule:50, del_rule:50ms, add_rule:200us, add_rule:1000:eth1; or until=FILE:
+    /// each call waits until FILE exists.
     #[arg(long = "sim_delay", action = ArgAction::Append)]
     pub sim_delay: Vec<SimDelay>,
     /// Claim simulated NICs too (real ones always are), so that a second
@@ -279,8 +284,9 @@ pub struct Flags {
           default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new())]
     pub node_wide: bool,
     /// How long to wait for the topology's NICs to appear (a NIC slow to come up at
-    /// boot) before failing: seconds, or with a unit (500ms, 90s, 2m); 0 fails at once.
-    /// With discovery (auto, a6) it waits until discovery finds the NICs.
+    /// boot) before failing: seconds, or with a unit (500ms, 90s, 2m, 1h); 0 fails at
+    /// once. With discovery (auto, a6) it waits until discovery finds the NICs.
+    /// `tcpx-rxdm status` says what it waits for; SIGTERM ends the wait (exit 0).
     #[arg(long = "wait_for_nics", default_value = "0", value_parser = parse_wait)]
     pub wait_for_nics: Duration,
     /// Take over the NICs, pools, rules and clients of the daemon serving this

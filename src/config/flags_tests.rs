@@ -194,8 +194,74 @@ fn wait_for_nics_takes_seconds_or_a_unit() {
     assert_eq!(parse(&["--wait_for_nics=90s"]).unwrap().wait_for_nics, Duration::from_secs(90));
     assert_eq!(parse(&["--wait_for_nics", "1500ms"]).unwrap().wait_for_nics, Duration::from_millis(1500));
     assert_eq!(parse(&["--wait_for_nics=2m"]).unwrap().wait_for_nics, Duration::from_secs(120));
-    for bad in ["-1", "soon", "5h", "61m", ""] {
+    assert_eq!(parse(&["--wait_for_nics=2min"]).unwrap().wait_for_nics, Duration::from_secs(120));
+    assert_eq!(parse(&["--wait_for_nics=1h"]).unwrap().wait_for_nics, Duration::from_secs(3600));
+    for bad in ["-1", "soon", "5h", "61m", "", "1.5s", "2 m"] {
         let e = parse(&[&format!("--wait_for_nics={bad}")]).unwrap_err();
         assert!(e.to_string().contains("--wait_for_nics"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn log_level_takes_the_documented_levels_and_names_them_otherwise() {
+    for (given, want) in [
+        ("error", LogLevel::Error),
+        ("warn", LogLevel::Warn),
+        ("warning", LogLevel::Warn),
+        ("DEBUG", LogLevel::Debug),
+    ] {
+        assert_eq!(parse(&[&format!("--log_level={given}")]).unwrap().log_level, want, "{given}");
+        assert_eq!(LogLevel::parse(given), Ok(want), "{given}");
+    }
+    assert_eq!(parse(&[]).unwrap().log_level, LogLevel::Info);
+    for bad in ["verbose", "warn,tcpx_rxdm=debug", ""] {
+        let e = parse(&[&format!("--log_level={bad}")]).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{bad}");
+        let text = e.to_string();
+        assert!(text.contains("--log_level") && text.contains("error, warn, info, debug, trace"), "{text}");
+        let mine = LogLevel::parse(bad).unwrap_err();
+        assert!(mine.contains("--log_level") && mine.contains("error, warn, info, debug, trace"), "{mine}");
+    }
+}
+
+#[test]
+fn rx_pool_size_takes_bytes_or_binary_units() {
+    for (given, want) in [
+        ("0", 0),
+        ("2147483648", 2 << 30),
+        ("1G", 1 << 30),
+        ("1g", 1 << 30),
+        ("512Mi", 512 << 20),
+        ("4GiB", 4 << 30),
+        ("64K", 64 << 10),
+    ] {
+        assert_eq!(parse(&[&format!("--rx_pool_size={given}")]).unwrap().rx_pool_size, want, "{given}");
+    }
+    for (bad, why) in [
+        ("1GB", "ambiguous"),
+        ("1.5G", "whole numbers"),
+        ("2X", "unknown unit"),
+        ("lots", "expected bytes"),
+        ("-1", "expected"),
+    ] {
+        let e = parse(&[&format!("--rx_pool_size={bad}")]).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("--rx_pool_size") && text.contains(why), "{bad}: {text}");
+    }
+    let e = parse(&["--rx_pool_size=1GB"]).unwrap_err().to_string();
+    assert!(e.contains("1G or 1GiB"), "{e}");
+    assert!(parse(&["--rx_pool_size=99999999T"]).unwrap_err().to_string().contains("64 bits"));
+}
+
+#[test]
+fn metrics_address_takes_the_forms_servers_are_given() {
+    let addr = |v: &str| parse(&[&format!("--metrics_address={v}")]).map(|f| f.metrics_address.0);
+    assert_eq!(addr(":9467").unwrap(), Some("0.0.0.0:9467".parse().unwrap()));
+    assert_eq!(addr("localhost:9000").unwrap(), Some("127.0.0.1:9000".parse().unwrap()));
+    assert_eq!(addr("[::1]:9467").unwrap(), Some("[::1]:9467".parse().unwrap()));
+    assert_eq!(addr("").unwrap(), None);
+    for bad in ["example.com:9467", "9467", ":http", "0.0.0.0"] {
+        let e = addr(bad).unwrap_err().to_string();
+        assert!(e.contains("--metrics_address") && e.contains("IP:PORT"), "{bad}: {e}");
     }
 }

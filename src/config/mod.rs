@@ -6,4 +6,5 @@ pub mod discovery;
 mod flag_values;
 pub mod flags;
 pub mod presets;
+pub mod retired;
 pub(crate) mod topology;

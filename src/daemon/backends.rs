@@ -66,10 +66,7 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
             sim.inject(f.clone());
         }
         for d in &flags.sim_delay {
-            match &d.ifname {
-                Some(ifname) => sim.delay_on(ifname, d.op, d.by),
-                None => sim.delay(d.op, d.by),
-            }
+            sim.stall(d.ifname.as_deref(), d.op, d.stall());
         }
         Arc::new(sim)
     } else {
@@ -89,15 +86,16 @@ fn uses_sim(kind: NicBackendKind, source: &Source) -> bool {
     }
 }
 
-/// With `--nic_backend=auto` and real NICs, the first NIC of the topology
-/// that is not (yet) under `<sysfs>/class/net`.
+/// With `--nic_backend=auto` and real NICs, the NICs of the topology that
+/// are not (yet) under `<sysfs>/class/net`, every one named.
 pub fn missing_nic(flags: &Flags, topo: &Topology, source: &Source) -> Option<FlagError> {
     if flags.nic_backend != NicBackendKind::Auto || uses_sim(flags.nic_backend, source) {
         return None;
     }
     let class_net = flags.sysfs_root().join("class/net");
-    let n = topo.nics.iter().find(|n| !class_net.join(&n.ifname).exists())?;
-    Some(FlagError::NicNotFound { ifname: n.ifname.clone(), class_net })
+    let ifnames: Vec<String> =
+        topo.nics.iter().filter(|n| !class_net.join(&n.ifname).exists()).map(|n| n.ifname.clone()).collect();
+    (!ifnames.is_empty()).then_some(FlagError::NicNotFound { ifnames, class_net })
 }
 
 /// The CUDA backend, checked against the topology: every GPU must be visible

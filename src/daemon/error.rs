@@ -115,10 +115,11 @@ pub enum DaemonError {
 #[derive(Debug, thiserror::Error)]
 pub enum FlagError {
     #[error(
-        "--nic_backend=auto: interface {ifname} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
+        "--nic_backend=auto: {} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
+        crate::types::plural_list("interface", ifnames),
         class_net.display()
     )]
-    NicNotFound { ifname: String, class_net: std::path::PathBuf },
+    NicNotFound { ifnames: Vec<String>, class_net: std::path::PathBuf },
     #[error(
         "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {backend} (--gpu_backend=cuda)"
     )]

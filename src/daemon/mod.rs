@@ -12,6 +12,7 @@ pub(crate) mod datapath;
 mod debug_view;
 mod error;
 mod events;
+mod files;
 pub(crate) mod http_routes;
 pub(crate) mod job_end;
 pub mod notify;
@@ -22,7 +23,6 @@ mod teardown;
 mod wait_nics;
 
 use std::future::Future;
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,7 +43,7 @@ pub use backends::{mig_check, select as select_backends, Backends};
 pub use error::{DaemonError, TeardownError, EXIT_CONFIG, EXIT_FAILURE};
 pub use events::StopReason;
 pub use signals::{shutdown_on_signals, HUP_IGNORED};
-pub use wait_nics::{load as load_config_waiting_for_nics, POLL as NIC_POLL};
+pub use wait_nics::{load as load_config_waiting_for_nics, Loaded, POLL as NIC_POLL, PROGRESS_EVERY};
 
 use events::next_fatal_event;
 use http_routes::Routes;
@@ -70,9 +70,21 @@ impl Config {
     /// Resolves the topology the flags describe (preset, file, or discovery).
     pub fn load(flags: Flags) -> Result<Config, DaemonError> {
         let t = Instant::now();
+        let config = Config::resolve(flags)?;
+        config.log_loaded(t);
+        Ok(config)
+    }
+
+    /// [`Config::load`] without the log line (looked for again while waiting for NICs).
+    fn resolve(flags: Flags) -> Result<Config, DaemonError> {
         let (topology, source) = presets::resolve_topology(&flags)?;
-        tracing::info!(source = %source.describe(), nics = topology.nics.len(), gpus = topology.gpus().count(), elapsed_ms = ms(t), "topology loaded");
         Ok(Config { flags, topology, source })
+    }
+
+    /// The `topology loaded` line, for a resolution begun at `t`.
+    fn log_loaded(&self, t: Instant) {
+        let (topology, source) = (&self.topology, &self.source);
+        tracing::info!(source = %source.describe(), nics = topology.nics.len(), gpus = topology.gpus().count(), elapsed_ms = ms(t), "topology loaded");
     }
 }
 
@@ -91,6 +103,18 @@ pub async fn run(
     backends: Backends,
     shutdown: impl Future<Output = String> + Send + 'static,
 ) -> Result<(), DaemonError> {
+    run_in(config, backends, shutdown, None).await
+}
+
+/// [`run`] in a socket folder already locked (`dir`: the daemon locked it to
+/// answer `tcpx-rxdm status` while it waited for its NICs), or in
+/// `--uds_path` locked now when `None`.
+pub async fn run_in(
+    config: Config,
+    backends: Backends,
+    shutdown: impl Future<Output = String> + Send + 'static,
+    dir: Option<SocketDir>,
+) -> Result<(), DaemonError> {
     let started = Instant::now();
     let flags = &config.flags;
     let gid = match &flags.socket_group {
@@ -108,8 +132,9 @@ pub async fn run(
             None => (None, None),
         },
     };
-    let locked = match handed.as_mut() {
-        Some(h) => {
+    let locked = match (handed.as_mut(), dir) {
+        (None, Some(dir)) => Ok(dir),
+        (Some(h), _) => {
             let lock = h.lock.take().expect("decoded with the lock");
             SocketDir::adopt(&flags.uds_path, flags.socket_mode, gid, lock, std::mem::take(&mut h.listeners))
                 .map(|mut dir| {
@@ -118,7 +143,7 @@ pub async fn run(
                     dir
                 })
         }
-        None => takeover::take::lock_fresh(flags, gid),
+        (None, None) => takeover::take::lock_fresh(flags, gid),
     };
     let dir = locked.map_err(DaemonError::LockSocketDir).or_else(|e| abort(&taking, e))?;
     tracing::info!(path = %flags.uds_path.display(), elapsed_ms = ms(t), "socket folder locked");
@@ -257,9 +282,9 @@ pub async fn run(
         tokio::select! { biased; cause = &mut shutdown => Some(cause), () = std::future::ready(()) => None };
     if early.is_none() {
         // Before readiness is signalled, so a workload that waits for it finds the file.
-        write_nccl_env(&config, gid.map(|g| g.as_raw()));
+        files::write_nccl_env(&config, gid.map(|g| g.as_raw()));
         if let Ok(path) = std::env::var("HEALTH_CHECK_LOG_FILE") {
-            if let Err(e) = write_health_line(&path) {
+            if let Err(e) = files::write_health_line(&path) {
                 tracing::warn!(path, error = %e, "could not write HEALTH_CHECK_LOG_FILE");
             }
         }
@@ -389,40 +414,4 @@ fn abort<T>(taking: &Option<takeover::take::Taking>, e: DaemonError) -> Result<T
     tracing::error!("takeover failed: {e}; pid {} serves on", t.from);
     t.fail(&e.to_string());
     std::process::exit(EXIT_FAILURE.into());
-}
-
-/// Writes `<uds_path>/nccl.env` (the NCCL plugin's settings for this node
-/// and daemon). What the node cannot tell is left out of the file, with a
-/// comment and a warning here; only a failure to write is not written.
-fn write_nccl_env(config: &Config, gid: Option<u32>) {
-    let flags = &config.flags;
-    let view = crate::nccl::Sysfs::new(&flags.sysfs_root());
-    let written = crate::nccl::generate(&view, &config.topology, &flags.uds_path)
-        .map_err(|e| e.to_string())
-        .and_then(|env| {
-            for note in &env.notes {
-                tracing::warn!(note = %note, "NCCL settings: left out on this node");
-            }
-            crate::nccl::file::write(&flags.uds_path, &env.to_env(), flags.socket_mode, gid)
-                .map_err(|e| e.to_string())
-        });
-    match written {
-        Ok(path) => tracing::info!(path = %path.display(), "NCCL settings written"),
-        Err(error) => tracing::warn!(error, "NCCL settings not written; `tcpx-rxdm nccl-env` says why"),
-    }
-}
-
-/// Appends the ready line to `path`. Its folder may be shared with the
-/// workload: the file is created anew or opened only if it is a plain file
-/// of its own, never through a link (see `host::shared_dir`).
-fn write_health_line(path: &str) -> std::io::Result<()> {
-    let path = std::path::Path::new(path);
-    let Some(name) = path.file_name() else {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"));
-    };
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let folder = crate::host::shared_dir::SharedDir::open(dir)?;
-    let mut f =
-        folder.open_or_create(name, 0o666, nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_APPEND)?;
-    writeln!(f, "{READY_LINE}")
 }

@@ -109,90 +109,40 @@ pub(super) fn restore_all<N: NicSetup + Sync + ?Sized>(nic: &N, primed: &mut [Pr
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::time::Duration;
 
     use super::*;
     use crate::nic::prime::prime;
-    use crate::nic::sim::SimNic;
-    use crate::nic::{DataSplit, NicOp, NicResult};
-
-    /// The sim NIC, recording when each NIC's restore writes ran.
-    struct Recorder<'a> {
-        sim: &'a SimNic,
-        windows: Mutex<Vec<(String, Instant, Instant)>>,
-    }
-
-    impl Recorder<'_> {
-        fn write<T>(&self, ifname: &str, f: impl FnOnce() -> NicResult<T>) -> NicResult<T> {
-            let start = Instant::now();
-            let r = f();
-            self.windows.lock().unwrap().push((ifname.to_string(), start, Instant::now()));
-            r
-        }
-    }
-
-    impl NicSetup for Recorder<'_> {
-        fn rss_table(&self, ifname: &str) -> NicResult<Vec<u32>> {
-            self.sim.rss_table(ifname)
-        }
-        fn set_rss_table(&self, ifname: &str, table: &[u32]) -> NicResult<()> {
-            self.write(ifname, || self.sim.set_rss_table(ifname, table))
-        }
-        fn feature(&self, ifname: &str, name: &str) -> NicResult<bool> {
-            self.sim.feature(ifname, name)
-        }
-        fn set_feature(&self, ifname: &str, name: &str, on: bool) -> NicResult<()> {
-            self.write(ifname, || self.sim.set_feature(ifname, name, on))
-        }
-        fn priv_flags(&self, ifname: &str) -> NicResult<Vec<(String, bool)>> {
-            self.sim.priv_flags(ifname)
-        }
-        fn set_priv_flag(&self, ifname: &str, name: &str, on: bool) -> NicResult<()> {
-            self.write(ifname, || self.sim.set_priv_flag(ifname, name, on))
-        }
-        fn tcp_data_split(&self, ifname: &str) -> NicResult<DataSplit> {
-            self.sim.tcp_data_split(ifname)
-        }
-        fn set_tcp_data_split(&self, ifname: &str, on: bool) -> NicResult<()> {
-            self.write(ifname, || self.sim.set_tcp_data_split(ifname, on))
-        }
-    }
+    use crate::nic::sim::{held_marker, SimNic, Stall};
+    use crate::nic::NicOp;
 
     #[test]
-    fn nics_are_restored_at_the_same_time_so_stopping_takes_the_slowest_nics_time() {
+    fn nics_are_restored_at_the_same_time() {
         let names = ["eth1", "eth2", "eth3", "eth4"];
         let sim = SimNic::new(&names);
         let mut primed: Vec<_> = names.iter().map(|n| prime(&sim, n, 4).unwrap()).collect();
-        // A slow RSS write on every NIC, slowest on eth4.
-        let delays = [60, 80, 100, 200];
-        for (n, ms) in names.iter().zip(delays) {
-            sim.delay_on(n, NicOp::SetRss, Duration::from_millis(ms));
+        // Each NIC's RSS write is held until its file exists: all four held at
+        // once can only be restores running side by side.
+        let tmp = tempfile::tempdir().unwrap();
+        let go: Vec<_> = names.iter().map(|n| tmp.path().join(format!("{n}-go"))).collect();
+        for (n, file) in names.iter().zip(&go) {
+            sim.stall(Some(n), NicOp::SetRss, Stall::Until(file.clone()));
         }
-        let rec = Recorder { sim: &sim, windows: Mutex::new(Vec::new()) };
-        let t = Instant::now();
-        let errors = restore_all(&rec, &mut primed);
-        let took = t.elapsed();
-        assert!(errors.is_empty(), "{errors:?}");
-        let windows = rec.windows.into_inner().unwrap();
-        // Each NIC's restore, from its first write to its last.
-        let span = |n: &str| {
-            let w: Vec<_> = windows.iter().filter(|w| w.0 == n).collect();
-            assert!(!w.is_empty(), "{n} was not restored");
-            (w.iter().map(|w| w.1).min().unwrap(), w.iter().map(|w| w.2).max().unwrap())
-        };
-        let spans: Vec<_> = names.iter().map(|n| span(n)).collect();
-        // Every NIC's restore overlaps every other's: all ran at once.
-        let latest_start = spans.iter().map(|s| s.0).max().unwrap();
-        let earliest_end = spans.iter().map(|s| s.1).min().unwrap();
-        assert!(latest_start < earliest_end, "restores did not overlap: {spans:?}");
-        let sum: u64 = delays.iter().sum();
-        println!(
-            "restore of {} NICs with RSS writes of {delays:?} ms: {} ms (slowest NIC {} ms, one after another {sum} ms)",
-            names.len(),
-            took.as_millis(),
-            delays.iter().max().unwrap()
-        );
-        assert!(took < Duration::from_millis(sum), "took {took:?}, as long as one NIC after another");
+        std::thread::scope(|s| {
+            let restoring = s.spawn(|| restore_all(&sim, &mut primed));
+            let deadline = Instant::now() + Duration::from_secs(60); // bounds a hang only
+            let all_held = || go.iter().all(|f| held_marker(f).exists());
+            while !all_held() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let held: Vec<_> = names.iter().zip(&go).filter(|(_, f)| held_marker(f).exists()).collect();
+            for f in &go {
+                std::fs::write(f, b"").unwrap();
+            }
+            let errors = restoring.join().unwrap();
+            assert_eq!(held.len(), names.len(), "restores held at once: {held:?}; one ran after another");
+            assert!(errors.is_empty(), "{errors:?}");
+        });
         // And restored exactly: every NIC back as it was before priming.
         for n in names {
             assert!(!sim.feature(n, crate::nic::FEATURE_NTUPLE).unwrap(), "{n}: ntuple not restored");

@@ -7,37 +7,71 @@
 //! file names its NICs, which must exist under `<sysfs>/class/net`;
 //! discovery (`auto`) must find at least one NIC with a GPU, and `a6` the
 //! NICs it names.
+//!
+//! While it waits the daemon says so: one log line naming what is missing,
+//! then one at most every [`PROGRESS_EVERY`]; and it locks the socket folder
+//! and answers `tcpx-rxdm status` with what it waits for (not with
+//! `--takeover`, whose folder the serving daemon holds, nor with
+//! `--takeover=auto` when a daemon serves the folder). Nothing else is touched
+//! yet: the caller may drop the future at any time (a signal), which removes
+//! the files it made.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use crate::config::flags::Flags;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::config::flags::{Flags, Takeover};
 use crate::config::presets::ConfigError;
+use crate::server::socket_dir::{resolve_group, SocketDir, SocketDirError};
+use crate::server::status;
 use crate::types::topology::TopologyError;
 
 use super::backends::missing_nic;
+use super::error::FlagError;
 use super::{notify, Config, DaemonError};
 
 /// How often the NICs are looked for while waiting.
 pub const POLL: Duration = Duration::from_millis(250);
+/// While waiting, at most one progress line per this long.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// The configuration, and the socket folder when it was locked while waiting.
+pub struct Loaded {
+    pub config: Config,
+    pub dir: Option<SocketDir>,
+}
 
 /// [`Config::load`], waiting up to `--wait_for_nics` for missing NICs. Other
 /// errors return at once; a NIC still missing at the end returns its error,
 /// wrapped in [`DaemonError::NicsNotUp`] when there was a wait.
-pub async fn load(flags: Flags) -> Result<Config, DaemonError> {
+pub async fn load(flags: Flags) -> Result<Loaded, DaemonError> {
     let started = Instant::now();
     let bound = flags.wait_for_nics;
-    let mut waiting = false;
+    let mut logged = false;
+    let mut waiting: Option<Waiting> = None;
     loop {
-        let missing = match Config::load(flags.clone()) {
-            Ok(config) => match missing_nic(&config.flags, &config.topology, &config.source) {
-                None => {
-                    if waiting {
-                        tracing::info!(waited_ms = started.elapsed().as_millis() as u64, "the NICs are up");
-                    }
-                    return Ok(config);
+        let t = Instant::now();
+        let missing = match Config::resolve(flags.clone()) {
+            Ok(config) => {
+                if !std::mem::replace(&mut logged, true) {
+                    config.log_loaded(t);
                 }
-                Some(e) => DaemonError::Flags(e),
-            },
+                match missing_nic(&config.flags, &config.topology, &config.source) {
+                    None => {
+                        let dir = match waiting.take() {
+                            Some(w) => {
+                                tracing::info!(waited = %crate::types::secs(started.elapsed()), "the NICs are up");
+                                w.finish().await
+                            }
+                            None => None,
+                        };
+                        return Ok(Loaded { config, dir });
+                    }
+                    Some(e) => DaemonError::Flags(e),
+                }
+            }
             Err(e) if is_missing_nic(&e, &flags) => e,
             Err(e) => return Err(e),
         };
@@ -48,11 +82,9 @@ pub async fn load(flags: Flags) -> Result<Config, DaemonError> {
             }
             return Err(DaemonError::NicsNotUp { waited: bound, source: Box::new(missing) });
         }
-        if !waiting {
-            waiting = true;
-            let bound_text = crate::types::secs(bound);
-            tracing::warn!(error = %missing, wait_for_nics = %bound_text, "a NIC is not up yet; waiting for it");
-            notify::send(&notify::status(&format!("waiting up to {bound_text} for NICs: {missing}")));
+        match waiting.as_mut() {
+            None => waiting = Some(Waiting::start(&flags, &missing)?),
+            Some(w) => w.update(&missing, elapsed),
         }
         tokio::time::sleep(POLL.min(bound - elapsed)).await;
     }
@@ -68,84 +100,147 @@ fn is_missing_nic(e: &DaemonError, flags: &Flags) -> bool {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::Path;
-
-    fn flags(sysfs: &Path, preset: &Path, wait: &str) -> Flags {
-        Flags::parse_args([
-            "tcpx-rxdm".to_string(),
-            format!("--sysfs_root={}", sysfs.display()),
-            format!("--gpu_nic_preset={}", preset.display()),
-            format!("--wait_for_nics={wait}"),
-        ])
-        .unwrap()
-    }
-
-    /// A fabricated sysfs with `class/net` and a preset file naming `eth7`.
-    fn layout() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
-        let tmp = tempfile::tempdir().unwrap();
-        let sysfs = tmp.path().join("sys");
-        std::fs::create_dir_all(sysfs.join("class/net/lo")).unwrap();
-        let preset = tmp.path().join("late.textproto");
-        std::fs::write(
-            &preset,
-            "gpu_rxq_configs { ifname: \"eth7\" gpu_infos { gpu_pci_addr: \"0000:04:00.0\" queue_ids: 8 } }\n",
-        )
-        .unwrap();
-        (tmp, sysfs, preset)
-    }
-
-    #[tokio::test]
-    async fn without_a_wait_a_missing_nic_fails_at_once() {
-        let (_tmp, sysfs, preset) = layout();
-        let t = Instant::now();
-        let e = load(flags(&sysfs, &preset, "0")).await.err().unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1));
-        assert!(matches!(e, DaemonError::Flags(_)), "{e}");
-        assert!(e.to_string().contains("eth7"), "{e}");
-        assert_eq!(e.exit_code(), 2);
-    }
-
-    #[tokio::test]
-    async fn a_nic_that_appears_within_the_bound_is_waited_for() {
-        let (_tmp, sysfs, preset) = layout();
-        let nic = sysfs.join("class/net/eth7");
-        let t = Instant::now();
-        let appear = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(700));
-            std::fs::create_dir(nic).unwrap();
-        });
-        let config = load(flags(&sysfs, &preset, "10s")).await.unwrap();
-        let waited = t.elapsed();
-        appear.join().unwrap();
-        assert_eq!(config.topology.nics[0].ifname, "eth7");
-        assert!(waited >= Duration::from_millis(700), "returned before the NIC was there: {waited:?}");
-        // A few polls of slack for a loaded machine; far from the 10 s bound.
-        assert!(waited < Duration::from_millis(700) + 8 * POLL, "noticed late: {waited:?}");
-    }
-
-    #[tokio::test]
-    async fn a_nic_still_missing_after_the_bound_fails_with_the_wait_named() {
-        let (_tmp, sysfs, preset) = layout();
-        let t = Instant::now();
-        let e = load(flags(&sysfs, &preset, "600ms")).await.err().unwrap();
-        let took = t.elapsed();
-        assert!(took >= Duration::from_millis(600) && took < Duration::from_secs(3), "{took:?}");
-        let msg = e.to_string();
-        assert!(msg.contains("eth7") && msg.contains("--wait_for_nics"), "{msg}");
-        assert_eq!(e.exit_code(), 2, "still a configuration error: a restart would not help");
-    }
-
-    #[tokio::test]
-    async fn other_errors_do_not_wait() {
-        let (tmp, sysfs, _) = layout();
-        let bad = tmp.path().join("bad.textproto");
-        std::fs::write(&bad, "gpu_rxq_configs { bogus: 1 }").unwrap();
-        let t = Instant::now();
-        let e = load(flags(&sysfs, &bad, "30s")).await.err().unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1), "waited on a syntax error");
-        assert!(matches!(e, DaemonError::Topology(ConfigError::Parse { .. })), "{e}");
+/// What the daemon waits for, in words, and the NICs it names.
+fn waiting_for(missing: &DaemonError) -> (String, Vec<String>) {
+    match missing {
+        DaemonError::Flags(FlagError::NicNotFound { ifnames, class_net }) => (
+            format!(
+                "{} to appear under {}",
+                crate::types::plural_list("interface", ifnames),
+                class_net.display()
+            ),
+            ifnames.clone(),
+        ),
+        DaemonError::Topology(ConfigError::Invalid { err: TopologyError::Empty, .. }) => {
+            ("discovery to find a NIC with GPUs behind its PCIe switch".into(), Vec::new())
+        }
+        other => (other.to_string(), Vec::new()),
     }
 }
+
+/// A wait under way: the socket folder locked, and `status` answered.
+struct Waiting {
+    started: Instant,
+    bound: Duration,
+    last_line: Instant,
+    said: String,
+    dir: Option<SocketDir>,
+    status: Option<StatusWhileWaiting>,
+}
+
+/// The status socket's server while waiting, and a copy of its listener.
+struct StatusWhileWaiting {
+    reply: watch::Sender<Value>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    listener: OwnedFd,
+}
+
+impl Waiting {
+    /// Locks the folder and answers `status`, then says what is missing (log, service manager).
+    fn start(flags: &Flags, missing: &DaemonError) -> Result<Waiting, DaemonError> {
+        let (what, _) = waiting_for(missing);
+        let mut w = Waiting {
+            started: Instant::now(),
+            bound: flags.wait_for_nics,
+            last_line: Instant::now(),
+            said: what,
+            dir: None,
+            status: None,
+        };
+        w.lock_and_answer(flags, missing)?;
+        // Said once `status` answers, so that whoever reads this can ask.
+        let bound = crate::types::secs(flags.wait_for_nics);
+        tracing::warn!(waiting_for = %w.said, wait_for_nics = %bound, "NICs not there yet; waiting for them");
+        notify::send(&notify::status(&format!("waiting up to {bound} for {}", w.said)));
+        Ok(w)
+    }
+
+    /// Locks the folder and answers `status` from it, where it is this daemon's to take.
+    fn lock_and_answer(&mut self, flags: &Flags, missing: &DaemonError) -> Result<(), DaemonError> {
+        // With --takeover the folder is the serving daemon's; with auto, when
+        // one serves it (its lock is held), it answers `status` meanwhile.
+        if flags.takeover != Takeover::On {
+            let gid = flags.socket_group.as_deref().map(resolve_group).transpose();
+            let gid = gid.map_err(DaemonError::SocketGroup)?;
+            let mut dir = match SocketDir::lock(&flags.uds_path, flags.socket_mode, gid) {
+                Ok(dir) => dir,
+                Err(SocketDirError::Locked { .. }) if flags.takeover == Takeover::Auto => return Ok(()),
+                Err(e) => return Err(DaemonError::LockSocketDir(e)),
+            };
+            let l = dir
+                .bind_with_mode(status::SOCKET, flags.status_socket_mode)
+                .map_err(DaemonError::Endpoint)?;
+            let listener = l.as_fd().try_clone_to_owned().map_err(|err| {
+                let path = flags.uds_path.join(status::SOCKET);
+                DaemonError::Endpoint(SocketDirError::Bind { path, err })
+            })?;
+            let (reply, rx) = watch::channel(self.reply(missing));
+            let (stop, stopped) = watch::channel(false);
+            let task = status::spawn_starting(l, rx, stopped);
+            self.dir = Some(dir);
+            self.status = Some(StatusWhileWaiting { reply, stop, task, listener });
+        }
+        Ok(())
+    }
+
+    /// The `status` reply while waiting.
+    fn reply(&self, missing: &DaemonError) -> Value {
+        let (what, nics) = waiting_for(missing);
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "ready": false,
+            "starting": {
+                "waiting_for": what,
+                "missing_nics": nics,
+                "waited_seconds": self.started.elapsed().as_secs(),
+                "wait_for_nics_seconds": self.bound.as_secs(),
+            },
+        })
+    }
+
+    /// A new look: the status reply, and a progress line when one is due.
+    fn update(&mut self, missing: &DaemonError, elapsed: Duration) {
+        if let Some(s) = &self.status {
+            s.reply.send_replace(self.reply(missing));
+        }
+        if self.last_line.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.last_line = Instant::now();
+        let (what, _) = waiting_for(missing);
+        let (waited, bound) = (crate::types::secs(elapsed), crate::types::secs(self.bound));
+        tracing::info!(waiting_for = %what, waited = %waited, wait_for_nics = %bound, "still waiting for the NICs");
+        if what != self.said {
+            notify::send(&notify::status(&format!("waiting up to {bound} for {what}")));
+            self.said = what;
+        }
+    }
+
+    /// Stops answering for a waiting daemon; the folder, its status listener
+    /// set aside for the daemon's own status server.
+    async fn finish(mut self) -> Option<SocketDir> {
+        let mut dir = self.dir.take()?;
+        if let Some(s) = self.status.take() {
+            s.stop.send_replace(true);
+            // It answers what it has taken (given a second), then ends.
+            let _ = s.task.await;
+            dir.set_aside(status::SOCKET, s.listener);
+        }
+        Some(dir)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        // Dropped unfinished (a signal, an error): no answers from here on.
+        if let Some(s) = &self.status {
+            s.task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "wait_nics_tests.rs"]
+mod tests;

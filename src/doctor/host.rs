@@ -3,48 +3,18 @@
 
 use nix::errno::Errno;
 
-use super::{Ctx, Report, Status};
+use std::path::Path;
+
+use super::{Ctx, Lock, Report, Status};
 use crate::config::flags::SetupParam;
 
 pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
     let s = "host";
     let flags = ctx.flags;
     let uds = &flags.uds_path;
-    match std::fs::metadata(uds) {
-        Ok(m) if m.is_dir() => {
-            use std::os::unix::fs::{MetadataExt, PermissionsExt};
-            let writable = nix::unistd::access(uds, nix::unistd::AccessFlags::W_OK).is_ok();
-            let found = format!(
-                "{} exists, mode {:04o}, owner {}:{}{}",
-                uds.display(),
-                m.permissions().mode() & 0o7777,
-                m.uid(),
-                m.gid(),
-                if writable { "" } else { ", not writable by this user" }
-            );
-            let status = if writable || ctx.daemon.is_some() { Status::Pass } else { Status::Fail };
-            let fix = (status == Status::Fail).then(|| {
-                format!("run as a user that can write {} (root in the tcpx-daemon container)", uds.display())
-            });
-            r.add(s, "socket folder", status, found, fix);
-        }
-        Ok(_) => r.add(
-            s,
-            "socket folder",
-            Status::Fail,
-            format!("{} exists and is not a folder", uds.display()),
-            Some("point --uds_path at a folder (the NCCL plugin's UNIX_CLIENT_PREFIX)".into()),
-        ),
-        Err(_) => r.add(
-            s,
-            "socket folder",
-            Status::Pass,
-            format!("{} absent: the daemon creates it", uds.display()),
-            None,
-        ),
-    }
-    match &ctx.daemon {
-        Some(pid) => r.add(
+    check_socket_folder(r, ctx);
+    match &ctx.lock {
+        Lock::Held(pid) => r.add(
             s,
             "daemon",
             Status::Pass,
@@ -54,14 +24,29 @@ pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
             ),
             None,
         ),
-        None => {
-            r.add(s, "daemon", Status::Pass, "none running on this socket folder (the lock is free)", None)
+        Lock::Free(why) => {
+            r.add(s, "daemon", Status::Pass, format!("none running on this socket folder ({why})"), None)
         }
+        Lock::Unknown(why) => r.add(
+            s,
+            "daemon",
+            Status::Warn,
+            format!("cannot tell whether a daemon runs on {}: {why}", uds.display()),
+            Some(match crate::server::status::daemon_user(uds).map(|(uid, _)| uid) {
+                Some(0) | None => "run doctor as root (or as the daemon's user) to see it".to_string(),
+                Some(uid) => format!(
+                    "run doctor as the daemon's user, {}, or as root, to see it",
+                    crate::host::users::describe(uid)
+                ),
+            }),
+        ),
     }
 
     let tuning_applies =
         !ctx.sim_nic && flags.tuning_script_path.is_none() && flags.setup_param != SetupParam::Off;
-    if !tuning_applies {
+    if let (false, Some(dir)) = (ctx.sim_nic, &flags.tuning_script_path) {
+        check_tuning_scripts(r, dir);
+    } else if !tuning_applies {
         let why = if ctx.sim_nic {
             "simulated NICs: the daemon does no host tuning"
         } else if flags.tuning_script_path.is_some() {
@@ -123,25 +108,128 @@ pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     let got = if rc == 0 { Ok((lim.rlim_cur, lim.rlim_max)) } else { Err(Errno::last()) };
     match got {
+        // The daemon raises its soft limit to the hard one at start: the hard one is what it gets.
         Ok((soft, hard)) => {
             let need = u64::from(flags.max_connections) + 256;
-            if soft < need {
+            let found = format!("RLIMIT_NOFILE soft {soft}, hard {hard}; the daemon raises the soft limit to the hard one at start");
+            if hard < need {
                 r.add(
                     s,
                     "open files",
                     Status::Warn,
-                    format!("RLIMIT_NOFILE soft {soft}, hard {hard}: below --max_connections {} + 256 for the daemon's own files", flags.max_connections),
-                    Some(if hard >= need {
-                        format!("the hard limit allows it: raise the soft one (`ulimit -Sn {hard}`)")
-                    } else {
-                        format!("raise it (`ulimit -n {need}`, LimitNOFILE= in systemd, or lower --max_connections)")
-                    }),
+                    format!("{found}, and {hard} is below --max_connections {} + 256 for its own files", flags.max_connections),
+                    Some(format!(
+                        "raise the hard limit to {need} or more (LimitNOFILE= in the systemd unit, the container \
+                         runtime's ulimits, `ulimit -Hn` as root), or lower --max_connections"
+                    )),
                 );
             } else {
-                r.add(s, "open files", Status::Pass, format!("RLIMIT_NOFILE soft {soft}, hard {hard}"), None);
+                r.add(s, "open files", Status::Pass, found, None);
             }
         }
         Err(e) => r.add(s, "open files", Status::Warn, format!("getrlimit: {e}"), None),
+    }
+}
+
+/// `--tuning_script_path`: the daemon runs `setup.sh` at start and
+/// `teardown.sh` at exit; a missing one is logged and the node runs untuned.
+fn check_tuning_scripts(r: &mut Report, dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let missing: Vec<String> = ["setup.sh", "teardown.sh"]
+        .iter()
+        .filter(|f| {
+            !std::fs::metadata(dir.join(f)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .map(|f| dir.join(f).display().to_string())
+        .collect();
+    if missing.is_empty() {
+        r.add(
+            "host",
+            "tuning",
+            Status::Pass,
+            format!("--tuning_script_path: {} runs the scripts", dir.display()),
+            None,
+        );
+    } else {
+        r.add(
+            "host",
+            "tuning",
+            Status::Warn,
+            format!("--tuning_script_path: no executable {}; the daemon logs the failure and leaves the host untuned", missing.join(" or ")),
+            Some("install the scripts there, or drop --tuning_script_path for the built-in tuning".into()),
+        );
+    }
+}
+
+/// The socket folder: there and usable by this user, or creatable by it (a
+/// daemon with these flags would create it, or exit 1 "Permission denied").
+fn check_socket_folder(r: &mut Report, ctx: &Ctx) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (s, uds) = ("host", &ctx.flags.uds_path);
+    let me = crate::host::users::me();
+    let can = |p: &Path, how| nix::unistd::access(p, how).is_ok();
+    let (w, x) = (nix::unistd::AccessFlags::W_OK, nix::unistd::AccessFlags::X_OK);
+    match std::fs::metadata(uds) {
+        Ok(m) if m.is_dir() => {
+            let usable = can(uds, w | x);
+            let found = format!(
+                "{} exists, mode {:04o}, owner {}, group {}{}",
+                uds.display(),
+                m.permissions().mode() & 0o7777,
+                crate::host::users::describe(m.uid()),
+                m.gid(),
+                if usable { String::new() } else { format!("; {me} cannot write in it") }
+            );
+            let status = if usable || ctx.daemon.is_some() { Status::Pass } else { Status::Fail };
+            let fix = (status == Status::Fail).then(|| {
+                format!(
+                    "run as a user that can write {} (the daemon's user: root in the tcpx-daemon container and \
+                     the systemd unit), or choose another --uds_path",
+                    uds.display()
+                )
+            });
+            r.add(s, "socket folder", status, found, fix);
+        }
+        Ok(_) => r.add(
+            s,
+            "socket folder",
+            Status::Fail,
+            format!("{} exists and is not a folder", uds.display()),
+            Some("point --uds_path at a folder (the NCCL plugin's UNIX_CLIENT_PREFIX)".into()),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // The daemon creates the missing folders from the nearest one that exists.
+            let parent = uds.ancestors().skip(1).find(|p| p.exists()).unwrap_or(Path::new("/"));
+            if parent.is_dir() && can(parent, w | x) {
+                let found =
+                    format!("{} absent: the daemon creates it (in {})", uds.display(), parent.display());
+                r.add(s, "socket folder", Status::Pass, found, None);
+            } else {
+                r.add(
+                    s,
+                    "socket folder",
+                    Status::Fail,
+                    format!(
+                        "{} absent, and {me} cannot create it: it may not write in {} \
+                         (the daemon with these flags would exit 1: Permission denied)",
+                        uds.display(),
+                        parent.display()
+                    ),
+                    Some(format!(
+                        "run as root (as the systemd unit and the tcpx-daemon container do), create {} for \
+                         this user, or choose a --uds_path it can create (e.g. --uds_path=/tmp/tcpx)",
+                        uds.display()
+                    )),
+                );
+            }
+        }
+        Err(e) => r.add(
+            s,
+            "socket folder",
+            Status::Fail,
+            format!("{}: {e} ({me})", uds.display()),
+            Some("run as the daemon's user (or root), or choose another --uds_path".into()),
+        ),
     }
 }
 

@@ -44,6 +44,8 @@ struct Ctx<'a> {
     sim_nic: bool,
     /// Pid of the daemon holding the socket-folder lock, if one runs.
     daemon: Option<String>,
+    /// The lock as this user sees it (held, free, or not to be told).
+    lock: Lock,
     /// Whether pools must be bound to NIC queues (real NICs, a binder chosen).
     binding_needed: bool,
     /// The CUDA-visible GPUs that the sim preset is placed on (`--gpu_backend=cuda`).
@@ -77,9 +79,13 @@ fn run(flags: &Flags) -> Report {
         GpuBackendKind::Auto if sim_nic => "host".into(),
         _ => "cuda".into(),
     };
-    let daemon = lock_holder(&flags.uds_path);
+    let lock = lock_holder(&flags.uds_path);
+    let daemon = match &lock {
+        Lock::Held(pid) => Some(pid.clone()),
+        _ => None,
+    };
     let binding_needed = !sim_nic && flags.bind_backend != BinderKind::None;
-    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, binding_needed, placed_gpus: None };
+    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, lock, binding_needed, placed_gpus: None };
 
     match resolved {
         Ok((topo, source)) => {
@@ -152,26 +158,63 @@ pub(crate) fn ranges(q: &[u32]) -> String {
     out.join(", ")
 }
 
-/// The pid in the lock file when a daemon holds the lock, tested with a
-/// non-blocking shared lock on our own descriptor (released at once). Never
-/// creates the file, and opens it only if it is a plain file of its own (a
-/// client may have planted a link or a FIFO at its name).
-fn lock_holder(uds: &Path) -> Option<String> {
-    let folder = crate::host::shared_dir::SharedDir::open(uds).ok()?;
-    let file = folder.open_plain(crate::server::socket_dir::LOCK_FILE, nix::fcntl::OFlag::O_RDONLY).ok()?;
+/// Whether a daemon holds the socket folder's lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Lock {
+    /// Held, by the pid the lock file names (`pid N`, or `unknown pid`).
+    Held(String),
+    /// No daemon: the lock is free, or there is no lock file or folder.
+    Free(&'static str),
+    /// This user cannot tell: why.
+    Unknown(String),
+}
+
+/// The socket folder's lock, tested with a non-blocking shared lock on our
+/// own descriptor (released at once). Never creates the file, and opens it
+/// only if it is a plain file of its own (a client may have planted a link
+/// or a FIFO at its name).
+fn lock_holder(uds: &Path) -> Lock {
+    use crate::host::shared_dir::{OpenError, SharedDir};
+    use std::io::ErrorKind;
+    let lock_file = crate::server::socket_dir::LOCK_FILE;
+    let folder = match SharedDir::open(uds) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Lock::Free("there is no socket folder"),
+        Err(e) => {
+            return Lock::Unknown(format!("{} cannot be opened by {}: {}", uds.display(), me(), e.kind()))
+        }
+    };
+    let file = match folder.open_plain(lock_file, nix::fcntl::OFlag::O_RDONLY) {
+        Ok(f) => f,
+        Err(OpenError::Io(e)) if e.kind() == ErrorKind::NotFound => {
+            return Lock::Free("there is no lock file")
+        }
+        Err(e) => {
+            let path = uds.join(lock_file);
+            let why = match &e {
+                OpenError::Io(io) => io.kind().to_string(),
+                other => other.to_string(),
+            };
+            return Lock::Unknown(format!("{} cannot be read by {}: {why}", path.display(), me()));
+        }
+    };
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
         Ok(l) => {
             drop(l.unlock());
-            None
+            Lock::Free("the lock is free")
         }
         Err((mut file, Errno::EWOULDBLOCK)) => {
             let mut pid = String::new();
             let _ = std::io::Read::read_to_string(&mut file, &mut pid);
             let pid = pid.trim();
-            Some(if pid.is_empty() { "unknown pid".into() } else { format!("pid {pid}") })
+            Lock::Held(if pid.is_empty() { "unknown pid".into() } else { format!("pid {pid}") })
         }
-        Err(_) => None,
+        Err((_, e)) => Lock::Unknown(format!("locking {} failed ({e})", uds.join(lock_file).display())),
     }
+}
+
+fn me() -> String {
+    format!("this user, {}", crate::host::users::me())
 }
 
 /// `tcpx-rxdm doctor [--json] FLAGS…`: prints the report, returns the exit code.

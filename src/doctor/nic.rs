@@ -294,6 +294,10 @@ mod tests {
             source: Some(Source::Inline),
             sim_nic: false,
             daemon: daemon.map(str::to_string),
+            lock: match daemon {
+                Some(pid) => super::super::Lock::Held(pid.to_string()),
+                None => super::super::Lock::Free("the lock is free"),
+            },
             binding_needed: false,
             placed_gpus: None,
         };

@@ -4,3 +4,4 @@
 pub(crate) mod memory;
 pub mod shared_dir;
 pub mod tuning;
+pub mod users;

@@ -117,10 +117,12 @@ fn checking_tracker(
     (t, policy, rx)
 }
 
-/// One worker: were the read on it, the ticker would stop.
+/// One worker: were the read on it, the ticker would stop. The read takes
+/// 5 s, far longer than the 300 ms the callers wait: what is asserted is
+/// order (they return while it is still under way), not time.
 #[tokio::test(flavor = "current_thread")]
 async fn a_slow_tenant_read_holds_no_worker_and_ends_in_an_error() {
-    let (t, _, _rx) = checking_tracker(Duration::from_millis(300), Duration::from_millis(900));
+    let (t, _, _rx) = checking_tracker(Duration::from_millis(300), Duration::from_secs(5));
     let ticks = Arc::new(AtomicU64::new(0));
     let ticker = {
         let ticks = ticks.clone();
@@ -133,19 +135,22 @@ async fn a_slow_tenant_read_holds_no_worker_and_ends_in_an_error() {
     };
     let (a, _b) = UnixStream::pair().unwrap();
     let (c, _d) = UnixStream::pair().unwrap();
-    let started = std::time::Instant::now();
     // Two connections of one process at once: one read, both wait for it.
     let (ra, rc) = tokio::join!(t.who_async(a.as_fd()), t.who_async(c.as_fd()));
-    let waited = started.elapsed();
     assert_eq!((ra.unwrap_err(), rc.unwrap_err()), (IdentifyError::TimedOut, IdentifyError::TimedOut));
-    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_millis(800), "{waited:?}");
-    assert!(ticks.load(Ordering::Relaxed) >= 15, "the worker served other tasks meanwhile");
+    assert!(!t.table.lock().unwrap().reading.is_empty(), "they waited for the read to end");
+    assert!(ticks.load(Ordering::Relaxed) >= 1, "the worker served other tasks meanwhile");
     assert!(IdentifyError::TimedOut.to_string().contains("try again"));
     // Asking again joins the read still under way; once it is done, the lease is there.
     let again = t.who_async(a.as_fd()).await;
     assert_eq!(again.unwrap_err(), IdentifyError::TimedOut);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let client = t.who_async(a.as_fd()).await.expect("read by now");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60); // bounds a hang only
+    let client = loop {
+        match t.who_async(a.as_fd()).await {
+            Ok(client) => break client,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "never read: {e}"),
+        }
+    };
     assert!(client.tenant.is_some() && client.lease.is_some());
     assert_eq!(t.reads.load(Ordering::Relaxed), 1, "one read for the process");
     assert!(t.table.lock().unwrap().reading.is_empty(), "nothing left behind");

@@ -5,7 +5,7 @@
 //! in a Pod, rather than writing a Pod whose daemon exits at once or is
 //! restarted forever.
 
-use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind, PRESET_NAMES};
+use crate::config::flags::{Flags, GpuBackendKind, LogLevel, NicBackendKind, PRESET_NAMES};
 use crate::config::presets;
 use crate::gpu::ShmemType;
 
@@ -32,9 +32,6 @@ pub fn not_for_a_pod(name: &str) -> Option<&'static str> {
     })
 }
 
-/// The levels `--log_level` takes.
-const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
-
 /// The level a person most likely meant by a word that is none.
 fn meant_level(word: &str) -> Option<&'static str> {
     Some(match word.to_ascii_lowercase().as_str() {
@@ -46,23 +43,14 @@ fn meant_level(word: &str) -> Option<&'static str> {
     })
 }
 
-/// `--log_level` by the daemon's rule: a level's name in any case, or
-/// `warning` for warn (per-module filters go in `RUST_LOG`). Returns the
-/// level's name, which inject writes: a daemon built before `warning` was
-/// taken reads `warn` too.
-// Stands in for `config`'s own check of the value until inject can call it.
+/// `--log_level` by the daemon's own rule ([`LogLevel::parse`]), with a hint
+/// for a word that is no level. Returns the level's name, which inject
+/// writes: a daemon built before `warning` was taken reads `warn` too.
 pub fn log_level(value: &str) -> Result<&'static str, String> {
-    let word = value.trim().to_ascii_lowercase();
-    let word = if word == "warning" { "warn" } else { word.as_str() };
-    if let Some(level) = LEVELS.iter().find(|l| **l == word) {
-        return Ok(level);
-    }
-    let hint = meant_level(value.trim()).map(|l| format!("; did you mean {l}?")).unwrap_or_default();
-    Err(format!(
-        "invalid value '{value}' for '--log_level': expected one of {} (`warning` is taken for warn; \
-         per-module filters go in RUST_LOG){hint}",
-        LEVELS.join(", ")
-    ))
+    LogLevel::parse(value).map(LogLevel::name).map_err(|e| {
+        let hint = meant_level(value.trim()).map(|l| format!("; did you mean {l}?")).unwrap_or_default();
+        format!("{e}{hint}")
+    })
 }
 
 /// The daemon's flags as the daemon of `mode` would run with them:

@@ -3,38 +3,45 @@
 //! and read again whenever they change (cert-manager rotates the Secret
 //! behind them), each new handshake getting the current one.
 //!
-//! Whatever a client sends, the server's work and memory stay bounded:
-//! - at most [`MAX_CONNECTIONS`] connections; past that, new ones wait in
-//!   the listen backlog (accepting pauses) rather than being reset, which
-//!   the API server would take as a failed call;
-//! - the handshake, a request's headers and its body must each arrive
-//!   within the request timeout, and a reply must be written within it;
-//! - request bodies and replies together hold at most [`BUFFER_BYTES`] (or
-//!   twice the body limit, if more) at once; a body that finds no room
-//!   within the request timeout gets 503;
-//! - reviews run off the async workers, [`REVIEWS_AT_ONCE`] at a time, so
-//!   `/healthz` answers while they run; each review's document is bounded
-//!   by [`webhook::MAX_VALUES`].
+//! Whatever a client sends, the server's work and memory stay bounded, and
+//! a few hostile clients cannot keep the API server's reviews waiting:
+//! - at most [`MAX_HANDSHAKES`] TLS handshakes at once, each done within
+//!   [`HANDSHAKE_TIMEOUT`], and at most [`MAX_CONNECTIONS`] connections
+//!   served; when either is full, the connection waiting longest on its
+//!   client is closed to make room ([`conns`]), so connections that stall
+//!   cannot keep a new one in the backlog;
+//! - a request's headers must arrive within the request timeout, its body
+//!   within a second plus a second per 4 MiB, and a reply must be written
+//!   within the request timeout;
+//! - each request's first [`SHARE`] bytes (body, then reply) come from room
+//!   kept for every connection; the rest from [`BUFFER_BYTES`] (or twice
+//!   the body limit, if more) shared by all, drawn on as bytes arrive; a
+//!   request that finds no room in time gets 503;
+//! - reviews run off the async workers, [`REVIEWS_AT_ONCE`] at a time plus
+//!   one more for bodies within the share, so `/healthz` answers while they
+//!   run and a typical review does not queue behind large ones; each
+//!   review's document is bounded by [`webhook::MAX_VALUES`].
 //!
 //! Each review is logged (uid, Pod, operation, verdict, reason, time), as
 //! is each refused or slow request.
 
+mod connection;
+pub mod conns;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::rustls::{self, ServerConfig};
 
 use super::certs;
-use super::transport::{held_bytes, read_body, BodyError, Budget, WriteDeadline};
+use super::transport::{held_bytes, read_body, BodyError, BodyRules, Budget};
 use super::webhook::{self, OnError, Verdict};
 use super::Options;
 
@@ -54,15 +61,29 @@ pub struct ServeConfig {
     pub reload_every: Duration,
 }
 
-/// Connections open at once; more wait in the listen backlog.
+/// Connections served at once. Past that, the one waiting longest on its
+/// client is closed for a new one ([`conns`]).
 pub const MAX_CONNECTIONS: usize = 64;
+/// TLS handshakes at once, apart from the connections served: a
+/// connection holds no place among those until its handshake is done.
+pub const MAX_HANDSHAKES: usize = 128;
+/// Time for a TLS handshake (or the request timeout, if shorter): one
+/// round trip and a signature, milliseconds for an API server.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Reviews run at once (fewer on a machine of fewer cores). Each may hold
 /// two documents of [`webhook::MAX_VALUES`] (about 17 MB at worst): two
 /// fit the shipped 128 MiB limit with the buffers below, and a review
 /// takes milliseconds, so more would add memory rather than speed.
 pub const REVIEWS_AT_ONCE: usize = 2;
-/// Bytes of request bodies and replies held at once: three bodies of the
-/// default limit, or hundreds of Pods as they come.
+/// One more review at once, only for bodies within [`SHARE`]: a typical
+/// Pod is reviewed while large ones hold the other turns.
+pub const QUICK_REVIEWS: usize = 1;
+/// Bytes of each request's body, then its reply, taken from room kept for
+/// every connection: a Pod's review is a few KiB to tens of KiB, so it
+/// never waits for room, whatever others hold.
+pub const SHARE: usize = 128 << 10;
+/// Bytes of request bodies and replies held at once past their shares:
+/// three bodies of the default limit, drawn on as bytes arrive.
 pub const BUFFER_BYTES: usize = 12 << 20;
 /// hyper's read buffer per connection (headers must fit in it).
 const READ_BUFFER: usize = 64 << 10;
@@ -74,6 +95,26 @@ struct Shared {
     cfg: ServeConfig,
     budget: Budget,
     reviews: Arc<Semaphore>,
+    quick: Arc<Semaphore>,
+    conns: Arc<conns::Conns>,
+    /// When the last "cap reached" warning was logged.
+    said_full: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Shared {
+    /// A connection was closed to make room: a warning at most once a minute.
+    fn made_room(&self, what: &str) {
+        let mut said = self.said_full.lock().unwrap_or_else(|e| e.into_inner());
+        if said.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+            let (handshakes, served) = self.conns.counts();
+            tracing::warn!(
+                handshakes,
+                served,
+                "{what} full: the connection waiting longest on its client was closed to make room (logged at most once a minute)"
+            );
+            *said = Some(std::time::Instant::now());
+        }
+    }
 }
 
 /// glibc's allocator, set for a server whose large buffers come and go:
@@ -107,31 +148,29 @@ pub async fn bind(cfg: ServeConfig) -> Result<(SocketAddr, impl std::future::Fut
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let tls = Arc::new(tls);
     let listener =
         tokio::net::TcpListener::bind(cfg.listen).await.map_err(|e| format!("{}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let reviews = REVIEWS_AT_ONCE.min(cores);
+    // A share for each connection served, and for each review still
+    // running after its client left.
+    let holders = MAX_CONNECTIONS + reviews + QUICK_REVIEWS;
     let shared = Arc::new(Shared {
-        budget: Budget::new(BUFFER_BYTES.max(cfg.max_body.saturating_mul(2))),
-        reviews: Arc::new(Semaphore::new(REVIEWS_AT_ONCE.min(cores))),
+        budget: Budget::new(SHARE, holders, BUFFER_BYTES.max(cfg.max_body.saturating_mul(2))),
+        reviews: Arc::new(Semaphore::new(reviews)),
+        quick: Arc::new(Semaphore::new(QUICK_REVIEWS)),
+        conns: conns::Conns::new(MAX_HANDSHAKES, MAX_CONNECTIONS),
+        said_full: std::sync::Mutex::new(None),
         cfg,
     });
     let serve = async move {
         tokio::spawn(reload);
-        let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        let mut said_full: Option<std::time::Instant> = None;
         loop {
-            let slot = open.clone().acquire_owned().await.expect("the semaphore is never closed");
-            if open.available_permits() == 0
-                && said_full.is_none_or(|t| t.elapsed() > Duration::from_secs(60))
-            {
-                tracing::warn!(
-                    connections = MAX_CONNECTIONS,
-                    "connection cap reached: new connections wait until one closes"
-                );
-                said_full = Some(std::time::Instant::now());
-            }
+            // Never waits longer than a handshake's guaranteed time: past
+            // that, the oldest one is closed for the next.
+            shared.conns.room_for_handshake().await;
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -140,41 +179,14 @@ pub async fn bind(cfg: ServeConfig) -> Result<(SocketAddr, impl std::future::Fut
                     continue;
                 }
             };
-            tokio::spawn(connection(tcp, peer, acceptor.clone(), shared.clone(), slot));
+            let (ticket, evicted) = shared.conns.admit();
+            if evicted {
+                shared.made_room("TLS handshakes");
+            }
+            tokio::spawn(connection::serve(tcp, peer, tls.clone(), shared.clone(), ticket));
         }
     };
     Ok((addr, serve))
-}
-
-/// One client connection, holding its slot until it ends.
-async fn connection(
-    tcp: tokio::net::TcpStream,
-    peer: SocketAddr,
-    acceptor: tokio_rustls::TlsAcceptor,
-    shared: Arc<Shared>,
-    _slot: OwnedSemaphorePermit,
-) {
-    let limit = shared.cfg.timeout;
-    let tls = match tokio::time::timeout(limit, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-        Err(_) => return tracing::debug!(%peer, "TLS handshake not done in time"),
-    };
-    let expired = Arc::new(AtomicBool::new(false));
-    let io = TokioIo::new(WriteDeadline::new(tls, limit, expired.clone()));
-    let svc = hyper::service::service_fn(move |req| handle(req, shared.clone(), peer));
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limit)
-        .max_buf_size(READ_BUFFER)
-        .serve_connection(io, svc);
-    if let Err(e) = conn.await {
-        if expired.load(Ordering::Relaxed) {
-            tracing::warn!(%peer, "reply not taken within {:.1} s: connection closed", limit.as_secs_f64());
-        } else {
-            tracing::debug!(%peer, error = %e, "connection ended");
-        }
-    }
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>, json: bool) -> Response<Full<Bytes>> {
@@ -198,16 +210,29 @@ fn refused(
     reply(status, format!("{why}\n"), false)
 }
 
+/// A request in progress: the connection waits on its client until the
+/// body is in, and again once the reply is handed to hyper to write.
+struct InRequest(conns::Track);
+
+impl Drop for InRequest {
+    fn drop(&mut self) {
+        self.0.set(conns::Stage::Client);
+    }
+}
+
 async fn handle(
     req: Request<Incoming>,
     shared: Arc<Shared>,
     peer: SocketAddr,
+    track: conns::Track,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let start = Instant::now();
+    track.set(conns::Stage::Client);
+    let request = InRequest(track);
     let path = req.uri().path().to_string();
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "ok\n", false),
-        (&Method::POST, "/mutate") => mutate(req, &shared, peer, start).await,
+        (&Method::POST, "/mutate") => mutate(req, &shared, peer, start, &request.0).await,
         (_, "/healthz" | "/mutate") => {
             refused(peer, &path, start, StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
         }
@@ -215,34 +240,54 @@ async fn handle(
     })
 }
 
+/// A turn to review a body of `len` bytes: any turn, or for a body within
+/// the share, the quick one too.
+async fn review_turn(shared: &Shared, len: usize) -> OwnedSemaphorePermit {
+    let any = shared.reviews.clone().acquire_owned();
+    let turn = if len <= SHARE {
+        tokio::select! {
+            t = any => t,
+            t = shared.quick.clone().acquire_owned() => t,
+        }
+    } else {
+        any.await
+    };
+    turn.expect("the semaphores are never closed")
+}
+
 async fn mutate(
     req: Request<Incoming>,
     shared: &Arc<Shared>,
     peer: SocketAddr,
     start: Instant,
+    track: &conns::Track,
 ) -> Response<Full<Bytes>> {
     let cfg = &shared.cfg;
     let declared =
         req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let deadline = start + cfg.timeout;
-    let (body, held) =
-        match read_body(req.into_body(), declared, cfg.max_body, &shared.budget, deadline).await {
-            Ok(b) => b,
-            Err(e) => {
-                let status = match e {
-                    BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-                    BodyError::Slow => StatusCode::REQUEST_TIMEOUT,
-                    BodyError::Busy => StatusCode::SERVICE_UNAVAILABLE,
-                    BodyError::Read(_) => StatusCode::BAD_REQUEST,
-                };
-                return refused(peer, "/mutate", start, status, &e.to_string());
-            }
-        };
+    let rules = BodyRules { max: cfg.max_body, deadline };
+    // Waiting for room is the server's turn, not the client's.
+    let room_wait =
+        |waiting: bool| track.set(if waiting { conns::Stage::Server } else { conns::Stage::Client });
+    let (body, held) = match read_body(req.into_body(), declared, rules, &shared.budget, &room_wait).await {
+        Ok(b) => b,
+        Err(e) => {
+            let status = match e {
+                BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                BodyError::Slow { .. } | BodyError::GaveBack { .. } => StatusCode::REQUEST_TIMEOUT,
+                BodyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                BodyError::Read(_) => StatusCode::BAD_REQUEST,
+            };
+            return refused(peer, "/mutate", start, status, &e.to_string());
+        }
+    };
+    track.set(conns::Stage::Server);
     // A turn to be reviewed, within the time the request had to arrive:
     // an answer later than that comes after the API server gave up.
-    let turn = match tokio::time::timeout_at(deadline, shared.reviews.clone().acquire_owned()).await {
-        Ok(Ok(t)) => t,
-        _ => {
+    let turn = match tokio::time::timeout_at(deadline, review_turn(shared, body.len())).await {
+        Ok(t) => t,
+        Err(_) => {
             let why = "the webhook is busy (no review turn free within the request timeout); try again";
             return refused(peer, "/mutate", start, StatusCode::SERVICE_UNAVAILABLE, why);
         }
@@ -275,9 +320,9 @@ async fn mutate(
     };
     log_review(&outcome, start.elapsed());
     // The reply holds its own size of the budget until it is written.
-    let need = bytes.len().saturating_sub(held.num_permits());
-    Budget::shrink(&mut held, bytes.len());
-    if shared.budget.grow(&mut held, need, Instant::now() + cfg.timeout).await.is_err() {
+    Budget::shrink_to(&mut held, bytes.len());
+    if shared.budget.grow_to(&mut held, bytes.len(), Instant::now() + cfg.timeout, None, || {}).await.is_err()
+    {
         let why = "the webhook is busy (no room for the reply within the request timeout); try again";
         return refused(peer, "/mutate", start, StatusCode::SERVICE_UNAVAILABLE, why);
     }

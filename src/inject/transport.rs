@@ -1,8 +1,14 @@
 //! What bounds a client of `inject serve` beyond HTTP's own limits: the
-//! bytes of request bodies and replies held at once (a budget every body
-//! draws on as it arrives and every reply holds until it is written), and
-//! the time a reply may take to be written (a client that stops reading is
-//! cut off rather than holding its reply).
+//! bytes of request bodies and replies held at once ([`budget`]), the time
+//! a body may take to arrive ([`body`]), and the time a reply may take to
+//! be written (a client that stops reading is cut off rather than holding
+//! its reply).
+
+pub mod body;
+pub mod budget;
+
+pub use body::{held_bytes, read_body, BodyError, BodyRules, BODY_GRACE, BODY_RATE};
+pub use budget::{Budget, Holding};
 
 use std::future::Future as _;
 use std::io;
@@ -12,124 +18,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http_body_util::BodyExt;
-use hyper::body::{Bytes, Incoming};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, Sleep};
-
-/// Why a request body was not taken.
-#[derive(Debug, thiserror::Error)]
-pub enum BodyError {
-    #[error("request body over {0} bytes")]
-    TooLarge(usize),
-    #[error("request body not received in time")]
-    Slow,
-    /// The budget stayed spent for the whole request timeout.
-    #[error("the webhook is busy (request bodies and replies held at once at their limit); try again")]
-    Busy,
-    #[error("reading the body: {0}")]
-    Read(String),
-}
-
-/// Bytes held at once by request bodies and replies, as semaphore permits
-/// (one per byte).
-#[derive(Clone)]
-pub struct Budget(Arc<Semaphore>);
-
-impl Budget {
-    pub fn new(bytes: usize) -> Budget {
-        Budget(Arc::new(Semaphore::new(bytes)))
-    }
-
-    /// Bytes free now.
-    pub fn free(&self) -> usize {
-        self.0.available_permits()
-    }
-
-    /// `n` more bytes for `held`, waiting until `deadline` at most.
-    pub async fn grow(
-        &self,
-        held: &mut OwnedSemaphorePermit,
-        n: usize,
-        deadline: Instant,
-    ) -> Result<(), BodyError> {
-        if n == 0 {
-            return Ok(());
-        }
-        let n = u32::try_from(n).map_err(|_| BodyError::Busy)?;
-        match tokio::time::timeout_at(deadline, self.0.clone().acquire_many_owned(n)).await {
-            Ok(Ok(more)) => {
-                held.merge(more);
-                Ok(())
-            }
-            _ => Err(BodyError::Busy),
-        }
-    }
-
-    /// A holding of nothing, to grow.
-    pub fn none(&self) -> OwnedSemaphorePermit {
-        self.0.clone().try_acquire_many_owned(0).expect("zero permits are always there")
-    }
-
-    /// Keeps `keep` bytes of `held`, gives the rest back.
-    pub fn shrink(held: &mut OwnedSemaphorePermit, keep: usize) {
-        if held.num_permits() > keep {
-            drop(held.split(held.num_permits() - keep));
-        }
-    }
-}
-
-/// Reads a request body of at most `max` bytes by `deadline`, drawing on
-/// `budget` for each piece as it arrives. Returns the body and its holding.
-pub async fn read_body(
-    mut body: Incoming,
-    declared: Option<u64>,
-    max: usize,
-    budget: &Budget,
-    deadline: Instant,
-) -> Result<(Vec<u8>, OwnedSemaphorePermit), BodyError> {
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(BodyError::TooLarge(max));
-    }
-    let mut held = budget.none();
-    // A declared length is drawn at once: the body is coming, and waiting
-    // for room before reading it keeps the sender from filling our buffers.
-    let mut data = Vec::new();
-    if let Some(n) = declared {
-        budget.grow(&mut held, n as usize, deadline).await?;
-        data.reserve_exact(n as usize);
-    }
-    loop {
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Err(BodyError::Slow),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(BodyError::Read(e.to_string())),
-            Ok(Some(Ok(f))) => f,
-        };
-        let Ok(chunk) = frame.into_data() else { continue };
-        if data.len() + chunk.len() > max {
-            return Err(BodyError::TooLarge(max));
-        }
-        let need = (data.len() + chunk.len()).saturating_sub(held.num_permits());
-        budget.grow(&mut held, need, deadline).await?;
-        data.extend_from_slice(&chunk);
-    }
-    Budget::shrink(&mut held, data.len());
-    Ok((data, held))
-}
-
-/// A reply's bytes with their holding of the budget, given back when the
-/// last reference to them goes (hyper drops them once written).
-pub fn held_bytes(data: Vec<u8>, held: OwnedSemaphorePermit) -> Bytes {
-    struct Held(Vec<u8>, #[allow(dead_code)] OwnedSemaphorePermit);
-    impl AsRef<[u8]> for Held {
-        fn as_ref(&self) -> &[u8] {
-            &self.0
-        }
-    }
-    Bytes::from_owner(Held(data, held))
-}
+use tokio::time::Sleep;
 
 /// A stream whose writes must be done within `limit`: from the first write
 /// of a reply until it is flushed. A reply not taken by then fails the
@@ -229,6 +119,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+    use tokio::time::Instant;
 
     #[tokio::test(start_paused = true)]
     async fn a_reply_nobody_reads_fails_after_the_limit_and_one_read_in_time_does_not() {

@@ -427,6 +427,8 @@ impl Drop for SocketDir {
     }
 }
 
+#[path = "socket_dir_aside.rs"]
+mod aside;
 #[cfg(test)]
 #[path = "socket_dir_tests.rs"]
 mod tests;

@@ -72,6 +72,61 @@ pub fn spawn(listener: UnixListener, state: Arc<ServerState>, mut shutdown: watc
     });
 }
 
+/// Serves `listener` for a daemon that is still starting: `status` gets the
+/// latest value of `starting` (what it waits for), `flows` an error saying
+/// there are none yet. Ends when `stop` turns true (or its sender goes),
+/// once the connections it took are answered (or a second has passed).
+pub fn spawn_starting(
+    listener: UnixListener,
+    starting: watch::Receiver<Value>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        let mut answering = tokio::task::JoinSet::new();
+        loop {
+            let Ok(permit) = limit.clone().acquire_owned().await else { break };
+            let stream = tokio::select! {
+                _ = crate::endpoint::stopped(&mut stop) => break,
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                },
+            };
+            let now = starting.borrow().clone();
+            answering.spawn(async move {
+                let _ = tokio::time::timeout(CONNECTION_TIMEOUT, serve_starting(stream, now)).await;
+                drop(permit);
+            });
+        }
+        // Those that have not sent their request within a second are dropped.
+        let all_answered = async { while answering.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout(Duration::from_secs(1), all_answered).await;
+    })
+}
+
+async fn serve_starting(stream: UnixStream, starting: Value) -> std::io::Result<()> {
+    let (rd, mut wr) = stream.into_split();
+    let mut line = Vec::new();
+    let read = BufReader::new(rd.take(MAX_REQUEST)).read_until(b'\n', &mut line).await;
+    let reply = match (read, parse_request(&line)) {
+        (Err(e), _) => return Err(e),
+        (_, Err(reply)) => reply,
+        (_, Ok(Ask::Status)) => format!("{starting}\n"),
+        (_, Ok(Ask::Flows)) => {
+            let why = starting["starting"]["waiting_for"].as_str().unwrap_or("starting");
+            format!(
+                "{}\n",
+                json!({ "error": format!("the daemon is starting ({why}): it holds no rules yet") })
+            )
+        }
+    };
+    wr.write_all(reply.as_bytes()).await
+}
+
 /// What a status client asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask {
@@ -243,7 +298,7 @@ pub async fn status_json(state: &ServerState) -> Value {
 
 #[path = "status_client.rs"]
 mod client;
-pub use client::{ask, ask_on, client_main, connect, flows_text, status_text};
+pub use client::{ask, ask_on, client_main, connect, daemon_user, flows_text, run_as_hint, status_text};
 
 #[cfg(test)]
 mod tests {

@@ -26,11 +26,38 @@ pub fn connect(uds: &Path) -> Result<std::os::unix::net::UnixStream, String> {
         ),
         std::io::ErrorKind::PermissionDenied => format!(
             "{}: permission denied: it shows every client's flows, so only the daemon's user may read it \
-             (--status_socket_mode, 0600 by default); run as that user (root)",
-            path.display()
+             (--status_socket_mode, 0600 by default); {}",
+            path.display(),
+            run_as_hint(uds, "status")
         ),
         _ => format!("{}: {e}", path.display()),
     })
+}
+
+/// Who the daemon serving `uds` runs as, as far as this user can tell: the
+/// owner of its status socket, else of its lock file, else of the folder;
+/// with the file that told.
+pub fn daemon_user(uds: &Path) -> Option<(u32, std::path::PathBuf)> {
+    let files = [uds.join(SOCKET), uds.join(crate::server::socket_dir::LOCK_FILE), uds.to_path_buf()];
+    files.into_iter().find_map(|f| crate::host::users::owner(&f).map(|uid| (uid, f)))
+}
+
+/// What to do when the daemon's files are not this user's to use: run
+/// `tcpx-rxdm COMMAND` as the user who owns them, named.
+pub fn run_as_hint(uds: &Path, command: &str) -> String {
+    let line = format!("tcpx-rxdm {command} --uds_path={}", uds.display());
+    match daemon_user(uds) {
+        Some((0, file)) => format!("run it as root, who owns {} (`sudo {line}`)", file.display()),
+        Some((uid, file)) => {
+            let who = crate::host::users::describe(uid);
+            let name = who.split(' ').next().unwrap_or_default();
+            format!(
+                "run it as the daemon's user, {who}, who owns {} (`sudo -u {name} {line}`)",
+                file.display()
+            )
+        }
+        None => format!("run it as the daemon's user (`{line}`)"),
+    }
 }
 
 /// Sends `request` on a connection already made to the status socket and
@@ -84,6 +111,17 @@ fn human_duration(secs: f64) -> String {
 /// The `status` reply for people.
 pub fn status_text(v: &Value) -> String {
     let mut out = String::new();
+    if let Some(s) = v.get("starting") {
+        // A daemon waiting for its NICs (--wait_for_nics): nothing else to show yet.
+        return format!(
+            "tcpx-rxdm {} (pid {}): starting, waiting for {} ({} of up to {}; --wait_for_nics)\n",
+            v["version"].as_str().unwrap_or("?"),
+            v["pid"],
+            s["waiting_for"].as_str().unwrap_or("its NICs"),
+            human_duration(s["waited_seconds"].as_f64().unwrap_or(0.0)),
+            human_duration(s["wait_for_nics_seconds"].as_f64().unwrap_or(0.0)),
+        );
+    }
     let ready = if v["ready"].as_bool() == Some(true) { "ready" } else { "NOT ready" };
     out += &format!(
         "tcpx-rxdm {} (pid {}): {ready}, up {}\n",

@@ -14,6 +14,12 @@ pub fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String 
     items.into_iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
+/// `noun` and the items: `interface eth1`, `interfaces eth1, eth2`.
+pub fn plural_list<T: std::fmt::Display>(noun: &str, items: &[T]) -> String {
+    let s = if items.len() == 1 { "" } else { "s" };
+    format!("{noun}{s} {}", list(items))
+}
+
 /// A duration for a message: seconds with at most three decimals (`1.5s`,
 /// `0.25s`, `90s`), never the raw float.
 pub fn secs(d: std::time::Duration) -> String {
@@ -31,5 +37,7 @@ mod tests {
         assert_eq!(super::secs(Duration::from_millis(250)), "0.25s");
         assert_eq!(super::list([8, 9, 10]), "8, 9, 10");
         assert_eq!(super::list(Vec::<u32>::new()), "");
+        assert_eq!(super::plural_list("interface", &["eth1"]), "interface eth1");
+        assert_eq!(super::plural_list("interface", &["eth1", "eth2"]), "interfaces eth1, eth2");
     }
 }

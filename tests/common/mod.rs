@@ -70,10 +70,45 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
     t.elapsed()
 }
 
+/// A simulated NIC operation held until the test lets it go
+/// (`--sim_delay=OP:until=FILE[:IFNAME]`): tests of "nothing waits for a
+/// slow NIC" assert order, not time.
+pub struct Hold {
+    _dir: tempfile::TempDir,
+    go: PathBuf,
+}
+
+impl Hold {
+    pub fn new() -> Hold {
+        let dir = tempfile::tempdir().unwrap();
+        let go = dir.path().join("go");
+        Hold { _dir: dir, go }
+    }
+
+    /// The daemon flag holding every call of `op` (on `ifname`, or every NIC).
+    pub fn flag(&self, op: &str, ifname: Option<&str>) -> String {
+        let on = ifname.map(|i| format!(":{i}")).unwrap_or_default();
+        format!("--sim_delay={op}:until={}{on}", self.go.display())
+    }
+
+    /// Waits until a call is held (up to a minute, which only bounds a hang).
+    pub fn wait_held(&self) {
+        let marker = tcpx_rxdm::nic::sim::held_marker(&self.go);
+        wait_until(Duration::from_secs(60), || marker.exists());
+    }
+
+    /// Lets every held call go, and those to come.
+    pub fn release(&self) {
+        std::fs::write(&self.go, b"").unwrap();
+    }
+}
+
 pub struct Daemon {
     pub child: Child,
     pub dir: tempfile::TempDir,
     log: Arc<(Mutex<Vec<String>>, Condvar)>,
+    /// Set once the daemon's stderr has ended (every line read).
+    eof: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Daemon {
@@ -135,6 +170,10 @@ impl Daemon {
         }
         cmd.args(extra)
             .env("RUST_LOG", "info")
+            // A panic's symbolized backtrace takes seconds in a debug build on a
+            // busy machine: longer than some of the daemon's own timeouts (a
+            // takeover's). The message alone is enough for a test's log.
+            .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -156,13 +195,16 @@ impl Daemon {
         let log = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
         let stderr = child.stderr.take().unwrap();
         let sink = log.clone();
+        let eof = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let at_end = eof.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 sink.0.lock().unwrap().push(line);
                 sink.1.notify_all();
             }
+            at_end.store(true, std::sync::atomic::Ordering::Release);
         });
-        Daemon { child, dir, log }
+        Daemon { child, dir, log, eof }
     }
 
     pub fn log(&self) -> Vec<String> {
@@ -232,8 +274,12 @@ impl Daemon {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                // Let the reader thread drain the last lines.
-                std::thread::sleep(Duration::from_millis(50));
+                // Every line read: the pipe's end. A successor the daemon
+                // started (a takeover) keeps the pipe open: then 3 s at most.
+                let until = Instant::now() + Duration::from_secs(3);
+                while !self.eof.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 return st;
             }
             assert!(Instant::now() < deadline, "daemon did not exit; log:\n{}", self.log().join("\n"));

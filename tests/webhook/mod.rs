@@ -103,6 +103,36 @@ impl Client {
     }
 }
 
+/// One request and its reply on a kept-alive connection: status and body.
+/// `None` if the connection closed first.
+pub async fn exchange(s: &mut Tls, raw: &[u8]) -> Option<(u16, String)> {
+    s.write_all(raw).await.ok()?;
+    let mut got = Vec::new();
+    let mut buf = vec![0; 64 << 10];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut buf).await.ok().filter(|n| *n > 0)?;
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_string();
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let len: usize = head.lines().find_map(|l| {
+        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().ok())
+    })??;
+    while got.len() < head_end + len {
+        let n = s.read(&mut buf).await.ok().filter(|n| *n > 0)?;
+        got.extend_from_slice(&buf[..n]);
+    }
+    Some((status, String::from_utf8_lossy(&got[head_end..head_end + len]).to_string()))
+}
+
+/// A POST of `body` to /mutate on a connection kept alive.
+pub fn request_kept_alive(body: &[u8]) -> Vec<u8> {
+    String::from_utf8(request(body)).unwrap().replace("Connection: close\r\n", "").into_bytes()
+}
+
 /// A POST of `body` to /mutate.
 pub fn request(body: &[u8]) -> Vec<u8> {
     let mut raw = format!(

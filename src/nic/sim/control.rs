@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 
-use super::faults::{Fault, Trigger};
+use super::faults::{Fault, Stall, Trigger};
 use super::{SimNic, SimRule, SimState, SIM_PRIV_FLAGS};
 use crate::nic::{DataSplit, FlowSpec, NicOp};
 
@@ -49,13 +49,17 @@ impl SimNic {
 
     /// Delays every call of `op`, on every NIC.
     pub fn delay(&self, op: NicOp, by: Duration) {
-        self.faults.lock().expect("sim fault lock").delays.insert((op, None), by);
-        self.armed.store(true, Ordering::Release);
+        self.stall(None, op, Stall::For(by));
     }
 
     /// Delays every call of `op` on `ifname` only.
     pub fn delay_on(&self, ifname: &str, op: NicOp, by: Duration) {
-        self.faults.lock().expect("sim fault lock").delays.insert((op, Some(ifname.to_string())), by);
+        self.stall(Some(ifname), op, Stall::For(by));
+    }
+
+    /// Makes every call of `op` (on `ifname`, or on every NIC) wait as `stall` says.
+    pub fn stall(&self, ifname: Option<&str>, op: NicOp, stall: Stall) {
+        self.faults.lock().expect("sim fault lock").delays.insert((op, ifname.map(str::to_string)), stall);
         self.armed.store(true, Ordering::Release);
     }
 
@@ -124,6 +128,7 @@ impl SimNic {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Instant;
 
     use super::*;
@@ -158,36 +163,58 @@ mod tests {
         assert_eq!(nic.calls(NicOp::AddRule), 0);
     }
 
+    /// Runs `call` on a thread of its own; its result arrives on the receiver.
+    fn in_thread<T: Send + 'static>(
+        nic: &Arc<SimNic>,
+        call: impl FnOnce(&SimNic) -> T + Send + 'static,
+    ) -> std::sync::mpsc::Receiver<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let nic = nic.clone();
+        std::thread::spawn(move || tx.send(call(&nic)));
+        rx
+    }
+
+    /// Bounds only a hang: everything asserted is order.
+    const HANG: Duration = Duration::from_secs(60);
+
     #[test]
-    fn delays_slow_only_the_named_op() {
-        let nic = SimNic::new(&["eth1"]);
+    fn a_held_op_holds_only_calls_of_that_op() {
+        let nic = Arc::new(SimNic::new(&["eth1"]));
         nic.set_feature("eth1", FEATURE_NTUPLE, true).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let go = tmp.path().join("go");
+        nic.stall(None, NicOp::AddRule, Stall::Until(go.clone()));
+        let held = in_thread(&nic, |n| n.add_rule("eth1", &flow(1), 8, 0));
+        // Another op is answered while the add is held.
+        assert!(in_thread(&nic, |n| n.list_rules("eth1")).recv_timeout(HANG).unwrap().is_ok());
+        assert!(held.try_recv().is_err(), "the held add returned before it was let go");
+        std::fs::write(&go, b"").unwrap();
+        held.recv_timeout(HANG).unwrap().unwrap();
+        // Cleared, nothing holds a call, though the file is gone again.
+        nic.clear_faults();
+        std::fs::remove_file(&go).unwrap();
+        in_thread(&nic, |n| n.add_rule("eth1", &flow(2), 8, 1)).recv_timeout(HANG).unwrap().unwrap();
+        // A fixed delay holds a call at least that long.
         nic.delay(NicOp::AddRule, Duration::from_millis(30));
         let t = Instant::now();
-        nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
+        nic.add_rule("eth1", &flow(3), 8, 2).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(30));
-        let t = Instant::now();
-        nic.list_rules("eth1").unwrap();
-        assert!(t.elapsed() < Duration::from_millis(30));
-        nic.clear_faults();
-        let t = Instant::now();
-        nic.add_rule("eth1", &flow(2), 8, 1).unwrap();
-        assert!(t.elapsed() < Duration::from_millis(30));
     }
 
     #[test]
-    fn a_delay_on_one_nic_leaves_the_others_alone() {
-        let nic = SimNic::new(&["eth1", "eth2"]);
+    fn a_hold_on_one_nic_leaves_the_others_alone() {
+        let nic = Arc::new(SimNic::new(&["eth1", "eth2"]));
         for n in ["eth1", "eth2"] {
             nic.set_feature(n, FEATURE_NTUPLE, true).unwrap();
         }
-        nic.delay_on("eth1", NicOp::AddRule, Duration::from_millis(30));
-        let t = Instant::now();
-        nic.add_rule("eth2", &flow(1), 8, 0).unwrap();
-        assert!(t.elapsed() < Duration::from_millis(30));
-        let t = Instant::now();
-        nic.add_rule("eth1", &flow(1), 8, 0).unwrap();
-        assert!(t.elapsed() >= Duration::from_millis(30));
+        let tmp = tempfile::tempdir().unwrap();
+        let go = tmp.path().join("go");
+        nic.stall(Some("eth1"), NicOp::AddRule, Stall::Until(go.clone()));
+        let held = in_thread(&nic, |n| n.add_rule("eth1", &flow(1), 8, 0));
+        in_thread(&nic, |n| n.add_rule("eth2", &flow(1), 8, 0)).recv_timeout(HANG).unwrap().unwrap();
+        assert!(held.try_recv().is_err(), "eth1's add returned before it was let go");
+        std::fs::write(&go, b"").unwrap();
+        held.recv_timeout(HANG).unwrap().unwrap();
     }
 
     #[test]

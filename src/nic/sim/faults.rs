@@ -3,6 +3,7 @@
 //! call by call, whether one fires.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -65,12 +66,59 @@ impl FromStr for Fault {
 }
 
 /// A delay for every call of one operation: `--sim_delay=OP:DELAY[:IFNAME]`,
-/// on every simulated NIC or only on `IFNAME`.
+/// on every simulated NIC or only on `IFNAME`. `DELAY` may also be
+/// `until=FILE`: each call waits until FILE exists (a test releases a NIC
+/// operation it holds, whatever the machine's speed), and `FILE.held`
+/// appears once a call waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimDelay {
     pub op: NicOp,
+    /// How long each call waits (zero with `until`).
     pub by: Duration,
     pub ifname: Option<String>,
+    /// Each call waits until this file exists.
+    pub until: Option<PathBuf>,
+}
+
+/// How a call of a delayed operation waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stall {
+    For(Duration),
+    /// Until the file exists (looked for every 5 ms).
+    Until(PathBuf),
+}
+
+impl Stall {
+    /// Waits, on the calling thread, as a slow NIC would keep it.
+    pub(super) fn wait(&self) {
+        match self {
+            Stall::For(d) => std::thread::sleep(*d),
+            Stall::Until(file) => {
+                // Tells a test that a call is held now.
+                let _ = std::fs::write(held_marker(file), b"");
+                while !file.exists() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+}
+
+/// The file that exists once a call is held until `file` exists: `FILE.held`.
+pub fn held_marker(file: &std::path::Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".held");
+    PathBuf::from(name)
+}
+
+impl SimDelay {
+    /// How each call waits.
+    pub fn stall(&self) -> Stall {
+        match &self.until {
+            Some(file) => Stall::Until(file.clone()),
+            None => Stall::For(self.by),
+        }
+    }
 }
 
 impl FromStr for SimDelay {
@@ -91,6 +139,12 @@ impl FromStr for SimDelay {
         };
         let op = NicOp::from_name(op)
             .ok_or_else(|| err("OP must be a NIC operation such as add_rule or del_rule"))?;
+        if let Some(file) = delay.strip_prefix("until=") {
+            if file.is_empty() {
+                return Err(err("until= names no file"));
+            }
+            return Ok(SimDelay { op, by: Duration::ZERO, ifname, until: Some(file.into()) });
+        }
         let (digits, unit): (&str, fn(u64) -> Duration) = if let Some(d) = delay.strip_suffix("us") {
             (d, Duration::from_micros)
         } else if let Some(d) = delay.strip_suffix("ms") {
@@ -103,7 +157,7 @@ impl FromStr for SimDelay {
             return Err(err(bad));
         }
         let n: u64 = digits.parse().map_err(|_| err(bad))?;
-        Ok(SimDelay { op, by: unit(n), ifname })
+        Ok(SimDelay { op, by: unit(n), ifname, until: None })
     }
 }
 
@@ -112,7 +166,7 @@ impl FromStr for SimDelay {
 pub(super) struct FaultState {
     pub(super) faults: Vec<Fault>,
     /// Per operation, and per NIC (`None`: every NIC).
-    pub(super) delays: HashMap<(NicOp, Option<String>), Duration>,
+    pub(super) delays: HashMap<(NicOp, Option<String>), Stall>,
     rng: Rng,
 }
 
@@ -124,12 +178,12 @@ impl FaultState {
     /// For the `n`th call of `op` (1-based, counted over every NIC) on
     /// `ifname`: the delay to apply and the errno to fail with, if any. A
     /// fault for the `n`th call fires once and is then forgotten.
-    pub(super) fn on_call(&mut self, ifname: &str, op: NicOp, n: u64) -> (Option<Duration>, Option<Errno>) {
+    pub(super) fn on_call(&mut self, ifname: &str, op: NicOp, n: u64) -> (Option<Stall>, Option<Errno>) {
         let delay = self
             .delays
             .get(&(op, Some(ifname.to_string())))
             .or_else(|| self.delays.get(&(op, None)))
-            .copied();
+            .cloned();
         let mut fail = None;
         for i in 0..self.faults.len() {
             if self.faults[i].op != op {
@@ -158,11 +212,19 @@ mod tests {
     #[test]
     fn delay_flag_parsing() {
         let d: SimDelay = "del_rule:50".parse().unwrap();
-        assert_eq!(d, SimDelay { op: NicOp::DelRule, by: Duration::from_millis(50), ifname: None });
+        assert_eq!(
+            d,
+            SimDelay { op: NicOp::DelRule, by: Duration::from_millis(50), ifname: None, until: None }
+        );
         let d: SimDelay = "add_rule:1000:eth2".parse().unwrap();
         assert_eq!(
             d,
-            SimDelay { op: NicOp::AddRule, by: Duration::from_secs(1), ifname: Some("eth2".into()) }
+            SimDelay {
+                op: NicOp::AddRule,
+                by: Duration::from_secs(1),
+                ifname: Some("eth2".into()),
+                until: None
+            }
         );
         let d: SimDelay = "add_rule:200us:eth2".parse().unwrap();
         assert_eq!((d.by, d.ifname.as_deref()), (Duration::from_micros(200), Some("eth2")));
@@ -176,7 +238,7 @@ mod tests {
         for (s, want) in cases {
             assert_eq!(
                 s.parse::<SimDelay>().unwrap(),
-                SimDelay { op: NicOp::AddRule, by: want, ifname: None },
+                SimDelay { op: NicOp::AddRule, by: want, ifname: None, until: None },
                 "{s}"
             );
         }
@@ -199,6 +261,10 @@ mod tests {
             let e = bad.parse::<SimDelay>().unwrap_err();
             assert_eq!(e.0, bad, "the error names the value");
         }
+        let d: SimDelay = "add_rule:until=/tmp/go:eth1".parse().unwrap();
+        assert_eq!(d.stall(), Stall::Until("/tmp/go".into()));
+        assert_eq!(d.ifname.as_deref(), Some("eth1"));
+        assert!("add_rule:until=".parse::<SimDelay>().is_err());
         let e = "add_rule:5ns".parse::<SimDelay>().unwrap_err();
         assert!(e.to_string().contains("200us"), "{e}");
     }

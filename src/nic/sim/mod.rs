@@ -22,7 +22,7 @@ use nix::errno::Errno;
 pub use self::control::SimDriver;
 pub use self::errno::errno_from_name;
 use self::faults::FaultState;
-pub use self::faults::{Fault, FaultParseError, SimDelay, Trigger};
+pub use self::faults::{held_marker, Fault, FaultParseError, SimDelay, Stall, Trigger};
 use super::queue_stats::QueueBytes;
 use super::{
     DataSplit, FlowSpec, NicCapabilities, NicError, NicInfo, NicOp, NicResult, NicRule, NicSetup,
@@ -120,8 +120,8 @@ impl SimNic {
             return Ok(());
         }
         let (delay, fail) = self.faults.lock().expect("sim fault lock").on_call(ifname, op, n);
-        if let Some(d) = delay {
-            std::thread::sleep(d);
+        if let Some(stall) = delay {
+            stall.wait();
         }
         match fail {
             Some(errno) => Err(NicError::new(ifname, op, errno).with_detail("injected fault")),
