@@ -343,3 +343,40 @@ fn a_missing_capability_is_named_when_the_daemon_stops() {
     d.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(d.wait_exit(Duration::from_secs(10)).code(), Some(0), "{}", d.log().join("\n"));
 }
+
+/// `doctor`, run with the daemon's bounding set, names each capability its
+/// flags need and it lacks, with the fix, and fails; with the set it passes.
+#[test]
+#[ignore = "needs root: setpriv"]
+fn doctor_names_each_capability_the_flags_need_and_the_process_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let doctor = |caps: &str| {
+        let prefix = under(caps);
+        let out = Command::new(&prefix[0])
+            .args(&prefix[1..])
+            .arg(common::BIN)
+            .args(["doctor", "--gpu_nic_preset=sim", "--tenant_isolation=enforce", "--socket_group=4242"])
+            .arg(format!("--uds_path={}", dir.path().join("s").display()))
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, out) = doctor("-all,+chown");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("\n  ✔ CAP_CHOWN: held: the daemon needs it to give the sockets group 4242"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n  ✗ CAP_SYS_PTRACE: missing: the daemon needs it to read the open files of clients"),
+        "{out}"
+    );
+    assert!(out.contains("this process lacks it (its bounding set: CAP_CHOWN)"), "{out}");
+    assert!(
+        out.contains("→ add SYS_PTRACE to the daemon container's securityContext.capabilities.add"),
+        "{out}"
+    );
+    assert!(!out.contains("CAP_NET_ADMIN"), "simulated NICs need no CAP_NET_ADMIN: {out}");
+    let (_, out) = doctor(NODE_WIDE);
+    assert!(!out.contains("✗ CAP_"), "{out}");
+}
