@@ -107,7 +107,7 @@ fn check_daemon(place: &str, pod: &Value, c: &Value, allowed: &Allowed) {
     let mut argv = vec!["tcpx-rxdm".to_string()];
     argv.extend(strs(&c["command"]).into_iter().skip(1));
     argv.extend(strs(&c["args"]));
-    let argv: Vec<String> = argv.into_iter().map(|a| a.replace('\\', "").replace('"', "")).collect();
+    let argv: Vec<String> = argv.into_iter().map(|a| a.replace(['\\', '"'], "")).collect();
     let flags = Flags::parse_args(argv).unwrap_or_else(|e| panic!("{place}: {e}"));
     let volumes = pod["volumes"].as_array().unwrap();
     for m in c["volumeMounts"].as_array().unwrap() {
