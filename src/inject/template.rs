@@ -91,29 +91,28 @@ pub fn inject(
         _ => None,
     };
     let mut details = Vec::new();
-    let saved =
-        match &reference {
-            Some(r) => {
-                let (line, text) = restore::remove(spec, r).map_err(|why| {
-                    err(
-                        format!("spec.{}[{}]", r.list, r.name),
-                        format!("{} to convert, but {why}", r.kind.describe()),
-                    )
-                })?;
-                details.push(line);
-                if r.privileged && !opts.privileged {
-                    details.push(format!(
+    let gpus_via = if opts.platform.gke_devices() { "GKE's device annotation" } else { "the NVIDIA runtime" };
+    let saved = match &reference {
+        Some(r) => {
+            let (line, text) = restore::remove(spec, r).map_err(|why| {
+                err(
+                    format!("spec.{}[{}]", r.list, r.name),
+                    format!("{} to convert, but {why}", r.kind.describe()),
+                )
+            })?;
+            details.push(line);
+            if r.privileged && !opts.privileged {
+                details.push(format!(
                     "{} {} ran privileged: true; inject's daemon does not (only the capabilities it needs, \
-                     the GPUs through {}): --privileged keeps privileged: true",
+                     the GPUs through {gpus_via}): --privileged keeps privileged: true",
                     r.kind.describe(),
                     r.name,
-                    if opts.platform.gke_devices() { "GKE's device annotation" } else { "the NVIDIA runtime" }
                 ));
-                }
-                Some(text)
             }
-            None => None,
-        };
+            Some(text)
+        }
+        None => None,
+    };
     checks::names_free(spec, object, at)?;
 
     // The GPU containers: refuse conflicts before changing anything.
