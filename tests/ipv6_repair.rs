@@ -13,51 +13,11 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
-use common::netns::Netns;
+use common::ipv6::*;
 use common::tenant::{refused, Agent, Cgroup, Reply};
-use common::{metric, require_root, Daemon};
-use tcpx_rxdm::wire::client;
-use tcpx_rxdm::wire::proto::UnixSocketProto;
-
-const GPU_A: &str = "0000:04:00.0";
-const RX: &str = "fd00:77:1:2::1";
-const TX: &str = "fd00:77:1:2::2";
-/// A second and a third address of the receiving side, in the same /64.
-const RX2: &str = "fd00:77:1:2::3";
-const RX3: &str = "fd00:77:1:2::4";
-const PERMISSION_DENIED: i32 = 7;
-const FAILED_PRECONDITION: i32 = 9;
-
-/// `a` with its last 8 address bytes replaced by fresh garbage.
-fn garble(a: SocketAddr) -> SocketAddr {
-    let IpAddr::V6(v6) = a.ip() else { panic!("an IPv6 end: {a}") };
-    let mut b = v6.octets();
-    let mut junk = [0u8; 8];
-    getrandom(&mut junk);
-    b[8..].copy_from_slice(&junk);
-    SocketAddr::new(IpAddr::V6(Ipv6Addr::from(b)), a.port())
-}
-
-fn getrandom(buf: &mut [u8]) {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom").unwrap().read_exact(buf).unwrap();
-}
-
-/// The plugin's request for the accepted socket with ends `local`/`remote`:
-/// src the peer, dst the local end, both garbled anew.
-fn plugin_rule(local: SocketAddr, remote: SocketAddr, gpu: &str) -> UnixSocketProto {
-    let (src, dst) = (garble(remote), garble(local));
-    assert_ne!((src, dst), (remote, local));
-    client::rule_request(
-        5,
-        (&src.ip().to_string(), src.port() as i32),
-        (&dst.ip().to_string(), dst.port() as i32),
-        Some(gpu),
-        None,
-    )
-}
+use common::{require_root, Daemon};
 
 /// The reply's bytes name neither tenant `cg` nor the addresses of `ends`
 /// (the connection a request was repaired to, when it is not the client's).
@@ -71,40 +31,6 @@ fn names_none_of(r: &Reply, cg: &Cgroup, ends: &[SocketAddr]) {
     for e in ends {
         assert!(!has(&e.ip().to_string()), "names {e}: {}", r.text());
     }
-}
-
-/// The booked rules: (src, dst, repaired).
-fn booked(d: &Daemon) -> Vec<(String, String, bool)> {
-    let text = |v: &serde_json::Value| v.as_str().unwrap().to_string();
-    d.flows_of_all_nics("rules")
-        .iter()
-        .map(|r| (text(&r["src"]), text(&r["dst"]), r["repaired"] == true))
-        .collect()
-}
-
-/// What the simulated NICs themselves hold: each rule as JSON text.
-fn on_nic(d: &Daemon) -> Vec<String> {
-    d.flows_of_all_nics("nic_rules").iter().map(|r| r.to_string()).collect()
-}
-
-fn repaired(d: &Daemon, op: &str) -> f64 {
-    let (_, body) = d.http_get("/metrics");
-    metric(&body, &format!("tcpx_rxdm_ipv6_flows_repaired_total{{op=\"{op}\"}}")).expect("the repair counter")
-}
-
-/// Two namespaces joined by a veth pair: the receiving side (`RX`, `RX2`)
-/// and the sending side (`TX`), one /64.
-fn link() -> (Netns, Netns) {
-    let (rx, tx) = (Netns::new("v6rx"), Netns::new("v6tx"));
-    rx.add_veth("v6r", "v6t", None);
-    rx.ip(&["link", "set", "v6t", "netns", tx.name()]);
-    tx.ip(&["link", "set", "v6t", "up"]);
-    rx.ip(&["addr", "add", &format!("{RX}/64"), "dev", "v6r", "nodad"]);
-    rx.ip(&["addr", "add", &format!("{RX2}/64"), "dev", "v6r", "nodad"]);
-    rx.ip(&["addr", "add", &format!("{RX3}/64"), "dev", "v6r", "nodad"]);
-    tx.ip(&["addr", "add", &format!("{TX}/64"), "dev", "v6t", "nodad"]);
-    rx.wait_oper_up("v6r");
-    (rx, tx)
 }
 
 fn ok(r: &Reply, what: &str) {
@@ -194,8 +120,7 @@ fn repairs_the_plugins_flows(mode: &str) {
     assert!(on_nic(&d).is_empty());
     // Enforce removed B's flow for nobody; audit and off removed it for A.
     assert_eq!(repaired(&d, "uninstall"), if mode == "enforce" { 1.0 } else { 2.0 });
-    let (_, body) = d.http_get("/metrics");
-    assert_eq!(metric(&body, "tcpx_rxdm_rules_installed{nic=\"eth1\"}"), Some(0.0));
+    assert_eq!(counter(&d, "tcpx_rxdm_rules_installed{nic=\"eth1\"}"), 0.0);
     drop((a, b, t));
 }
 

@@ -6,7 +6,7 @@ Usage: tenant_client.py [--pools] SOCKET_FOLDER OWN_GPU OTHER_GPU
        tenant_client.py --hold SOCKET_FOLDER OWN_GPU RELEASE_FILE
        tenant_client.py --pod SOCKET_FOLDER GPU
 
-First it opens every /dev/nvidia<N> it can and keeps them open, as a CUDA
+First it opens every /dev/nvidia<N> it can for reading and writing and keeps them open, as a CUDA
 process does from cuInit on: the daemon counts a GPU as a tenant's only
 while the tenant's process holds its device node open. Then it opens a TCP
 connection on loopback and asks rx_rule_manager, as the NCCL plugin does
@@ -37,17 +37,14 @@ PERMISSION_DENIED = 7
 
 
 def hold_gpu_nodes():
-    """Opens each /dev/nvidia<N> this process may open, for reading and
-    writing as CUDA does (else for reading); returns the fds (kept open)."""
+    """Opens each /dev/nvidia<N> this process may open for reading and writing (as CUDA does); returns the fds (kept open)."""
     held = []
     for name in sorted(os.listdir("/dev")):
         if name.startswith("nvidia") and name[6:].isdigit():
-            for mode in (os.O_RDWR, os.O_RDONLY):
-                try:
-                    held.append(os.open("/dev/" + name, mode))
-                    break
-                except OSError:
-                    pass
+            try:
+                held.append(os.open("/dev/" + name, os.O_RDWR))
+            except OSError:
+                pass
     return held
 
 

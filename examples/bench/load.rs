@@ -95,7 +95,7 @@ pub fn drive(sock: &Path, clients: usize, reqs: &Arc<Vec<Vec<u8>>>, expect: &Arc
 
 /// One request on a fresh connection: connect, send, read one whole reply
 /// frame, check it, close. A bare blocking stream, like the plugin's.
-fn one(sock: &Path, req: &[u8], expect: &[u8]) -> Result<(), String> {
+pub fn one(sock: &Path, req: &[u8], expect: &[u8]) -> Result<(), String> {
     let mut s = UnixStream::connect(sock).map_err(|e| format!("connect: {e}"))?;
     s.write_all(req).map_err(|e| format!("write: {e}"))?;
     let mut buf = [0u8; 512];

@@ -7,6 +7,8 @@
 //!     [--clients 1,8,64,256] [--requests 20000] [--write-doc docs/PERFORMANCE.md]
 //!     [--tenants_only] [--tenant_modes off,audit,enforce] [--tenant_loads fake,loopback]
 //!     [--tenant_clients 1,64] [--tenant_requests 8000]
+//!     [--hostile_only] [--hostile_mode enforce] [--hostile_connections 64,512]
+//!     [--hostile_seconds 14] [--hostile_sockets 40000] [--hostile_lone 300]
 //! ```
 //!
 //! What it measures, in one run:
@@ -31,9 +33,16 @@
 //!   connections of the benchmark's own, with the simulated GPUs' device-node
 //!   stand-ins (`/dev/nvidia<N>`) created and held open when run as root.
 //!   `--tenants_only` runs only this section.
+//! - hostile tenants (`hostile.rs`, root): a tenant flooding garbled IPv6
+//!   installs from `--hostile_connections` connections against another's IPv4
+//!   pairs, and a lone client's IPv6 installs with and without
+//!   `--hostile_sockets` sockets held in an unrelated network namespace, for
+//!   `--bin` and each `--also` build. `--hostile_only` runs only this section.
 
 mod doc;
 mod floor;
+mod hostile;
+mod hostile_roles;
 mod load;
 mod reclaim;
 mod reference;
@@ -142,6 +151,37 @@ struct Args {
     /// Run only the tenant checks.
     #[arg(long = "tenants_only", alias = "tenants-only")]
     tenants_only: bool,
+    /// Run only the hostile-tenant section.
+    #[arg(long = "hostile_only", alias = "hostile-only")]
+    hostile_only: bool,
+    /// Hostile tenants: the daemons' `--tenant_isolation`.
+    #[arg(long = "hostile_mode", alias = "hostile-mode", default_value = "enforce",
+          value_parser = ["off", "audit", "enforce"])]
+    hostile_mode: String,
+    /// Hostile tenants: the flooding tenant's connections (comma-separated; 0 skips the flood runs).
+    #[arg(long = "hostile_connections", alias = "hostile-connections", value_delimiter = ',',
+          default_values_t = [64usize, 512])]
+    hostile_connections: Vec<usize>,
+    /// Hostile tenants: seconds the victim runs in each flood run (0 skips the section).
+    #[arg(long = "hostile_seconds", alias = "hostile-seconds", default_value_t = 14)]
+    hostile_seconds: u64,
+    /// Hostile tenants: sockets held in an unrelated network namespace.
+    #[arg(long = "hostile_sockets", alias = "hostile-sockets", default_value_t = 40_000, value_parser = positive)]
+    hostile_sockets: usize,
+    /// Hostile tenants: the lone client's timed installs per run.
+    #[arg(long = "hostile_lone", alias = "hostile-lone", default_value_t = 300, value_parser = positive)]
+    hostile_lone: usize,
+    /// Internal: run as one of the hostile section's processes.
+    #[arg(long = "hostile-role", hide = true)]
+    hostile_role: Option<String>,
+    #[arg(long = "hostile-sock", hide = true)]
+    hostile_sock: Option<PathBuf>,
+    #[arg(long = "hostile-netns", hide = true, default_value = "")]
+    hostile_netns: String,
+    #[arg(long = "hostile-cgroup", hide = true)]
+    hostile_cgroup: Option<PathBuf>,
+    #[arg(long = "hostile-n", hide = true, default_value_t = 1)]
+    hostile_n: usize,
     /// Internal: serve the floor on this socket path (the benchmark starts itself so).
     #[arg(long, hide = true)]
     serve_floor: Option<PathBuf>,
@@ -453,6 +493,17 @@ fn main() {
     if let Some(dir) = &a.lease_client {
         reclaim::client_main(dir, a.lease_port);
     }
+    if let Some(role) = &a.hostile_role {
+        let sock = a.hostile_sock.clone().unwrap_or_default();
+        hostile_roles::run(
+            role,
+            &sock,
+            &a.hostile_netns,
+            a.hostile_cgroup.as_deref(),
+            a.hostile_n,
+            SIM_GPUS[0].0,
+        );
+    }
     if let Some(dir) = &a.target {
         let mut errors = Errors::new();
         let reqs = Flows(0).frames(a.requests, &nic_targets());
@@ -479,6 +530,9 @@ fn main() {
     println!("{header}");
     if a.tenants_only {
         std::process::exit(if tenants_section(&a) { 0 } else { 1 });
+    }
+    if a.hostile_only {
+        std::process::exit(if hostile_section(&a) { 0 } else { 1 });
     }
 
     let mut r = Report {
@@ -663,6 +717,9 @@ fn main() {
     if a.tenant_requests > 0 && !tenants_section(&a) {
         std::process::exit(1);
     }
+    if a.hostile_seconds > 0 && !hostile_section(&a) {
+        std::process::exit(1);
+    }
     if !r.ours_errors.is_empty() || !r.floor_errors.is_empty() || matches!(r.stall, Some(Err(_))) {
         std::process::exit(1);
     }
@@ -673,6 +730,12 @@ fn main() {
 fn tenants_section(a: &Args) -> bool {
     let stand_ins = tenants::StandIns::hold();
     tenants::run(a, &stand_ins)
+}
+
+/// The hostile tenants, with the GPU stand-ins held as for the tenant checks.
+fn hostile_section(a: &Args) -> bool {
+    let stand_ins = tenants::StandIns::hold();
+    hostile::run(a, &stand_ins)
 }
 
 /// The rule-path targets against what this run measured.

@@ -314,17 +314,25 @@ impl TenantPolicy {
         if !exact && !flows::repairable(&flow) {
             return Examined { flow, sent: flow, repaired: false, found: None };
         }
-        let found = match (who.netns(), self.checks()) {
-            (Some(ns), _) => flows::locate(ns, &flow, exact, who.tenant_id()),
-            // With isolation off (a daemon in the workload's Pod or job), a
-            // client whose namespace cannot be had is looked for in the
-            // daemon's own, which a Pod's containers share.
-            (None, false) => match own_netns() {
-                Some(ns) => flows::locate(ns, &flow, false, None),
-                None => Err("no network namespace could be opened".to_string()),
-            },
+        let found = self.netns_of(who).and_then(|ns| flows::locate(ns, &flow, exact, who.tenant_id()));
+        Self::examined(flow, found)
+    }
+
+    /// The network namespace to look `who`'s flows up in: its own. With
+    /// isolation off (a daemon in the workload's Pod or job), a client whose
+    /// namespace cannot be had is looked for in the daemon's own, which a
+    /// Pod's containers share.
+    pub fn netns_of<'a>(&self, who: &'a Client) -> Result<&'a NetNs, String> {
+        match (who.netns(), self.checks()) {
+            (Some(ns), _) => Ok(ns),
+            (None, false) => own_netns().ok_or_else(|| "no network namespace could be opened".to_string()),
             (None, true) => Err("its network namespace could not be opened".to_string()),
-        };
+        }
+    }
+
+    /// A rule request's flow as sent and what looking it up `found`: a
+    /// repaired flow becomes the connection it fits.
+    pub fn examined(flow: FlowSpec, found: Result<Found, String>) -> Examined {
         match found {
             Ok(Found::Repaired { flow: true_flow, cgroup }) => Examined {
                 flow: true_flow,

@@ -18,13 +18,18 @@
 //!   which GPU and which flow a client may use, whose rule it may remove, how
 //!   many rules it may hold;
 //! - the [`flows`] lookup behind the flow check, which also repairs the IPv6
-//!   flows the NCCL plugin names with half their address bytes.
+//!   flows the NCCL plugin names with half their address bytes: by exact
+//!   lookups of the addresses each namespace is known to use
+//!   (`flows_space`), else from a dump, narrowed to the sockets the client
+//!   holds where several fit (`flows_held`).
 //!
 //! It may use `metrics` and the layers below; it knows nothing of the
 //! endpoints, the rule path or the daemon.
 
 pub mod access;
 pub mod flows;
+mod flows_held;
+mod flows_space;
 mod held;
 pub mod leases;
 mod peer;

@@ -25,12 +25,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use super::flows_space::FlowSpace;
 use super::held::{self, FileId, OpenFile};
 pub use super::held::{device_minor, GpuDevices};
 use super::peer;
@@ -52,6 +53,9 @@ pub struct NetNs {
     /// close when the client process's lease ends ([`NetNs::release`]).
     diag: Mutex<Vec<SockDiag>>,
     released: AtomicBool,
+    /// What is known of the namespace's addresses (shared with every other
+    /// process in it), taken on first use.
+    space: OnceLock<Arc<FlowSpace>>,
 }
 
 /// Idle `sock_diag` sockets kept per client process, at most.
@@ -59,7 +63,12 @@ const DIAG_IDLE: usize = 4;
 
 impl NetNs {
     pub fn new(inode: u64, fd: OwnedFd) -> NetNs {
-        NetNs { inode, fd, diag: Mutex::default(), released: AtomicBool::new(false) }
+        NetNs { inode, fd, diag: Mutex::default(), released: AtomicBool::new(false), space: OnceLock::new() }
+    }
+
+    /// What is known of this namespace's addresses, for IPv6 repairs.
+    pub(crate) fn space(&self) -> &FlowSpace {
+        self.space.get_or_init(|| FlowSpace::of(self.inode))
     }
 
     /// An idle `sock_diag` socket of this namespace, if there is one.

@@ -82,6 +82,27 @@ impl Metrics {
                 "IPv6 rule requests named with only the first 8 bytes of each address (the NCCL plugin's) whose connection was found: the rule steers its true addresses; op install or uninstall.",
                 &["op"],
             ),
+            ipv6_repair_lookups: counter(
+                "tcpx_rxdm_ipv6_repair_lookups_total",
+                "IPv6 installs named with only the first 8 bytes of each address, looked up: outcome exact (found by exact lookups), dump (found in a dump), missing (fits no connection), ambiguous, failed (the lookup failed), busy (refused: too many of the client's waited).",
+                &["outcome"],
+            ),
+            ipv6_repair_dumps: reg(
+                &r,
+                IntCounter::new(
+                    "tcpx_rxdm_ipv6_repair_dumps_total",
+                    "Dumps of a network namespace's connections for IPv6 installs that exact lookups did not settle; each serves every install of the namespace waiting then.",
+                )
+                .expect("valid metric"),
+            ),
+            ipv6_repairs_waiting: reg(
+                &r,
+                IntGauge::new(
+                    "tcpx_rxdm_ipv6_repairs_waiting",
+                    "IPv6 installs named with half their address bytes that wait to be looked up.",
+                )
+                .expect("valid metric"),
+            ),
             registered_apps: reg(
                 &r,
                 IntGauge::new("tcpx_rxdm_registered_applications", "Registered client applications.")
@@ -195,6 +216,9 @@ impl Metrics {
         for op in [RuleOp::Install, RuleOp::Uninstall] {
             m.ipv6_flows_repaired.with_label_values(&[op.name()]);
         }
+        for outcome in super::REPAIR_OUTCOMES {
+            m.ipv6_repair_lookups.with_label_values(&[outcome]);
+        }
         for kind in POOL_KINDS {
             for code in ALL_CODES {
                 m.pool_requests.with_label_values(&[kind, code.name()]);
@@ -286,6 +310,9 @@ mod tests {
             r#"tcpx_rxdm_restore_failures_total{nic="host"} 0"#,
             "tcpx_rxdm_lease_rules_reclaimed_total 0",
             r#"tcpx_rxdm_ipv6_flows_repaired_total{op="uninstall"} 0"#,
+            r#"tcpx_rxdm_ipv6_repair_lookups_total{outcome="busy"} 0"#,
+            "tcpx_rxdm_ipv6_repair_dumps_total 0",
+            "tcpx_rxdm_ipv6_repairs_waiting 0",
             r#"tcpx_rxdm_link_events_total{kind="reset",nic="eth1"} 0"#,
             r#"tcpx_rxdm_connections{endpoint="rule_manager"} 0"#,
             "tcpx_rxdm_lease_clients 0",

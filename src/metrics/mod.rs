@@ -41,6 +41,9 @@ pub const ENDPOINT_KINDS: [&str; 8] = [
 /// Link event kinds (`link_events_total{kind}`).
 pub const LINK_EVENT_KINDS: [&str; 3] = ["link_down", "removed", "reset"];
 
+/// How the lookup of a garbled IPv6 install ended (`tcpx_rxdm_ipv6_repair_lookups_total`).
+pub const REPAIR_OUTCOMES: [&str; 6] = ["exact", "dump", "missing", "ambiguous", "failed", "busy"];
+
 /// One remembered failure.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RecentError {
@@ -89,6 +92,12 @@ pub struct Metrics {
     pub requests_refused: IntCounterVec,
     /// Garbled IPv6 rule requests repaired to their connection, by `op`.
     pub ipv6_flows_repaired: IntCounterVec,
+    /// Garbled IPv6 installs looked up, by `outcome` ([`REPAIR_OUTCOMES`]).
+    pub ipv6_repair_lookups: IntCounterVec,
+    /// Dumps of a namespace's connections made for them.
+    pub ipv6_repair_dumps: IntCounter,
+    /// Garbled IPv6 installs waiting to be looked up now.
+    pub ipv6_repairs_waiting: IntGauge,
     pub registered_apps: IntGauge,
     pub connections: IntGaugeVec,
     pub connections_total: IntCounterVec,

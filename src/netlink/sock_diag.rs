@@ -16,10 +16,15 @@
 //! [`SockDiag::unix_peer`] asks `unix_diag` instead: which socket is the
 //! other end of a Unix connection.
 //!
-//! [`SockDiag::by_ports`] is the one dump: every IPv6 TCP connection with a
-//! given local and remote port (the kernel compares the ports while it walks
-//! its connection table, so only those come back). It serves the repair of
-//! flows named with half their address bytes (see `identity::flows`).
+//! The dumps serve the repair of flows named with half their address bytes
+//! (see `identity::flows`): [`SockDiag::by_ports`], every IPv6 TCP
+//! connection with a given local and remote port (the kernel compares the
+//! ports while it walks its connection table, so only those come back), and
+//! [`SockDiag::established_by_ports`], the established ones of any of many
+//! port pairs (a filter program the kernel runs on each socket). Either walks
+//! the whole table, every namespace's sockets included: what a lookup costs
+//! grows with the host's connections, which is why the repair tries exact
+//! lookups first.
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -184,6 +189,17 @@ pub fn parse_dump(
     ports: (u16, u16),
     out: &mut Vec<Connection>,
 ) -> Result<bool, DiagError> {
+    parse_dump_of(buf, seq, &[ports], out)
+}
+
+/// [`parse_dump`] for a dump of several port pairs (local, remote): a
+/// socket of any of them is kept.
+pub fn parse_dump_of(
+    buf: &[u8],
+    seq: u32,
+    pairs: &[(u16, u16)],
+    out: &mut Vec<Connection>,
+) -> Result<bool, DiagError> {
     let mut rest = buf;
     while rest.len() >= NLMSG_HDR {
         let len = u32::from_ne_bytes(rest[0..4].try_into().expect("4 bytes")) as usize;
@@ -210,7 +226,7 @@ pub fn parse_dump(
             }
             SOCK_DIAG_BY_FAMILY => {
                 let c = parse_msg(body)?;
-                if c.socket.state != TCP_LISTEN && (c.local.port(), c.remote.port()) == ports {
+                if c.socket.state != TCP_LISTEN && pairs.contains(&(c.local.port(), c.remote.port())) {
                     out.push(c);
                 }
             }
@@ -388,6 +404,9 @@ impl SockDiag {
     }
 }
 
+#[path = "sock_diag_dump.rs"]
+mod dump;
+pub use dump::{established_request, ports_filter, ESTABLISHED, PAIRS};
 #[path = "sock_diag_many.rs"]
 mod many;
 #[path = "sock_diag_unix.rs"]

@@ -182,6 +182,8 @@ pub struct NicRules {
     foreign: BTreeSet<u32>,
     /// Flows whose delete the NIC refused, to be retried.
     pending: FastSet<FlowKey>,
+    /// The flows a garbled IPv6 request may stand for, by ports.
+    ports: fits::PortIndex,
 }
 
 impl NicRules {
@@ -192,6 +194,7 @@ impl NicRules {
             flows: FastMap::new(),
             foreign: BTreeSet::new(),
             pending: FastSet::new(),
+            ports: fits::PortIndex::new(),
         }
     }
 
@@ -225,8 +228,11 @@ impl NicRules {
 
     /// Gives `flow` a new owner (an install of a flow that is already steered).
     pub fn set_owner(&mut self, flow: &FlowSpec, owner: Owner) {
-        if let Some(e) = self.flows.get_mut(&FlowKey::from(flow)) {
+        let key = FlowKey::from(flow);
+        if let Some(e) = self.flows.get_mut(&key) {
             e.owner = owner;
+            self.ports.remove(&key);
+            self.ports.add(key, &owner);
         }
     }
 
@@ -241,6 +247,7 @@ impl NicRules {
         let key = FlowKey::from(flow);
         let e = self.flows.remove(&key)?;
         self.pending.remove(&key);
+        self.ports.remove(&key);
         self.gpus[e.gpu].add(e.queue, -1);
         self.foreign.insert(e.loc);
         Some(e.loc)
@@ -284,6 +291,7 @@ impl NicRules {
         self.gpus[gpu].add(queue, 1);
         let entry = RuleEntry { loc, queue, gpu, owner, pending_delete: false };
         self.flows.insert(key, entry);
+        self.ports.add(key, &owner);
         Reserve::New(entry)
     }
 
@@ -292,6 +300,7 @@ impl NicRules {
         let key = FlowKey::from(flow);
         let e = self.flows.remove(&key)?;
         self.pending.remove(&key);
+        self.ports.remove(&key);
         self.slots.free(e.loc);
         self.gpus[e.gpu].add(e.queue, -1);
         self.shrink_if_sparse();
@@ -346,6 +355,10 @@ impl NicRules {
         if self.pending.iter().any(|k| !self.flows.contains_key(k)) {
             return Err("a pending delete is not booked".into());
         }
+        let indexed = self.flows.iter().filter(|(k, e)| matches!(k, FlowKey::V6 { .. }) || e.owner.repaired);
+        if indexed.count() != self.ports.len() {
+            return Err("the port index and the booked flows disagree".into());
+        }
         let held = self.flows.len() + self.foreign.len();
         if self.slots.used() as usize != held {
             return Err(format!("{} slots used for {} flows and foreign slots", self.slots.used(), held));
@@ -368,3 +381,6 @@ mod tests;
 
 #[path = "table_handover.rs"]
 mod handover;
+
+#[path = "table_fits.rs"]
+mod fits;

@@ -56,6 +56,7 @@ impl NicRules {
         let records = Record::unpack_all(&t.rules).map_err(|e| format!("{}: {e}", t.ifname))?;
         let mut flows = FastMap::with_capacity(t.rules.len() / RECORD);
         let mut pending = FastSet::new();
+        let mut ports = super::fits::PortIndex::new();
         let mut used: BTreeSet<u32> = t.foreign.iter().copied().collect();
         for r in records {
             let flow = r.flow;
@@ -80,6 +81,7 @@ impl NicRules {
             if flows.insert(key, entry).is_some() {
                 return Err(format!("{}: flow {flow} twice", t.ifname));
             }
+            ports.add(key, &owner);
             if r.pending_delete {
                 pending.insert(key);
             }
@@ -93,6 +95,7 @@ impl NicRules {
             flows,
             foreign: t.foreign.iter().copied().collect(),
             pending,
+            ports,
         })
     }
 }

@@ -9,6 +9,9 @@
 //!   refused deletes and reclaims the rules of exited clients.
 //! - [`request`]: what a rule request means: parse it, pick its NIC and GPU,
 //!   and turn it into a [`Job`].
+//! - [`repair`]: installs of IPv6 flows named with half their address bytes
+//!   (the NCCL plugin's), looked up on a few worker threads of their own, a
+//!   queue per tenant, before they become jobs.
 //! - [`handoff`](Handoff): how the NIC thread writes a reply to the client's
 //!   socket itself, waking the connection's thread only when it must.
 //! - [`flows_stream`]: the booked rules, streamed as JSON (`/debug/flows`).
@@ -26,6 +29,7 @@ pub mod apply;
 pub mod flows_stream;
 mod handoff;
 pub mod intake;
+pub mod repair;
 pub mod request;
 
 use std::net::IpAddr;
@@ -83,6 +87,8 @@ pub struct RulePath {
     pub tenants: Arc<TenantPolicy>,
     /// A takeover's pause (shared with the async endpoints).
     pub gate: Arc<Gate>,
+    /// Where garbled IPv6 installs wait to be repaired.
+    pub repairs: repair::Repairs,
 }
 
 impl RulePath {
@@ -98,6 +104,7 @@ impl RulePath {
         gate: Arc<Gate>,
     ) -> RulePath {
         RulePath {
+            repairs: repair::Repairs::new(metrics.clone()),
             gate,
             nics,
             gpus: gpus.into_iter().collect(),
@@ -141,6 +148,10 @@ pub struct Requester {
     pub owner: Owner,
     /// Who asks: its lease and its tenant, for the checks.
     pub client: Client,
+    /// An uninstall of an IPv6 flow that may name only the first 8 bytes of
+    /// each address (the NCCL plugin's): if no rule is booked for the flow as
+    /// named, the NIC thread removes the one rule of this client's that fits it.
+    pub garbled: bool,
 }
 
 impl From<Client> for Requester {
@@ -151,7 +162,7 @@ impl From<Client> for Requester {
             tenant: c.tenant_id(),
             repaired: false,
         };
-        Requester { owner, client: c }
+        Requester { owner, client: c, garbled: false }
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use super::{GpuSlot, Handoff, Job, Requester, RulePath, SocketReply};
 use crate::endpoint::Reply;
-use crate::identity::Examined;
+use crate::identity::flows::{self as identity_flows, Found};
+use crate::identity::{Examined, TenantPolicy};
 use crate::metrics::RuleOp;
 use crate::rules::flow::{self, RuleRequest};
 use crate::rules::RuleFailure;
@@ -50,19 +51,51 @@ pub fn start_rule(
     started: Instant,
 ) -> RuleStart {
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
+    let req = match &msg.payload {
+        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(req) {
+            Ok(req) => req,
+            Err(f) => {
+                rules.metrics.rule_done(op, f.code, started.elapsed().as_secs_f64());
+                return RuleStart::Answered(Reply::Close(frame::error(f.code, f.message)));
+            }
+        },
+        _ => {
+            rules.metrics.rule_done(op, StatusCode::InvalidArgument, started.elapsed().as_secs_f64());
+            return RuleStart::Answered(invalid("expected a flow_steer_rule_request"));
+        }
+    };
+    start_parsed(rules, req, install, who, conn, started, None)
+}
+
+/// [`start_rule`] for an install of a garbled IPv6 flow that
+/// `steering::repair` looked up (`found`).
+pub fn start_looked(
+    rules: &RulePath,
+    req: RuleRequest,
+    who: Requester,
+    conn: &Arc<Handoff>,
+    started: Instant,
+    found: Result<Found, String>,
+) -> RuleStart {
+    start_parsed(rules, req, true, who, conn, started, Some(found))
+}
+
+fn start_parsed(
+    rules: &RulePath,
+    mut req: RuleRequest,
+    install: bool,
+    who: Requester,
+    conn: &Arc<Handoff>,
+    started: Instant,
+    found: Option<Result<Found, String>>,
+) -> RuleStart {
+    let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let answered = |code: StatusCode, reply: Reply| {
         rules.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
         RuleStart::Answered(reply)
     };
-    let mut req = match &msg.payload {
-        Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(req) {
-            Ok(req) => req,
-            Err(f) => return answered(f.code, Reply::Close(frame::error(f.code, f.message))),
-        },
-        _ => return answered(StatusCode::InvalidArgument, invalid("expected a flow_steer_rule_request")),
-    };
     let mut who = who;
-    let examined = match repair(rules, &mut req, &mut who, op) {
+    let examined = match repair(rules, &mut req, &mut who, op, found) {
         Ok(e) => e,
         Err(f) => return answered(f.code, Reply::Message(frame::error(f.code, f.message))),
     };
@@ -89,8 +122,9 @@ pub fn start_rule(
 
 /// An uninstall whose NIC the request does not tell ([`RuleStart::General`]),
 /// answered on the runtime: every NIC is asked (the NIC threads do the NIC work).
-pub async fn uninstall_everywhere(rules: &RulePath, req: RuleRequest, who: Requester) -> Reply {
+pub async fn uninstall_everywhere(rules: &RulePath, req: RuleRequest, mut who: Requester) -> Reply {
     let started = Instant::now();
+    who.garbled = identity_flows::repairable(&req.flow);
     let (code, reply) = match uninstall_rule(rules, &req, who).await {
         Ok(()) => (StatusCode::Ok, Reply::Message(frame::ok())),
         Err(f) => {
@@ -100,28 +134,6 @@ pub async fn uninstall_everywhere(rules: &RulePath, req: RuleRequest, who: Reque
     };
     rules.metrics.rule_done(RuleOp::Uninstall, code, started.elapsed().as_secs_f64());
     reply
-}
-
-/// [`start_rule`] on the runtime's blocking pool, for a request that may
-/// take a while (an IPv6 flow to repair); the caller called
-/// `Handoff::begin` first. The answer reaches `conn` as from a NIC thread.
-pub fn start_rule_blocking(
-    rt: &tokio::runtime::Handle,
-    rules: Arc<RulePath>,
-    msg: UnixSocketProto,
-    install: bool,
-    who: Requester,
-    conn: Arc<Handoff>,
-    started: Instant,
-) {
-    rt.spawn_blocking(move || match start_rule(&rules, msg, install, who.clone(), &conn, started) {
-        RuleStart::Answered(reply) => answer_handed(&conn, reply),
-        RuleStart::Handed { nic, job } => rules.nics[nic].submit(&mut vec![job]),
-        RuleStart::General(req) => {
-            let reply = tokio::runtime::Handle::current().block_on(uninstall_everywhere(&rules, req, who));
-            answer_handed(&conn, reply);
-        }
-    });
 }
 
 /// Writes `reply` to a connection whose request was handed off its thread.
@@ -156,18 +168,27 @@ fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(PciAddr, GpuSlot), Ru
 /// Looks the request's flow up where that matters ([`TenantPolicy::examine`]):
 /// a garbled IPv6 flow that fits one connection of the client is steered as
 /// that connection (and counted); one that fits several is refused in every
-/// mode ([`ambiguous`]).
-///
-/// [`TenantPolicy::examine`]: crate::identity::TenantPolicy::examine
+/// mode ([`ambiguous`]). `found`: the lookup of a garbled install, made by
+/// `steering::repair`. An uninstall is not looked up: a garbled one is
+/// marked, and its NIC thread finds the client's rule it means.
 fn repair(
     rules: &RulePath,
     req: &mut RuleRequest,
     who: &mut Requester,
     op: RuleOp,
+    found: Option<Result<Found, String>>,
 ) -> Result<Examined, RuleFailure> {
-    let install = op == RuleOp::Install;
-    let check = install && !rules.tenants.checks_flow_later(&req.flow);
-    let e = rules.tenants.examine(&who.client, req.flow, check);
+    if op == RuleOp::Uninstall {
+        who.garbled = identity_flows::repairable(&req.flow);
+        return Ok(Examined { flow: req.flow, sent: req.flow, repaired: false, found: None });
+    }
+    let e = match found {
+        Some(found) => TenantPolicy::examined(req.flow, found),
+        None => {
+            let check = !rules.tenants.checks_flow_later(&req.flow);
+            rules.tenants.examine(&who.client, req.flow, check)
+        }
+    };
     if e.repaired {
         tracing::debug!(op = op.name(), sent = %req.flow, steered = %e.flow, "IPv6 flow repaired");
         rules.metrics.ipv6_flows_repaired.with_label_values(&[op.name()]).inc();
@@ -232,20 +253,20 @@ fn check_install(
         .map_err(|d| RuleFailure::new(d.code(), d.message))
 }
 
-/// Whether `msg` is a well-formed request for an IPv6 flow, which may need
-/// a repair (see [`crate::identity::flows`]) and so a walk of the kernel's
-/// connection table.
-pub fn may_need_repair(msg: &UnixSocketProto) -> bool {
+/// The install `msg` asks for, when it is a well-formed request for an
+/// IPv6 flow that may name only half of each address: it is looked up by
+/// `steering::repair` (see [`crate::identity::flows`]), off the caller's thread.
+pub fn needs_repair(msg: &UnixSocketProto, install: bool) -> Option<RuleRequest> {
     match &msg.payload {
-        Some(Payload::FlowSteerRuleRequest(r)) => {
-            names_ipv6_flow(msg) && flow::parse(r).is_ok_and(|r| crate::identity::flows::repairable(&r.flow))
+        Some(Payload::FlowSteerRuleRequest(r)) if install && names_ipv6_flow(msg) => {
+            flow::parse(r).ok().filter(|r| identity_flows::repairable(&r.flow))
         }
-        _ => false,
+        _ => None,
     }
 }
 
-/// Whether `msg` asks about an IPv6 flow (an uninstall of one is looked up
-/// to be repaired, so its client is identified in every mode).
+/// Whether `msg` asks about an IPv6 flow (an uninstall of one may be
+/// repaired to the client's own rule, so its client is identified in every mode).
 pub fn names_ipv6_flow(msg: &UnixSocketProto) -> bool {
     matches!(&msg.payload, Some(Payload::FlowSteerRuleRequest(r))
         if r.flow_steer_ntuple.as_ref().and_then(|n| n.flow_type) == Some(TCP_V6_FLOW as i32))

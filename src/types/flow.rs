@@ -35,3 +35,21 @@ pub fn as_v6(ip: IpAddr) -> Ipv6Addr {
         IpAddr::V6(a) => a,
     }
 }
+
+/// The first 8 bytes of `ip` in its IPv6 form (v4-mapped for IPv4): on a
+/// real network, its /64 prefix. All that the NCCL plugin's IPv6 requests
+/// carry of an address (see `identity::flows`).
+pub fn prefix64(ip: IpAddr) -> [u8; 8] {
+    let o = as_v6(ip).octets();
+    [o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]]
+}
+
+/// Whether connection `c` (`src` remote, `dst` local) fits `garbled`, a
+/// flow named with only the first 8 bytes of each address: the same two
+/// ports and the same prefixes.
+pub fn fits_garbled(garbled: &FlowSpec, c: &FlowSpec) -> bool {
+    garbled.src.port() == c.src.port()
+        && garbled.dst.port() == c.dst.port()
+        && prefix64(garbled.src.ip()) == prefix64(c.src.ip())
+        && prefix64(garbled.dst.ip()) == prefix64(c.dst.ip())
+}

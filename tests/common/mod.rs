@@ -6,6 +6,7 @@
 //! Each test binary includes it with `mod common;` and uses only part of it.
 #![allow(dead_code)]
 
+pub mod ipv6;
 pub mod netns;
 pub mod pidns;
 pub mod sysfs;

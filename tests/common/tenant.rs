@@ -57,10 +57,13 @@ impl Drop for Cgroup {
 /// A client process driven over its stdin: `conn 4|6` opens a loopback TCP
 /// connection to itself and prints the accepted socket's ends; `listen ADDR
 /// [PORT]` listens on an IPv6 address (prints `port N`), `accept` takes the next
-/// connection (prints its ends like `conn`), `dial ADDR PORT [FROM_PORT]`
-/// connects to one (prints `dialed PORT`, its own port); `req PATH HEX`
-/// sends one request on a new connection and prints the reply (`fd` when a
-/// file descriptor came).
+/// connection (prints its ends like `conn`), `dial ADDR PORT [FROM_PORT
+/// [FROM_ADDR]]` connects to one (prints `dialed PORT`, its own port); `syn ADDR PORT
+/// FROM_ADDR FROM_PORT` starts a connect it does not wait for (prints `syn`);
+/// `req PATH HEX` sends one request on a new connection and prints the reply
+/// (`fd` when a file descriptor came); `reqs PATH HEX...` opens a connection
+/// per request, sends them all, then reads each reply (prints `replies HEX...`,
+/// `-` for a connection closed without one).
 ///
 /// At start it opens for reading and writing and keeps open each path in
 /// `$HOLD`, as a CUDA process holds its GPUs' device nodes from `cuInit` on;
@@ -114,10 +117,33 @@ for line in sys.stdin:
     elif cmd[0] == "dial":
         c = socket.socket(socket.AF_INET6)
         if len(cmd) > 3:
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); c.bind(("::", int(cmd[3])))
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            c.bind((cmd[4] if len(cmd) > 4 else "::", int(cmd[3])))
         c.connect((cmd[1], int(cmd[2])))
         held.append(c)
         out("dialed %d" % c.getsockname()[1])
+    elif cmd[0] == "syn":
+        c = socket.socket(socket.AF_INET6); c.setblocking(False)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); c.bind((cmd[3], int(cmd[4])))
+        c.connect_ex((cmd[1], int(cmd[2])))
+        held.append(c)
+        out("syn")
+    elif cmd[0] == "reqs":
+        us = []
+        for h in cmd[2:]:
+            u = socket.socket(socket.AF_UNIX); u.connect(cmd[1]); us.append((u, bytes.fromhex(h)))
+        for u, b in us:
+            u.sendall(b)
+        got = []
+        for u, b in us:
+            msg = b""
+            while len(msg) < 2 or len(msg) < 2 + int.from_bytes(msg[:2], "big"):
+                more = u.recv(4096)
+                if not more: break
+                msg += more
+            got.append(msg.hex() or "-")
+            u.close()
+        out("replies " + " ".join(got))
     elif cmd[0] == "req":
         u = socket.socket(socket.AF_UNIX); u.connect(cmd[1]); u.sendall(bytes.fromhex(cmd[2]))
         msg, anc, flags, addr = u.recvmsg(4096, socket.CMSG_SPACE(4))
@@ -287,10 +313,39 @@ impl Agent {
     }
 
     /// Connects to `[ip]:port`, from `from` where given: its own port.
+    /// Connects to `[ip]:port` from `[from_ip]:from_port`.
+    pub fn dial_from(&mut self, ip: &str, port: u16, from_ip: &str, from_port: u16) {
+        let a = self.ask(&format!("dial {ip} {port} {from_port} {from_ip}"));
+        assert_eq!(a, format!("dialed {from_port}"));
+    }
+
     pub fn dial(&mut self, ip: &str, port: u16, from: Option<u16>) -> u16 {
         let from = from.map(|p| format!(" {p}")).unwrap_or_default();
         let a = self.ask(&format!("dial {ip} {port}{from}"));
         a.strip_prefix("dialed ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("dial: {a}"))
+    }
+
+    /// Starts a connect from `[from]:from_port` to `[ip]:port` and leaves
+    /// it as it is (`SYN-SENT` where nobody answers).
+    pub fn syn(&mut self, ip: &str, port: u16, from: &str, from_port: u16) {
+        let a = self.ask(&format!("syn {ip} {port} {from} {from_port}"));
+        assert_eq!(a, "syn");
+    }
+
+    /// Sends every request of `msgs` at once, each on a connection of its
+    /// own, then reads the replies (`None`: closed without one).
+    pub fn reqs(&mut self, path: &Path, msgs: &[UnixSocketProto]) -> Vec<Option<Reply>> {
+        let hex = |m: &UnixSocketProto| encoded(m).iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let all: Vec<String> = msgs.iter().map(hex).collect();
+        let a = self.ask(&format!("reqs {} {}", path.display(), all.join(" ")));
+        let got: Vec<Option<Reply>> = a
+            .strip_prefix("replies ")
+            .unwrap_or_else(|| panic!("reqs: {a}"))
+            .split(' ')
+            .map(|h| (h != "-").then(|| Reply::parse(&format!("reply {h}"))))
+            .collect();
+        assert_eq!(got.len(), msgs.len());
+        got
     }
 
     pub fn req(&mut self, path: &Path, msg: &UnixSocketProto) -> Reply {

@@ -18,6 +18,11 @@ use crate::rules::RuleFailure;
 use crate::steering::request::{ENDPOINT_INSTALL, ENDPOINT_UNINSTALL};
 
 use super::queue::{JobQueue, Taken};
+
+#[path = "thread_garbled.rs"]
+mod garbled;
+#[path = "thread_views.rs"]
+mod views;
 use super::reply::answer;
 use super::*;
 
@@ -294,11 +299,18 @@ impl NicThread {
         who: &Requester,
         reply: impl FnOnce(&Result<Option<RuleEntry>, RuleFailure>, Instant),
     ) -> Result<Option<RuleEntry>, RuleFailure> {
+        let (flow, repaired) = match self.garbled_rule(&flow, who) {
+            Ok(found) => found,
+            Err(f) => {
+                let r = Err(f);
+                reply(&r, Instant::now());
+                return r;
+            }
+        };
         let owner =
             self.tenants.checks().then(|| self.engine.rules().get(&flow).map(|e| e.owner.tenant)).flatten();
         if let Some(owner) = owner {
             let shown = format_args!("{} -> {}", flow.src, flow.dst);
-            let repaired = who.owner.repaired;
             if let Err(d) = self.tenants.check_owner(ENDPOINT_UNINSTALL, &who.client, owner, &shown, repaired)
             {
                 let r = Err(RuleFailure::new(d.code(), d.message));
@@ -316,6 +328,9 @@ impl NicThread {
             Ok(Some(e)) => {
                 self.series.del_latency.observe((done - t).as_secs_f64());
                 self.removed(e);
+                if repaired {
+                    self.metrics.ipv6_flows_repaired.with_label_values(&["uninstall"]).inc();
+                }
             }
             Ok(None) => {}
             Err(f) => {
@@ -396,55 +411,5 @@ impl NicThread {
         self.series.installed.set(pending);
         self.series.pending.set(pending);
         failed
-    }
-
-    /// Sets the gauges from the table (one taken over from another daemon).
-    pub(super) fn gauges_from_table(&self) {
-        let rules = self.engine.rules();
-        self.reset_gauges();
-        self.series.installed.set(rules.len() as i64);
-        self.series.pending.set(rules.pending_len() as i64);
-        self.series.foreign.set(rules.foreign_slots().len() as i64);
-        for (_, e) in rules.iter() {
-            self.queue_add(e.queue, 1);
-        }
-    }
-
-    pub(super) fn reset_gauges(&self) {
-        self.series.installed.set(0);
-        self.series.pending.set(0);
-        self.series.foreign.set(0);
-        for g in self.series.by_queue.values() {
-            g.set(0);
-        }
-    }
-
-    fn queue_add(&self, q: u32, delta: i64) {
-        match self.series.by_queue.get(&q) {
-            Some(g) => g.add(delta),
-            // A queue outside the topology's (not expected): its own series.
-            None => {
-                self.metrics.rules_by_queue.with_label_values(&[self.ifname(), &q.to_string()]).add(delta)
-            }
-        }
-    }
-
-    fn snapshot(&self) -> NicFlows {
-        let (nic_rules, nic_error) = match self.nic.list_rules(self.ifname()) {
-            Ok(r) => (Some(r), None),
-            Err(e) => {
-                self.metrics.nic_op_failed(&e);
-                (None, Some(e.to_string()))
-            }
-        };
-        let rules = self.engine.booked().iter().map(|(f, e)| booked_rule(&self.gpu_names, f, e)).collect();
-        NicFlows {
-            ifname: self.ifname().to_string(),
-            capacity: self.engine.rules().capacity(),
-            rules,
-            nic_rules,
-            nic_error,
-            foreign_slots: self.engine.rules().foreign_slots().iter().copied().collect(),
-        }
     }
 }

@@ -393,13 +393,12 @@ impl Conn {
         } else {
             Requester::unchecked()
         };
-        if request::may_need_repair(&msg) {
-            // A garbled IPv6 flow is repaired by a walk of the kernel's
-            // connection table: not on this thread, which serves others.
+        if let Some(req) = request::needs_repair(&msg, install) {
+            // A garbled IPv6 install is looked up by the repair workers, a
+            // queue per tenant: not on this thread, which serves others.
             self.shared.begin();
             self.handed = true;
-            let (state, conn) = (cx.state.clone(), self.shared.clone());
-            request::start_rule_blocking(&cx.runtime, state, msg, install, who, conn, cx.now);
+            cx.state.repairs.submit(&cx.state, req, who, self.shared.clone(), cx.now);
             return;
         }
         match request::start_rule(&cx.state, msg, install, who.clone(), &self.shared, cx.now) {
