@@ -166,8 +166,9 @@ impl Held {
 }
 
 /// Why an operation that needs `cap` was refused, for its error message:
-/// `needs CAP_NET_ADMIN, which this process lacks (its bounding set: ...)`,
-/// or, when the thread holds it, that something else refused it.
+/// `needs CAP_NET_ADMIN, which this process lacks: its bounding set holds
+/// only ...; add NET_ADMIN to ...`, or, when the thread holds it, that
+/// something else refused it.
 pub fn lacking(cap: Cap) -> String {
     match Held::this_thread() {
         Some(held) => lacking_in(&held, cap),
@@ -183,15 +184,21 @@ pub fn lacking_in(held: &Held, cap: Cap) -> String {
              SELinux) refused it"
         );
     }
-    let fix = match held.bounding.has(cap) {
-        true => "it is in the bounding set but not effective: run the daemon as root".to_string(),
-        false => format!(
-            "add {} to the container's securityContext.capabilities.add, or {cap} to the unit's \
-             CapabilityBoundingSet",
-            cap.short_name()
-        ),
+    if held.bounding.has(cap) {
+        return format!(
+            "needs {cap}, which this process lacks: it is in its bounding set but not effective; run the \
+             daemon as root (uid 0)"
+        );
+    }
+    let set = match held.bounding {
+        CapSet(0) => "its bounding set is empty".to_string(),
+        set => format!("its bounding set holds only {}", set.describe()),
     };
-    format!("needs {cap}, which this process lacks (its bounding set: {}): {fix}", held.bounding.describe())
+    format!(
+        "needs {cap}, which this process lacks: {set}; add {} to the container's \
+         securityContext.capabilities.add, or {cap} to the unit's CapabilityBoundingSet",
+        cap.short_name()
+    )
 }
 
 /// [`lacking`] for a refusal with `errno`: the words for `EPERM` and
@@ -226,14 +233,20 @@ mod tests {
         assert!(held.effective.has(Cap::NetAdmin) && !held.effective.has(Cap::Chown));
         assert!(held.bounding.has(Cap::SysPtrace) && !held.bounding.has(Cap::SysAdmin));
         let chown = lacking_in(&held, Cap::Chown);
-        assert!(chown.starts_with("needs CAP_CHOWN, which this process lacks"), "{chown}");
-        assert!(chown.contains("(its bounding set: CAP_CHOWN, CAP_NET_ADMIN, CAP_SYS_PTRACE)"), "{chown}");
-        assert!(chown.contains("not effective: run the daemon as root"), "{chown}");
-        let admin = lacking_in(&held, Cap::SysAdmin);
-        assert!(
-            admin.contains("add SYS_ADMIN to the container's securityContext.capabilities.add"),
-            "{admin}"
+        assert_eq!(
+            chown,
+            "needs CAP_CHOWN, which this process lacks: it is in its bounding set but not effective; run \
+             the daemon as root (uid 0)"
         );
+        let admin = lacking_in(&held, Cap::SysAdmin);
+        assert_eq!(
+            admin,
+            "needs CAP_SYS_ADMIN, which this process lacks: its bounding set holds only CAP_CHOWN, \
+             CAP_NET_ADMIN, CAP_SYS_PTRACE; add SYS_ADMIN to the container's \
+             securityContext.capabilities.add, or CAP_SYS_ADMIN to the unit's CapabilityBoundingSet"
+        );
+        let none = Held { effective: CapSet(0), bounding: CapSet(0) };
+        assert!(lacking_in(&none, Cap::NetAdmin).contains("lacks: its bounding set is empty; add NET_ADMIN"));
         assert!(lacking_in(&held, Cap::NetAdmin).contains("which this process holds: a seccomp filter"));
         assert!(Held::parse("CapEff:\tzz\nCapBnd:\t0\n").is_none());
         assert!(Held::parse("CapEff:\t0\n").is_none());

@@ -95,7 +95,12 @@ fn nic_changes_need_net_admin_and_reads_need_nothing() {
         }
         let text = nic.add_rule("eth1", &flow, 1, 0).unwrap_err().to_string();
         assert!(text.contains("add_rule on eth1 failed: EPERM"), "{text}");
-        assert!(text.contains("needs CAP_NET_ADMIN, which this process lacks (its bounding set: "), "{text}");
+        assert!(
+            text.contains(
+                "needs CAP_NET_ADMIN, which this process lacks: it is in its bounding set but not effective"
+            ),
+            "{text}"
+        );
         // ntuple is fixed off on veth: refused by the driver before the kernel is asked.
         assert_eq!(errno(nic.set_feature("eth1", FEATURE_NTUPLE, true)), Some(Errno::EOPNOTSUPP));
 
@@ -306,7 +311,42 @@ fn without_sys_ptrace_no_gpu_is_a_tenants_and_the_log_says_why() {
     let line =
         d.wait_for_log("cannot read a client's open files", Duration::from_secs(5)).expect("a warning");
     assert!(line.contains("needs CAP_SYS_PTRACE, which this process lacks"), "{line}");
-    assert!(line.contains("bounding set: CAP_CHOWN, CAP_NET_ADMIN"), "{line}");
+    assert!(line.contains("its bounding set holds only CAP_CHOWN, CAP_NET_ADMIN; add SYS_PTRACE"), "{line}");
+}
+
+/// A DaemonSet's rollout with the node-wide set: a successor without
+/// `CAP_SYS_PTRACE` cannot prove it may take the daemon's descriptors
+/// (`pidfd_getfd`), exits 1 naming it, and the daemon serves on; one with
+/// the same set takes over, the tenant's rule with it.
+#[test]
+#[ignore = "needs root: setpriv, cgroups, mount namespaces"]
+fn a_successor_with_the_node_wide_set_takes_over_and_one_without_sys_ptrace_cannot() {
+    let mut old = spawn(NODE_WIDE, &NODE_FLAGS).ready();
+    let cg = Cgroup::new("caps-take");
+    let mut a = Agent::start(&cg, 0);
+    let (local, remote) = a.conn(false);
+    assert_eq!(a.req(&old.sock("rx_rule_manager"), &rule(local, remote, GPU0)).code(), 0);
+    let uds = old.uds_arg();
+    let mut flags = NODE_FLAGS.to_vec();
+    flags.extend([uds.as_str(), "--takeover=on"]);
+
+    let mut weak = spawn("-all,+net_admin,+chown", &flags);
+    assert_eq!(weak.wait_exit(Duration::from_secs(20)).code(), Some(1), "{}", weak.log().join("\n"));
+    let said = weak.log().join("\n");
+    assert!(said.contains("could not prove to the running daemon"), "{said}");
+    assert!(said.contains("or with CAP_SYS_PTRACE"), "{said}");
+    assert!(old.wait_for_log("takeover refused", Duration::from_secs(5)).is_some());
+    let (local2, remote2) = a.conn(false);
+    assert_eq!(a.req(&old.sock("rx_rule_manager"), &rule(local2, remote2, GPU0)).code(), 0, "serves on");
+
+    let new = spawn(NODE_WIDE, &flags).ready();
+    let took = new.wait_for_log("took over from pid", Duration::from_secs(10)).expect("a takeover");
+    assert!(took.contains("took over from pid") && took.contains(" 2 rules"), "{took}");
+    assert_eq!(old.wait_exit(Duration::from_secs(20)).code(), Some(0), "{}", old.log().join("\n"));
+    // The folder is the old daemon's (`new.sock` names its own unused one).
+    assert!(matches!(a.req(&old.sock(&format!("get_gpu_fd_{GPU0}")), &pool_request(GPU0)), Reply::Fd));
+    a.exit();
+    new.signal(nix::sys::signal::Signal::SIGTERM);
 }
 
 /// `--socket_group` without `CAP_CHOWN`, and an HTTP port below 1024
@@ -319,9 +359,22 @@ fn a_missing_capability_is_named_when_the_daemon_stops() {
     let last = d.log().last().cloned().unwrap_or_default();
     assert!(last.contains("(--socket_group): Operation not permitted"), "{last}");
     assert!(
-        last.contains("needs CAP_CHOWN, which this process lacks (its bounding set: CAP_NET_ADMIN)"),
+        last.contains(
+            "needs CAP_CHOWN, which this process lacks: its bounding set holds only CAP_NET_ADMIN; add CHOWN"
+        ),
         "{last}"
     );
+    // A folder it creates: named once, then why.
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("new");
+    let uds = format!("--uds_path={}", folder.display());
+    let mut d = spawn("-all,+net_admin", &["--socket_group=4242", &uds]);
+    assert_eq!(d.wait_exit(Duration::from_secs(10)).code(), Some(1));
+    let last = d.log().last().cloned().unwrap_or_default();
+    let says =
+        format!("creating socket folder {}: setting its group (--socket_group): EPERM", folder.display());
+    assert!(last.contains(&says), "{last}");
+    assert!(last.contains("needs CAP_CHOWN, which this process lacks"), "{last}");
 
     // A namespace of its own: the kernel's default unprivileged port start (1024).
     let ns = Netns::new("caps-port");

@@ -34,9 +34,19 @@ fn chown_hint(e: &std::io::Error) -> String {
         .unwrap_or_default()
 }
 
+/// `err`'s words without a leading `path: ` (the folder's own failure names
+/// it already; one of a folder above it keeps that folder's name).
+fn without_path(path: &Path, err: &std::io::Error) -> String {
+    let text = err.to_string();
+    match text.strip_prefix(&format!("{}: ", path.display())) {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SocketDirError {
-    #[error("creating socket folder {path}: {err}")]
+    #[error("creating socket folder {path}: {}", without_path(path, err))]
     CreateDir {
         path: PathBuf,
         #[source]
