@@ -221,6 +221,27 @@ fn entering_a_clients_network_namespace_needs_sys_admin() {
     assert_eq!(enter(&[Cap::SysAdmin]), Ok(()));
 }
 
+/// The node-wide set cannot enter a client's network namespace: a tenant in
+/// one of its own is refused its rule, and the refusal says why (`setns`
+/// needs `CAP_SYS_ADMIN`, left out on purpose) and what to do.
+#[test]
+#[ignore = "needs root: setpriv, network namespaces, cgroups, mount namespaces"]
+fn a_client_in_a_network_namespace_of_its_own_is_refused_saying_why() {
+    let d = spawn(NODE_WIDE, &NODE_FLAGS).ready();
+    let ns = Netns::new("caps-own");
+    let cg = Cgroup::new("caps-own");
+    let mut a = Agent::start_in(&cg, 0, ns.name());
+    let (local, remote) = a.conn(false);
+    let r = a.req(&d.sock("rx_rule_manager"), &rule(local, remote, GPU0));
+    assert_eq!(r.code(), 7, "PERMISSION_DENIED: {}", r.text());
+    let said = format!("{}\n{}", r.text(), d.log().join("\n"));
+    assert!(
+        said.contains("cannot look into its network namespace: EPERM: Operation not permitted (entering another network namespace needs CAP_SYS_ADMIN, which the daemon is not given, on purpose"),
+        "{said}"
+    );
+    a.exit();
+}
+
 /// `setpriv` with the bounding set `caps` (`-all,+net_admin,...`), no
 /// inherited capabilities and `no_new_privs`: what a container with
 /// `drop: [ALL]`, `add: [...]` and `allowPrivilegeEscalation: false` runs as.
