@@ -404,7 +404,7 @@ fn the_report_says_what_was_added_beyond_the_daemon_container() {
     for says in [
         "Job/train spec.template: injected: native-sidecar (inline nccl, 1 GPU container)\n",
         "\n  pod: set hostNetwork: true, dnsPolicy: ClusterFirstWithHostNet, shareProcessNamespace: true, terminationGracePeriodSeconds: 60\n",
-        "\n  daemon: init container tcpx-daemon (restartPolicy: Always), image registry.example/tcpx-rxdm:1, not privileged: only NET_ADMIN of the capabilities, read-only root, seccomp RuntimeDefault, the GPUs through GKE's device annotation; startupProbe GET /readyz on port 9467, livenessProbe GET /healthz\n",
+        "\n  daemon: init container tcpx-daemon (restartPolicy: Always), image registry.example/tcpx-rxdm:1, not privileged: capability NET_ADMIN only, a read-only root, seccomp RuntimeDefault, the GPUs through GKE's device annotation; startupProbe GET /readyz on port 9467, livenessProbe GET /healthz\n",
         "\n  volumes: tcpx-libraries (host /home/kubernetes/bin/nvidia/lib64), tcpx-sys (host /sys), tcpx-proc-sys (host /proc/sys/net), tcpx-socket (emptyDir)\n",
         "\n  trainer: env LD_LIBRARY_PATH, 22 NCCL variables; mounts /usr/local/nvidia/lib64 (read-only), /run/tcpx\n",
     ] {
@@ -542,4 +542,19 @@ fn a_bare_file_an_empty_input_and_a_daemon_without_gpus_are_said_plainly() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(docs(&out), docs(pod));
     assert!(err.contains("Pod/p: runs a TCPX daemon (container rxdm), but no container requests nvidia.com/gpu; left as it is. The container that runs NCCL must request GPUs"), "{err}");
+}
+
+/// `--unprivileged`, which scripts from before least privilege pass, still
+/// works and changes nothing (it is the default now); with `--privileged`
+/// it is a usage error naming both.
+#[test]
+fn the_old_unprivileged_flag_is_the_default_and_conflicts_with_privileged() {
+    let (code, plain, _) = inject(&[], JOB);
+    let (old_code, old, _) = inject(&["--unprivileged"], JOB);
+    assert_eq!((code, old_code), (0, 0));
+    assert_eq!(old, plain);
+    assert!(plain.contains("privileged: false"), "{plain}");
+    let (code, _, err) = inject(&["--unprivileged", "--privileged"], JOB);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--unprivileged") && err.contains("--privileged"), "{err}");
 }

@@ -346,8 +346,8 @@ pub fn describe_privileges(opts: &Options, flags: &Flags) -> String {
         false => "the NVIDIA runtime",
     };
     format!(
-        "not privileged: only {} of the capabilities, read-only root, seccomp RuntimeDefault, the GPUs \
-         through {gpus}",
+        "not privileged: {} {} only, a read-only root, seccomp RuntimeDefault, the GPUs through {gpus}",
+        if caps.len() == 1 { "capability" } else { "capabilities" },
         caps.join(", ")
     )
 }
