@@ -5,6 +5,8 @@
 //! `tests/layers.rs`, explained in `docs/ARCHITECTURE.md`):
 //! - [`types`]: the shared vocabulary (PCI address, flows, status codes,
 //!   interface names, topology); imports nothing else of the crate.
+//! - [`caps`]: the Linux capabilities the daemon uses, whether this thread
+//!   holds them, and the words that name a missing one in an error.
 //! - [`netlink`]: netlink sockets, generic netlink, rtnetlink messages.
 //! - [`wire`]: the client protocol: framing, messages, fd passing, a test client.
 //! - [`nic`], [`host`], [`gpu`] (side by side, not using each other): NIC
@@ -32,6 +34,7 @@
 //!   its completions and man page; `main.rs` runs what it parses.
 //! - `fuzz_targets`: the byte decoders as fuzz targets (`fuzz/`, replayed by `cargo test`).
 
+pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod daemon;

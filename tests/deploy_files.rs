@@ -134,9 +134,14 @@ fn check_daemon_pod(rel: &str, pod: &Value) -> Flags {
 
     // Host mounts where the daemon looks for them, and the driver libraries.
     let m = mounts(c);
-    for (path, host) in [("/hostsysfs", "/sys"), ("/hostprocsysfs", "/proc/sys")] {
+    // /sys is only read; of /proc/sys only net is written (host tuning).
+    for (path, host, read_only) in
+        [("/hostsysfs", "/sys", true), ("/hostprocsysfs/net", "/proc/sys/net", false)]
+    {
         let vol = volume(pod, m.get(path).unwrap_or_else(|| panic!("{rel}: {path} not mounted")));
         assert_eq!(vol["hostPath"]["path"], host, "{rel}: {path}");
+        let mount = c["volumeMounts"].as_array().unwrap().iter().find(|v| v["mountPath"] == path).unwrap();
+        assert_eq!(mount["readOnly"].as_bool().unwrap_or(false), read_only, "{rel}: {path}");
     }
     assert!(m.contains_key("/usr/local/nvidia/lib64"), "{rel}: driver libraries not mounted");
     assert!(env_map(c)["LD_LIBRARY_PATH"].split(':').any(|p| p == "/usr/local/nvidia/lib64"), "{rel}");

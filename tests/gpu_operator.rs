@@ -83,6 +83,8 @@ fn the_variant_is_the_node_daemonset_with_the_operators_differences() {
     // The base, changed as the variant's header says, is the variant: any
     // other difference (a flag, a probe) means one of the two was left behind.
     let mut want = base.clone();
+    // GKE's device annotation: the operator's runtime gives the GPUs instead.
+    want["spec"]["template"]["metadata"].as_object_mut().unwrap().remove("annotations");
     let pod = &mut want["spec"]["template"]["spec"];
     pod["runtimeClassName"] = json!("nvidia");
     pod["nodeSelector"] = json!({"nvidia.com/gpu.present": "true"});

@@ -236,12 +236,12 @@ fn uninject_removes_exactly_what_inject_added() {
         assert_eq!(docs(&plain), docs(&text), "a round trip of a plain manifest changed it");
         for mode in MODES {
             for nccl in NCCLS {
-                for unprivileged in [false, true] {
-                    let o = Options { unprivileged, ..opts(mode, nccl) };
+                for privileged in [false, true] {
+                    let o = Options { privileged, ..opts(mode, nccl) };
                     let injected = run(&text, &o);
                     assert_ne!(injected, plain);
                     let back = run(&injected, &Options { uninject: true, ..Options::default() });
-                    assert_eq!(back, plain, "{input} {mode:?} {nccl:?} unprivileged={unprivileged}");
+                    assert_eq!(back, plain, "{input} {mode:?} {nccl:?} privileged={privileged}");
                 }
             }
         }
@@ -500,10 +500,16 @@ fn a_new_users_manifests_get_tcpx_where_gpus_are_and_a_hand_written_daemon_is_co
     for says in [
         "Pod/hand-written: injected: native-sidecar",
         "converted hand-written tcpx-rxdm daemon rxdm (flags carried: --uds_path=/run/tcpx --tenant_isolation=audit --log_level=Warning; left to inject's --mode: --nomonitor_shutdown; volumes removed: sockets; --uninject brings it back)",
-        "rxdm was not privileged; inject's daemon is (privileged: true): --unprivileged gives it NET_ADMIN",
     ] {
         assert!(line.contains(says), "{says:?} not in {line}");
     }
+    // Its NET_ADMIN-only daemon stays unprivileged, without a word about it.
+    assert!(!line.contains("privileged: true"), "{line}");
+    let sc = &d["securityContext"];
+    assert_eq!(
+        (&sc["privileged"], &sc["capabilities"]["add"][0]),
+        (&Value::Bool(false), &Value::from("NET_ADMIN"))
+    );
     // Again: nothing changes; --uninject gives the input back, the hand-written daemon included.
     assert_eq!(transform(&out, &again()).unwrap().0, out);
     let (back, report) = transform(&out, &Options { uninject: true, ..again() }).unwrap();
@@ -559,12 +565,47 @@ fn the_recorded_mode_stays_unless_mode_is_given() {
     let first = Options {
         image: "registry.example/tcpx-rxdm:9".into(),
         cpu: Some("500m".into()),
-        unprivileged: true,
+        privileged: true,
         daemon_flags: vec!["--rx_pool_size=1073741824".into()],
         ..opts(Mode::Sidecar, Nccl::ConfigMap)
     };
     let once = transform(&text, &first).unwrap().0;
     assert_eq!(transform(&once, &again()).unwrap().0, once);
+}
+
+/// A template an inject from before least privilege wrote (its daemon
+/// privileged: true, that inject's default) gets the unprivileged daemon
+/// when injected again, and the report says so; `--privileged` keeps the old
+/// daemon, is recorded, and is kept by later runs without options.
+#[test]
+fn upgrade_from_a_privileged_injection_drops_privileged_unless_asked() {
+    let old = read("tests/inject/privileged-job.yaml");
+    let again = Options { given: Given::NONE, ..Options::default() };
+    let (out, report) = transform(&old, &again).unwrap();
+    golden("tests/inject/privileged-job.native-sidecar.yaml", &out);
+    assert!(
+        report[0].contains("; the daemon is no longer privileged: only the capabilities it needs, the GPUs through the platform's device mechanism (--privileged keeps privileged: true)"),
+        "{report:#?}"
+    );
+    let tpl = &docs(&out)[0]["spec"]["template"];
+    let sc = &tpl["spec"]["initContainers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], Value::Bool(false));
+    assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+    assert!(tpl["metadata"]["annotations"]["devices.gke.io/container.tcpx-daemon"].is_string());
+    assert_eq!(transform(&out, &again).unwrap().0, out, "not idempotent");
+
+    let asked =
+        Options { privileged: true, given: Given { privileged: true, ..Given::NONE }, ..again.clone() };
+    let (kept, report) = transform(&old, &asked).unwrap();
+    assert!(report[0].contains("privileged daemon (--privileged)"), "{report:#?}");
+    let tpl = &docs(&kept)[0]["spec"]["template"];
+    assert_eq!(tpl["spec"]["initContainers"][0]["securityContext"], docs("privileged: true")[0]);
+    assert!(tpl["metadata"]["annotations"][ANNOTATION].as_str().unwrap().contains(" privileged=yes "));
+    assert!(tpl["metadata"]["annotations"].get("devices.gke.io/container.tcpx-daemon").is_none());
+    assert_eq!(transform(&kept, &again).unwrap().0, kept, "--privileged not kept by a run without options");
+    let unasked = Options { privileged: false, given: Given { privileged: true, ..Given::NONE }, ..again };
+    let back = transform(&kept, &unasked).unwrap().0;
+    assert_eq!(docs(&back)[0]["spec"]["template"], docs(&out)[0]["spec"]["template"]);
 }
 
 /// A converted daemon comes back with --uninject; a record written before

@@ -135,8 +135,7 @@ fn help_says_comments_are_lost_and_lists_the_kinds() {
     let (code, out, _) = inject(&["--help"], "");
     assert_eq!(code, 0);
     assert!(out.contains("Comments and formatting of the input are lost"), "{out}");
-    for kind in
-        ["CronJob", "JobSet", "PyTorchJob", "MPIJob", "TrainingRuntime", "--uninject", "--unprivileged"]
+    for kind in ["CronJob", "JobSet", "PyTorchJob", "MPIJob", "TrainingRuntime", "--uninject", "--privileged"]
     {
         assert!(out.contains(kind), "--help does not mention {kind}");
     }
@@ -145,7 +144,6 @@ fn help_says_comments_are_lost_and_lists_the_kinds() {
 #[test]
 fn options_reach_the_daemon_container_and_the_pod() {
     let args = [
-        "--unprivileged",
         "--image=registry.example/tcpx-rxdm:9.9",
         "--daemon-cpu=500m",
         "--daemon-memory",
@@ -166,8 +164,13 @@ fn options_reach_the_daemon_container_and_the_pod() {
     let tpl = &job["spec"]["template"];
     let d = &tpl["spec"]["initContainers"][0];
     assert_eq!(d["image"], "registry.example/tcpx-rxdm:9.9");
-    assert_eq!(d["securityContext"]["capabilities"]["add"][0], "NET_ADMIN");
-    assert!(d["securityContext"].get("privileged").is_none());
+    let sc = &d["securityContext"];
+    assert_eq!(sc["capabilities"]["add"][0], "NET_ADMIN");
+    assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+    assert_eq!(sc["privileged"], Value::Bool(false));
+    assert_eq!(sc["allowPrivilegeEscalation"], Value::Bool(false));
+    assert_eq!(sc["readOnlyRootFilesystem"], Value::Bool(true));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
     assert_eq!(d["resources"]["requests"]["cpu"], "500m");
     assert_eq!(d["resources"]["requests"]["memory"], "1Gi");
     let args: Vec<&str> = d["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
@@ -401,14 +404,22 @@ fn the_report_says_what_was_added_beyond_the_daemon_container() {
     for says in [
         "Job/train spec.template: injected: native-sidecar (inline nccl, 1 GPU container)\n",
         "\n  pod: set hostNetwork: true, dnsPolicy: ClusterFirstWithHostNet, shareProcessNamespace: true, terminationGracePeriodSeconds: 60\n",
-        "\n  daemon: init container tcpx-daemon (restartPolicy: Always), image registry.example/tcpx-rxdm:1, privileged: true; startupProbe GET /readyz on port 9467, livenessProbe GET /healthz\n",
-        "\n  volumes: tcpx-libraries (host /home/kubernetes/bin/nvidia/lib64), tcpx-sys (host /sys), tcpx-proc-sys (host /proc/sys), tcpx-socket (emptyDir)\n",
+        "\n  daemon: init container tcpx-daemon (restartPolicy: Always), image registry.example/tcpx-rxdm:1, not privileged: capability NET_ADMIN only, a read-only root, seccomp RuntimeDefault, the GPUs through GKE's device annotation; startupProbe GET /readyz on port 9467, livenessProbe GET /healthz\n",
+        "\n  volumes: tcpx-libraries (host /home/kubernetes/bin/nvidia/lib64), tcpx-sys (host /sys), tcpx-proc-sys (host /proc/sys/net), tcpx-socket (emptyDir)\n",
         "\n  trainer: env LD_LIBRARY_PATH, 22 NCCL variables; mounts /usr/local/nvidia/lib64 (read-only), /run/tcpx\n",
     ] {
         assert!(err.contains(says), "{says:?} not in\n{err}");
     }
-    let (_, _, err) = inject(&["--unprivileged", "--mode=sidecar", "--metrics_address=127.0.0.1:9999"], JOB);
-    assert!(err.contains("capability NET_ADMIN, the GPUs through GKE's device annotation; readinessProbe runs `tcpx-rxdm status mine` in the container (the daemon's HTTP address 127.0.0.1:9999 is loopback, which the kubelet cannot reach); no livenessProbe"), "{err}");
+    let (_, _, err) = inject(&["--privileged", "--mode=sidecar", "--metrics_address=127.0.0.1:9999"], JOB);
+    assert!(
+        err.contains("injected: sidecar (inline nccl, 1 GPU container, privileged daemon (--privileged))"),
+        "{err}"
+    );
+    assert!(
+        err.contains("spec.template: --privileged: the daemon runs privileged: true, with every capability"),
+        "{err}"
+    );
+    assert!(err.contains("privileged: true (--privileged); readinessProbe runs `tcpx-rxdm status mine` in the container (the daemon's HTTP address 127.0.0.1:9999 is loopback, which the kubelet cannot reach); no livenessProbe"), "{err}");
     // What --uninject took out, line by line.
     let (_, once, _) = inject(&[], JOB);
     let (code, _, err) = inject(&["--uninject"], &once);
@@ -531,4 +542,19 @@ fn a_bare_file_an_empty_input_and_a_daemon_without_gpus_are_said_plainly() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(docs(&out), docs(pod));
     assert!(err.contains("Pod/p: runs a TCPX daemon (container rxdm), but no container requests nvidia.com/gpu; left as it is. The container that runs NCCL must request GPUs"), "{err}");
+}
+
+/// `--unprivileged`, which scripts from before least privilege pass, still
+/// works and changes nothing (it is the default now); with `--privileged`
+/// it is a usage error naming both.
+#[test]
+fn the_old_unprivileged_flag_is_the_default_and_conflicts_with_privileged() {
+    let (code, plain, _) = inject(&[], JOB);
+    let (old_code, old, _) = inject(&["--unprivileged"], JOB);
+    assert_eq!((code, old_code), (0, 0));
+    assert_eq!(old, plain);
+    assert!(plain.contains("privileged: false"), "{plain}");
+    let (code, _, err) = inject(&["--unprivileged", "--privileged"], JOB);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--unprivileged") && err.contains("--privileged"), "{err}");
 }

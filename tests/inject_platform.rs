@@ -155,9 +155,9 @@ fn the_plugin_from_a_node_folder_is_mounted_read_only_for_the_gpu_containers() {
     let m = mount(&spec["containers"][0], "/usr/local/nvidia/lib64").expect("mounted in the GPU container");
     assert_eq!((&m["name"], &m["readOnly"]), (&Value::from("tcpx-libraries"), &Value::Bool(true)));
 
-    // --unprivileged: NET_ADMIN, and no GKE device annotation (the runtime
+    // Not privileged: NET_ADMIN, and no GKE device annotation (the runtime
     // gives the devices of NVIDIA_VISIBLE_DEVICES).
-    let (code, out, err) = inject(&["--platform=gpu-operator", "--unprivileged"], POD);
+    let (code, out, err) = inject(&["--platform=gpu-operator"], POD);
     assert_eq!(code, 0, "{err}");
     let pod = &docs(&out)[0];
     assert_eq!(pod["spec"]["initContainers"][0]["securityContext"]["capabilities"]["add"][0], "NET_ADMIN");

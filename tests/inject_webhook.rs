@@ -155,7 +155,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
 
 #[test]
 fn the_command_serves_until_sigterm_and_exits_0() {
-    let mut server = Server::start(&["--on-error=allow", "--tenant_isolation=enforce"]);
+    let mut server = Server::start(&["--on-error=allow", "--tenant_isolation=enforce", "--privileged"]);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     assert!(rt.block_on(server.client().healthy()));
     let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
@@ -201,6 +201,23 @@ fn the_webhook_converts_a_hand_written_daemon_and_probes_where_the_daemon_listen
     assert_eq!(d["startupProbe"]["exec"]["command"][2], "mine", "{d}");
     let kept = got["metadata"]["annotations"]["tcpx-rxdm.io/converted"].as_str().unwrap();
     assert!(kept.contains("\"name\":\"rxdm\""), "{kept}");
+    // Not privileged, the GPUs through GKE's device annotation; `--privileged`
+    // (an option of `inject serve` too) gives the old privileged daemon.
+    assert_eq!(d["securityContext"]["privileged"], false, "{d}");
+    assert_eq!(d["securityContext"]["capabilities"]["drop"][0], "ALL", "{d}");
+    assert!(got["metadata"]["annotations"]["devices.gke.io/container.tcpx-daemon"].is_string());
+    let privileged =
+        review(body.to_string().as_bytes(), &Options { privileged: true, ..opts.clone() }, OnError::Refuse)
+            .unwrap();
+    let patch: Value =
+        serde_json::from_slice(&base64_decode(privileged["response"]["patch"].as_str().unwrap())).unwrap();
+    let mut old = pod.clone();
+    apply_patch(&mut old, &patch);
+    assert_eq!(
+        old["spec"]["initContainers"][0]["securityContext"],
+        serde_json::json!({ "privileged": true })
+    );
+    assert!(old["metadata"]["annotations"].get("devices.gke.io/container.tcpx-daemon").is_none());
     // The command gives it back.
     let yaml = serde_norway::to_string(&got).unwrap();
     let back =

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 /// Layers, lowest first. Modules in one layer do not use each other.
 const LAYERS: &[&[&str]] = &[
     &["types"],
+    &["caps"],
     &["netlink"],
     &["wire"],
     &["nic", "host", "gpu", "handover"],

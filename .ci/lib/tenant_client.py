@@ -2,8 +2,9 @@
 """A tenant's view of the daemon under --tenant_isolation=enforce, for the CI
 scripts that run the daemon for real (the systemd unit in a container).
 
-Usage: tenant_client.py SOCKET_FOLDER OWN_GPU OTHER_GPU
+Usage: tenant_client.py [--pools] SOCKET_FOLDER OWN_GPU OTHER_GPU
        tenant_client.py --hold SOCKET_FOLDER OWN_GPU RELEASE_FILE
+       tenant_client.py --pod SOCKET_FOLDER GPU
 
 First it opens every /dev/nvidia<N> it can for reading and writing and keeps them open, as a CUDA
 process does from cuInit on: the daemon counts a GPU as a tenant's only
@@ -11,8 +12,15 @@ while the tenant's process holds its device node open. Then it opens a TCP
 connection on loopback and asks rx_rule_manager, as the NCCL plugin does
 after accept(), to steer it to OWN_GPU (must succeed); to steer it to
 OTHER_GPU, whose device node this process does not hold (must be refused
-with PERMISSION_DENIED); and to steer a flow nobody holds (refused too). Prints one line per request; exits 0 when every answer is the
-expected one. The wire format is encoded here by hand (no protobuf library).
+with PERMISSION_DENIED); and to steer a flow nobody holds (refused too).
+With --pools it also asks for OWN_GPU's receive pool (an fd must come) and
+OTHER_GPU's (refused). Prints one line per request; exits 0 when every answer
+is the expected one. The wire format is encoded here by hand (no protobuf
+library).
+
+With --pod it is the workload of a Pod whose own daemon checks nothing
+(--tenant_isolation=off): it gets GPU's pool (an fd) and a rule steering its
+own connection to GPU, and exits 0 when both came.
 
 With --hold it is a job that lives through a daemon upgrade: it steers its
 own connection to OWN_GPU, registers with rxdm_application_registry and
@@ -113,6 +121,49 @@ def ask(folder, frame):
     return status_code(reply)
 
 
+def pool(folder, gpu):
+    """Asks for GPU's receive pool: (fd size, 0) when an fd came, else (None, status)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(folder + "/get_gpu_fd_" + gpu)
+    msg = field(1, gpu.encode())
+    s.sendall(len(msg).to_bytes(2, "big") + msg)
+    first, anc, _, _ = s.recvmsg(1, socket.CMSG_SPACE(4 * 4))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fd = int.from_bytes(data[:4], sys.byteorder)
+            size = os.fstat(fd).st_size
+            os.close(fd)
+            s.close()
+            return size, 0
+    reply = first
+    while len(reply) < 2 or len(reply) < 2 + int.from_bytes(reply[:2], "big"):
+        more = s.recv(4096)
+        if not more:
+            break
+        reply += more
+    s.close()
+    return None, status_code(reply)
+
+
+def own_connection():
+    """A loopback connection of this process: the listener, its two ends, the accepted end's address and peer."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    accepted, peer = listener.accept()
+    return (listener, client, accepted), accepted.getsockname(), peer
+
+
+def pod(folder, gpu):
+    size, got = pool(folder, gpu)
+    print(f"pool of {gpu}: " + (f"an fd ({size} bytes)" if size is not None else f"status {got}"), flush=True)
+    keep, local, peer = own_connection()
+    status = ask(folder, rule(local, peer, gpu))
+    print(f"rule for its own connection to {gpu}: status {status} (expected 0)", flush=True)
+    return 0 if size is not None and status == 0 else 1
+
+
 def hold(folder, own, release):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -155,25 +206,29 @@ def main():
     print(f"GPU device nodes held open: {len(held)}", flush=True)
     if sys.argv[1] == "--hold":
         return hold(*sys.argv[2:5])
-    folder, own, other = sys.argv[1:4]
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    client = socket.create_connection(listener.getsockname())
-    accepted, peer = listener.accept()
-    local = accepted.getsockname()
+    if sys.argv[1] == "--pod":
+        return pod(*sys.argv[2:4])
+    pools = sys.argv[1] == "--pools"
+    folder, own, other = sys.argv[2:5] if pools else sys.argv[1:4]
+    keep, local, peer = own_connection()
+    ok = True
+    if pools:
+        for gpu, want in ((own, "fd"), (other, PERMISSION_DENIED)):
+            size, got = pool(folder, gpu)
+            said = f"an fd ({size} bytes)" if size is not None else f"status {got}"
+            print(f"pool of {gpu}: {said} (expected {want})", flush=True)
+            ok &= (size is not None) if want == "fd" else (size is None and got == want)
     cases = [
         ("own connection, own GPU", rule(local, peer, own), 0),
         ("own connection, another GPU", rule(local, peer, other), PERMISSION_DENIED),
         ("a connection nobody holds", rule(local, ("127.0.0.1", 1), own), PERMISSION_DENIED),
     ]
-    ok = True
     for name, frame, want in cases:
         got = ask(folder, frame)
-        print(f"{name}: status {got} (expected {want})")
+        print(f"{name}: status {got} (expected {want})", flush=True)
         ok &= got == want
-    client.close()
-    accepted.close()
+    for s in keep:
+        s.close()
     return 0 if ok else 1
 
 

@@ -97,8 +97,13 @@ pub fn shared_args() -> Vec<Arg> {
             .default_value(inject::DEFAULT_IMAGE)
             .value_parser(inject::values::image)
             .help("The daemon's image, as your nodes pull it (build and push it from this repository's Dockerfile)"),
-        bool_arg("unprivileged")
-            .help("NET_ADMIN and GKE's device-injection annotation instead of privileged: true"),
+        bool_arg("privileged").help(
+            "Run the daemon privileged: true, as inject did before least privilege, instead of with only \
+             NET_ADMIN and the GPUs through the platform's device mechanism; only for a platform without \
+             one (see deploy/README.md)",
+        ),
+        // The default now; kept so that scripts that ask for it still work.
+        bool_arg("unprivileged").hide(true).conflicts_with("privileged"),
         Arg::new("platform")
             .long("platform")
             .value_name("PLATFORM")
@@ -189,7 +194,7 @@ pub fn options(m: &ArgMatches) -> Result<Options, String> {
         image: text("image").unwrap_or(d.image),
         machine: text("machine").unwrap_or(d.machine),
         daemon_flags: given_daemon_words(m),
-        unprivileged: m.get_flag("unprivileged"),
+        privileged: m.get_flag("privileged"),
         cpu: text("daemon_cpu"),
         memory: text("daemon_memory"),
         uninject: m.try_get_one::<bool>("uninject").ok().flatten().copied().unwrap_or(false),
@@ -198,7 +203,7 @@ pub fn options(m: &ArgMatches) -> Result<Options, String> {
             mode: given("mode"),
             nccl: given("nccl"),
             image: given("image"),
-            unprivileged: given("unprivileged"),
+            privileged: given("privileged") || given("unprivileged"),
             cpu: given("daemon_cpu"),
             memory: given("daemon_memory"),
             platform: given("platform") || given("nccl_plugin"),

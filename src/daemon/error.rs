@@ -64,7 +64,7 @@ pub enum DaemonError {
     ClaimNic(#[from] ClaimError),
     #[error("{0}")]
     ShutdownFile(#[from] JobEndError),
-    #[error("--metrics_address {addr}: {source}")]
+    #[error("--metrics_address {addr}: {source}{}", port_hint(addr, source))]
     MetricsListen {
         addr: SocketAddr,
         #[source]
@@ -165,6 +165,17 @@ impl TeardownError {
             TeardownError::RestoreNic(e) => &e.ifname,
             TeardownError::HostTuning(_) => "host",
         }
+    }
+}
+
+/// A port below 1024 needs `CAP_NET_BIND_SERVICE` (where the network
+/// namespace keeps the kernel's default `ip_unprivileged_port_start`).
+fn port_hint(addr: &SocketAddr, e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) if addr.port() < 1024 => crate::caps::refusal(n, crate::caps::Cap::NetBindService)
+            .map(|w| format!(" (port {} is below 1024: {w})", addr.port()))
+            .unwrap_or_default(),
+        _ => String::new(),
     }
 }
 

@@ -191,7 +191,8 @@ impl Startup<'_> {
         let flags = &self.config.flags;
         let pcis: Vec<String> = self.config.topology.gpus().map(|(_, g)| g.pci.to_string()).collect();
         let simulated = self.backends.alloc.backend() == "host";
-        let devices = GpuDevices::from_driver(&flags.procfs_root(), &pcis, simulated);
+        let procfs = crate::gpu::mig::driver_procfs(&flags.procfs_root());
+        let devices = GpuDevices::from_driver(&procfs, &pcis, simulated);
         let cgroup2 = std::fs::read_to_string("/proc/self/mounts").ok().and_then(|m| cgroup2_mount(&m));
         if flags.tenant_isolation != TenantIsolation::Off {
             tracing::info!(
@@ -354,7 +355,11 @@ impl Startup<'_> {
         };
         let (tuning, errors) = HostTuning::apply(&params, &plan);
         for e in errors {
-            tracing::warn!(error = %e, "host tuning step failed");
+            // The manifests mount the host's /sys read-only on purpose.
+            match e.read_only_mount() {
+                true => tracing::info!(error = %e, "host tuning step left out"),
+                false => tracing::warn!(error = %e, "host tuning step failed"),
+            }
         }
         node.tuning = Some(tuning);
         tracing::info!(elapsed_ms = ms(t), "host tuning applied");

@@ -20,6 +20,7 @@ mod mig;
 mod nccl;
 mod nic;
 mod node;
+mod privileges;
 mod report;
 
 use std::path::Path;
@@ -115,6 +116,7 @@ fn run(flags: &Flags) -> Report {
     check_gpus(&mut r, &mut ctx);
     mig::check_mig(&mut r, &ctx);
     check_host(&mut r, &ctx);
+    privileges::check_privileges(&mut r, &ctx);
     nccl::check_nccl(&mut r, &ctx);
     datapath::check_datapath(&mut r, &ctx);
     r

@@ -11,7 +11,7 @@ use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
 
 /// Volume names inject reserves, and others.
 const VOLUMES: [&str; 5] = ["tcpx-libraries", "tcpx-socket", "tcpx-sys", "data", "shm"];
-/// GKE's device annotation for the daemon container (`--unprivileged`).
+/// GKE's device annotation for the daemon container (without `--privileged`).
 const DEVICES: &str = "devices.gke.io/container.tcpx-daemon";
 /// Variables of the NCCL plugin that `--nccl=inline` sets.
 const NCCL_VARS: [&str; 4] =
@@ -49,13 +49,13 @@ impl<'a> Bytes<'a> {
     }
 }
 
-/// Inject's options from one byte: mode, NCCL source, `--unprivileged`, and
+/// Inject's options from one byte: mode, NCCL source, `--privileged`, and
 /// one of a few daemon flag sets (the remaining quotient, for the caller).
 pub fn options(b: u8) -> (Options, u8) {
     let mut o = Options {
         mode: [Mode::NativeSidecar, Mode::Sidecar, Mode::Node][usize::from(b % 3)],
         nccl: [Nccl::Inline, Nccl::ConfigMap, Nccl::File][usize::from(b / 3 % 3)],
-        unprivileged: b / 9 % 2 == 1,
+        privileged: b / 9 % 2 == 1,
         ..Options::default()
     };
     let flags: &[&str] = match b / 18 % 4 {

@@ -48,7 +48,7 @@ pub enum DevmemError {
         #[source]
         errno: Errno,
         extack: Option<String>,
-        hint: &'static str,
+        hint: String,
     },
     #[error("no queues to bind")]
     NoQueues,
@@ -84,12 +84,12 @@ pub fn netdev_family(conn: &mut NlConn) -> Result<u16, DevmemError> {
 }
 
 /// A hint for the common refusals, appended to the error.
-fn hint(errno: Errno) -> &'static str {
+fn hint(errno: Errno) -> String {
     match errno {
-        Errno::EPERM => " (needs CAP_NET_ADMIN)",
-        Errno::EOPNOTSUPP => " (driver lacks queue management / devmem TCP support)",
-        Errno::EBUSY => " (queue already bound, or XDP/AF_XDP attached)",
-        _ => "",
+        Errno::EPERM => format!(" ({})", crate::caps::lacking(crate::caps::Cap::NetAdmin)),
+        Errno::EOPNOTSUPP => " (driver lacks queue management / devmem TCP support)".into(),
+        Errno::EBUSY => " (queue already bound, or XDP/AF_XDP attached)".into(),
+        _ => String::new(),
     }
 }
 

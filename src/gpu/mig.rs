@@ -14,10 +14,12 @@ use crate::types::pci::PciAddr;
 
 /// The procfs to read the NVIDIA driver's entries under, given
 /// `--procfs_root`. A root that is a mount of the host's `/proc/sys` (the
-/// daemon's `/hostprocsysfs`) has no `driver/`: the driver's entries are the
+/// daemon's `/hostprocsysfs`), or holds only its `net` (as the Kubernetes
+/// manifests mount it), has no `driver/`: the driver's entries are the
 /// same in every pid namespace, so the process's own `/proc` is read instead.
 pub fn driver_procfs(procfs_root: &Path) -> PathBuf {
-    let sysctl_mount = procfs_root.join("kernel").is_dir() && !procfs_root.join("sys").exists();
+    let sysctls = ["kernel", "net"].iter().any(|d| procfs_root.join(d).is_dir());
+    let sysctl_mount = sysctls && !procfs_root.join("sys").exists();
     if sysctl_mount && !procfs_root.join("driver/nvidia").exists() {
         return PathBuf::from("/proc");
     }
@@ -274,6 +276,10 @@ mod tests {
         std::fs::create_dir_all(sysctl.path().join("kernel")).unwrap();
         std::fs::create_dir_all(sysctl.path().join("net")).unwrap();
         assert_eq!(nvidia_proc_dir(sysctl.path()), Path::new("/proc/driver/nvidia"));
+        // Only the host's /proc/sys/net, as the Kubernetes manifests mount it.
+        let net = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(net.path().join("net/ipv4")).unwrap();
+        assert_eq!(nvidia_proc_dir(net.path()), Path::new("/proc/driver/nvidia"));
         let procfs = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(procfs.path().join("sys/kernel")).unwrap();
         assert_eq!(nvidia_proc_dir(procfs.path()), procfs.path().join("driver/nvidia"));

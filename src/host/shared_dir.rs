@@ -114,6 +114,17 @@ impl From<OpenError> for io::Error {
     }
 }
 
+/// A refused change of group, naming the capability it needs.
+pub fn chown_error(e: Errno) -> io::Error {
+    match crate::caps::refusal(e as i32, crate::caps::Cap::Chown) {
+        Some(why) => io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("setting its group (--socket_group): {e} ({why})"),
+        ),
+        None => errno(e),
+    }
+}
+
 fn errno(e: Errno) -> io::Error {
     io::Error::from(e)
 }
@@ -234,7 +245,7 @@ impl SharedDir {
                     let fd = openat(&cur, name, DIR_FLAGS | OFlag::O_NOFOLLOW, Mode::empty())
                         .map_err(|e| in_path(errno(e)))?;
                     if let Some(gid) = gid {
-                        fchown(&fd, None, Some(gid)).map_err(|e| in_path(errno(e)))?;
+                        fchown(&fd, None, Some(gid)).map_err(|e| in_path(chown_error(e)))?;
                     }
                     fchmod(&fd, Mode::from_bits_truncate(mode)).map_err(|e| in_path(errno(e)))?;
                     let own = fd.try_clone().map_err(in_path)?;

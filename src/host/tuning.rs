@@ -59,16 +59,46 @@ pub enum TuningPlan {
 pub enum TuningError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
-    #[error("writing \"{}\" to {path}: {source}", .value.escape_debug())]
+    #[error("writing \"{}\" to {path}: {source}{}", .value.escape_debug(), write_hint(.source))]
     Write { path: PathBuf, value: String, source: io::Error },
     #[error("route netlink: {0}")]
     Netlink(#[source] NlError),
-    #[error("route {route}: {source}")]
+    #[error("route {route}: {source}{}", route_hint(.source))]
     Route { route: String, source: NlError },
     #[error("{}: {source}", script.display())]
     ScriptStart { script: PathBuf, source: io::Error },
     #[error("{}: {detail}", script.display())]
     Script { script: PathBuf, detail: String },
+}
+
+impl TuningError {
+    /// A write refused because the file's mount is read-only (the host's
+    /// `/sys` in the Kubernetes manifests): a choice, not a failure.
+    pub fn read_only_mount(&self) -> bool {
+        matches!(self, TuningError::Write { source, .. } if source.raw_os_error() == Some(libc::EROFS))
+    }
+}
+
+/// Why a write was refused: these files are root's, so root may write them
+/// without any capability, but only through a writable mount.
+fn write_hint(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EROFS) => {
+            " (a read-only mount: mount it writable for the daemon to set it, or set it on the node)".into()
+        }
+        Some(libc::EACCES | libc::EPERM) => {
+            " (the file is root's: run the daemon as root (uid 0); no capability is needed)".into()
+        }
+        _ => String::new(),
+    }
+}
+
+/// Why a route change was refused: rtnetlink changes need `CAP_NET_ADMIN`.
+fn route_hint(e: &NlError) -> String {
+    match e.errno() {
+        Errno::EPERM => format!(" ({})", crate::caps::lacking(crate::caps::Cap::NetAdmin)),
+        _ => String::new(),
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -90,8 +120,9 @@ const SYSCTLS: [(&str, Target); 7] = [
 const HYSTART_DETECT: (&str, Target) = ("module/tcp_cubic/parameters/hystart_detect", Target::Exact("2"));
 
 /// `/proc/sys` under `procfs_root`: `<root>/sys` for a procfs mount, `<root>`
-/// itself when it is a mount of `/proc/sys` (the tcpx-daemon manifests mount
-/// the host's `/proc/sys` at `/hostprocsysfs`).
+/// itself when it is a mount of `/proc/sys`, or a folder holding a mount of
+/// its `net` (the Kubernetes manifests mount the host's `/proc/sys/net` at
+/// `/hostprocsysfs/net`; the GKE guide, all of `/proc/sys` at `/hostprocsysfs`).
 pub fn sysctl_dir(procfs_root: &Path) -> PathBuf {
     if procfs_root.join("sys/net").is_dir() || !procfs_root.join("net").is_dir() {
         procfs_root.join("sys")

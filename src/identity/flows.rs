@@ -270,7 +270,26 @@ pub fn locate_many(ns: &NetNs, flows: &[FlowSpec]) -> Vec<Result<Found, String>>
 fn diag_of(ns: &NetNs) -> Result<SockDiag, String> {
     match ns.take_diag() {
         Some(d) => Ok(d),
-        None => open_in(ns).map_err(|e| format!("cannot look into its network namespace: {e}")),
+        None => {
+            open_in(ns).map_err(|e| format!("cannot look into its network namespace: {e}{}", setns_hint(e)))
+        }
+    }
+}
+
+/// Why entering a client's network namespace was refused: `setns` needs
+/// `CAP_SYS_ADMIN`, which no deployment gives the daemon on purpose
+/// (`SECURITY.md`, *Privileges*).
+fn setns_hint(e: nix::errno::Errno) -> String {
+    use crate::caps::{lacking, Cap, Held};
+    match e {
+        nix::errno::Errno::EPERM if Held::this_thread().is_some_and(|h| h.effective.has(Cap::SysAdmin)) => {
+            format!(" ({})", lacking(Cap::SysAdmin))
+        }
+        nix::errno::Errno::EPERM => " (entering another network namespace needs CAP_SYS_ADMIN, which the \
+                                     daemon is not given, on purpose: run the client in the node's network \
+                                     namespace, as hostNetwork: true does)"
+            .into(),
+        _ => String::new(),
     }
 }
 

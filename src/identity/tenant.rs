@@ -273,7 +273,7 @@ fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevi
     }) {
         Ok(open) => open,
         Err(e) => {
-            tracing::debug!(error = %e, "cannot read a client's open files");
+            unreadable(e);
             return (0, None);
         }
     };
@@ -292,6 +292,22 @@ fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevi
     (held::held_gpus(&open, devices, &stand_ins), beyond)
 }
 
+/// A client's open files could not be read, so it holds no GPU here. A
+/// refusal (`EACCES`, `EPERM`: a process of another user, or one with
+/// capabilities the daemon lacks) is a missing `CAP_SYS_PTRACE`, which the
+/// log says once; the rest at debug level.
+fn unreadable(e: Errno) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    match crate::caps::refusal(e as i32, crate::caps::Cap::SysPtrace) {
+        Some(why) if !SAID.swap(true, Ordering::Relaxed) => tracing::warn!(
+            error = %e,
+            "cannot read a client's open files, so no GPU counts as its own: reading another process's \
+             descriptors {why} (said once)"
+        ),
+        _ => tracing::debug!(error = %e, "cannot read a client's open files"),
+    }
+}
+
 /// Whether `open` lists a regular file (which may stand in for a simulated GPU).
 fn has_regular(open: &[OpenFile]) -> bool {
     open.iter().any(|f| matches!(f, OpenFile::Regular { .. }))
@@ -304,7 +320,7 @@ fn gpus_of_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> (u64, Option<b
     let open = match held::open_files_of_pidfd(pidfd, held::SCAN_LIMIT, devices) {
         Ok(open) => open,
         Err(e) => {
-            tracing::debug!(error = %e, "cannot read the open files of a client in another pid namespace");
+            unreadable(e);
             return (0, None);
         }
     };

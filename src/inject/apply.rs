@@ -1,8 +1,9 @@
 //! One template, whatever it holds: a template injected before is undone
 //! first, then injected again with the earlier injection's options where
-//! none were given now (its mode, NCCL source, platform, image, privileges,
-//! requests and daemon flags), so that running inject again changes
-//! nothing; or it stops there with `--uninject`.
+//! none were given now (its mode, NCCL source, platform, image,
+//! `--privileged`, requests and daemon flags), so that running inject again
+//! changes nothing; or it stops there with `--uninject`. A daemon an older
+//! inject made privileged by default loses that.
 
 use serde_norway::Value;
 
@@ -79,9 +80,10 @@ fn kept_options(opts: &Options, prior: &Record, spec: &Value) -> (Options, Vec<S
             o.image = image.to_string();
         }
     }
-    if !g.unprivileged {
-        let privileged = d.get("securityContext").and_then(|s| s.get("privileged"));
-        o.unprivileged = privileged != Some(&Value::Bool(true));
+    // Only an explicit --privileged is kept: a daemon privileged without
+    // it in the record had that from an inject whose default it was.
+    if !g.privileged {
+        o.privileged = prior.privileged;
     }
     let request = |k: &str| d.get("resources")?.get("requests")?.get(k)?.as_str().map(String::from);
     if !g.cpu {
@@ -93,9 +95,23 @@ fn kept_options(opts: &Options, prior: &Record, spec: &Value) -> (Options, Vec<S
     (o, daemon::chosen(prior.mode, &migrate::argv(d)))
 }
 
+/// Whether the daemon container inject wrote runs `privileged: true`.
+fn privileged_daemon(tpl: &Value) -> bool {
+    let sc = tpl.get("spec").and_then(own_daemon).and_then(|d| d.get("securityContext"));
+    sc.and_then(|s| s.get("privileged")) == Some(&Value::Bool(true))
+}
+
 /// What changed from the earlier injection's options, for the report.
-fn changes(prior: &Record, opts: &Options) -> Vec<String> {
+/// `was_privileged`: its daemon ran `privileged: true`.
+fn changes(prior: &Record, opts: &Options, was_privileged: bool) -> Vec<String> {
     let mut out = Vec::new();
+    if was_privileged && !opts.privileged && opts.mode != Mode::Node {
+        out.push(
+            "the daemon is no longer privileged: only the capabilities it needs, the GPUs through the \
+             platform's device mechanism (--privileged keeps privileged: true)"
+                .into(),
+        );
+    }
     if prior.mode != opts.mode {
         out.push(format!("mode {} → {} (--mode)", prior.mode.name(), opts.mode.name()));
     }
@@ -129,6 +145,7 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
         }
     }
     let before = tpl.clone();
+    let was_privileged = privileged_daemon(tpl);
     let prior = match record(tpl) {
         Some(Ok(r)) => Some(r),
         Some(Err(why)) => {
@@ -216,7 +233,7 @@ pub fn apply(tpl: &mut Value, opts: &Options, object: &str, at: &str) -> Result<
         }
         Some(r) => {
             let mut line = format!("updated from {} {}: {summary}", r.version, r.mode.name());
-            let what = changes(&r, &opts);
+            let what = changes(&r, &opts, was_privileged);
             if !what.is_empty() {
                 line.push_str(&format!("; {}", what.join(", ")));
             }

@@ -5,14 +5,32 @@ use serde_norway::{Mapping, Value};
 use super::pod_flags::{self, not_for_a_pod};
 use super::probe::Probe;
 use super::{InjectError, Mode, Options, DAEMON, LIBRARIES};
+use crate::caps::Cap;
 use crate::config::flags::{Flags, BOOL_FLAGS};
 
 /// The reference daemon's binary, which the image keeps as an alias: the
 /// classic sidecar keeps the GKE guide's command line.
 pub const REFERENCE_BIN: &str = "/tcpgpudmarxd/build/app/tcpgpudmarxd";
-/// Where the daemon finds the host's /sys and /proc/sys.
-const HOST_MOUNTS: [(&str, &str, &str); 2] =
-    [("tcpx-sys", "/sys", "/hostsysfs"), ("tcpx-proc-sys", "/proc/sys", "/hostprocsysfs")];
+/// Where the daemon finds the host's /sys and /proc/sys: volume, host path,
+/// mount path, read-only. `/sys` is only read (topology, NIC attributes);
+/// of `/proc/sys` only `net` is written (host tuning): the rest of it is
+/// not the daemon's to change, and root may write much of it with no
+/// capability at all (`kernel.core_pattern` runs a program as the host's root).
+const HOST_MOUNTS: [(&str, &str, &str, bool); 2] = [
+    ("tcpx-sys", "/sys", "/hostsysfs", true),
+    ("tcpx-proc-sys", "/proc/sys/net", "/hostprocsysfs/net", false),
+];
+/// The same with `--privileged`, as before least privilege: both whole and writable.
+const PRIVILEGED_HOST_MOUNTS: [(&str, &str, &str, bool); 2] =
+    [("tcpx-sys", "/sys", "/hostsysfs", false), ("tcpx-proc-sys", "/proc/sys", "/hostprocsysfs", false)];
+
+fn host_mounts(opts: &Options) -> [(&'static str, &'static str, &'static str, bool); 2] {
+    if opts.privileged {
+        PRIVILEGED_HOST_MOUNTS
+    } else {
+        HOST_MOUNTS
+    }
+}
 /// The classic sidecar's health log, read by the workload's ready loop.
 pub const HEALTH_DIR: &str = "/run/tcpx-health";
 /// Names of the volumes inject may add (reserved: a Pod that has one of
@@ -240,11 +258,11 @@ pub fn volumes(opts: &Options) -> Vec<Value> {
     let mut v: Vec<Value> = opts.platform.library_volume().into_iter().collect();
     match opts.mode {
         Mode::NativeSidecar => {
-            v.extend(HOST_MOUNTS.iter().map(|(n, p, _)| host(n, p)));
+            v.extend(host_mounts(opts).iter().map(|(n, p, _, _)| host(n, p)));
             v.push(empty("tcpx-socket"));
         }
         Mode::Sidecar => {
-            v.extend(HOST_MOUNTS.iter().map(|(n, p, _)| host(n, p)));
+            v.extend(host_mounts(opts).iter().map(|(n, p, _, _)| host(n, p)));
             v.push(host("tcpx-socket", "/run/tcpx"));
             v.push(empty("tcpx-health"));
         }
@@ -282,23 +300,56 @@ fn env(name: &str, value: &str) -> Value {
     map(vec![("name", s(name)), ("value", s(value))])
 }
 
-/// The daemon container's privileges: written here only, so that a Pod's
-/// daemon has the same wherever inject writes one.
-pub fn security_context(opts: &Options) -> Value {
-    if opts.unprivileged {
-        map(vec![("capabilities", map(vec![("add", list(vec![s("NET_ADMIN")]))]))])
-    } else {
-        map(vec![("privileged", Value::Bool(true))])
+/// The capabilities a daemon in a Pod needs (`SECURITY.md`, *Privileges*):
+/// `NET_ADMIN` for the NICs, the dma-buf bind and the route metrics, and
+/// `NET_BIND_SERVICE` for an HTTP port below 1024. It serves one Pod with
+/// isolation off, so it reads no other user's process (`SYS_PTRACE`), and
+/// gives the sockets no group of their own unless told to (`CHOWN`).
+pub fn capabilities(flags: &Flags) -> Vec<Cap> {
+    let mut caps = vec![Cap::NetAdmin];
+    if flags.metrics_address.0.is_some_and(|a| a.port() != 0 && a.port() < 1024) {
+        caps.push(Cap::NetBindService);
     }
+    if flags.socket_group.is_some() {
+        caps.push(Cap::Chown);
+    }
+    caps
+}
+
+/// The daemon container's privileges: written here only, so that a Pod's
+/// daemon has the same wherever inject writes one. Not privileged: every
+/// capability dropped but [`capabilities`], no privilege escalation, a
+/// read-only root (it writes only to its volumes), the runtime's default
+/// seccomp profile. `--privileged`: as before, `privileged: true` alone.
+pub fn security_context(opts: &Options, flags: &Flags) -> Value {
+    if opts.privileged {
+        return map(vec![("privileged", Value::Bool(true))]);
+    }
+    let add = capabilities(flags).into_iter().map(|c| s(c.short_name())).collect();
+    map(vec![
+        ("privileged", Value::Bool(false)),
+        ("allowPrivilegeEscalation", Value::Bool(false)),
+        ("capabilities", map(vec![("drop", list(vec![s("ALL")])), ("add", list(add))])),
+        ("readOnlyRootFilesystem", Value::Bool(true)),
+        ("seccompProfile", map(vec![("type", s("RuntimeDefault"))])),
+    ])
 }
 
 /// What [`security_context`] gives the daemon, for the report.
-pub fn describe_privileges(opts: &Options) -> String {
-    match (opts.unprivileged, opts.platform.gke_devices()) {
-        (false, _) => "privileged: true".into(),
-        (true, true) => "capability NET_ADMIN, the GPUs through GKE's device annotation".into(),
-        (true, false) => "capability NET_ADMIN, the GPUs through the NVIDIA runtime".into(),
+pub fn describe_privileges(opts: &Options, flags: &Flags) -> String {
+    if opts.privileged {
+        return "privileged: true (--privileged)".into();
     }
+    let caps: Vec<&str> = capabilities(flags).into_iter().map(Cap::short_name).collect();
+    let gpus = match opts.platform.gke_devices() {
+        true => "GKE's device annotation",
+        false => "the NVIDIA runtime",
+    };
+    format!(
+        "not privileged: {} {} only, a read-only root, seccomp RuntimeDefault, the GPUs through {gpus}",
+        if caps.len() == 1 { "capability" } else { "capabilities" },
+        caps.join(", ")
+    )
 }
 
 /// The daemon container (none in node mode).
@@ -333,7 +384,7 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
         envs.push(env("HEALTH_CHECK_LOG_FILE", &format!("{HEALTH_DIR}/health.log")));
     }
     c.push(("env", list(envs)));
-    c.push(("securityContext", security_context(opts)));
+    c.push(("securityContext", security_context(opts, &flags.parsed)));
     let mut requests = Vec::new();
     if let Some(cpu) = &opts.cpu {
         requests.push(("cpu", s(cpu)));
@@ -347,7 +398,7 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
     c.extend(flags.probe().fields(&flags.parsed, opts.mode, &uds));
     let mut mounts: Vec<Value> =
         libraries.then(|| mount("tcpx-libraries", LIBRARIES, true)).into_iter().collect();
-    mounts.extend(HOST_MOUNTS.iter().map(|(n, _, at)| mount(n, at, false)));
+    mounts.extend(host_mounts(opts).iter().map(|(n, _, at, ro)| mount(n, at, *ro)));
     mounts.push(mount("tcpx-socket", &uds, false));
     if opts.mode == Mode::Sidecar {
         mounts.push(mount("tcpx-health", HEALTH_DIR, false));
@@ -357,7 +408,8 @@ pub fn container(opts: &Options, flags: &DaemonFlags) -> Option<Value> {
 }
 
 /// GKE's device-injection annotation for the daemon without `privileged`:
-/// the eight GPUs, the control and the UVM device.
+/// the eight GPUs, the control and the UVM device (GKE's NRI device
+/// injector adds these nodes to the container, and lets it open them).
 pub fn device_annotation() -> (String, String) {
     let mut v: String = (0..8).map(|i| format!("- path: /dev/nvidia{i}\n")).collect();
     v.push_str("- path: /dev/nvidiactl\n- path: /dev/nvidia-uvm\n");

@@ -138,7 +138,8 @@ pub struct Options {
     pub machine: String,
     /// The daemon's flags given by the user (`--name[=value]` words).
     pub daemon_flags: Vec<String>,
-    pub unprivileged: bool,
+    /// `--privileged`: the daemon as before least privilege, `privileged: true`.
+    pub privileged: bool,
     /// The daemon container's `resources.requests` (`cpu`, `memory`).
     pub cpu: Option<String>,
     pub memory: Option<String>,
@@ -158,7 +159,7 @@ pub struct Given {
     pub mode: bool,
     pub nccl: bool,
     pub image: bool,
-    pub unprivileged: bool,
+    pub privileged: bool,
     /// `--daemon-cpu`, `--daemon-memory`.
     pub cpu: bool,
     pub memory: bool,
@@ -171,7 +172,7 @@ impl Given {
         mode: true,
         nccl: true,
         image: true,
-        unprivileged: true,
+        privileged: true,
         cpu: true,
         memory: true,
         platform: true,
@@ -182,7 +183,7 @@ impl Given {
         mode: false,
         nccl: false,
         image: false,
-        unprivileged: false,
+        privileged: false,
         cpu: false,
         memory: false,
         platform: false,
@@ -197,7 +198,7 @@ impl Default for Options {
             image: DEFAULT_IMAGE.to_string(),
             machine: machine::DEFAULT.to_string(),
             daemon_flags: Vec::new(),
-            unprivileged: false,
+            privileged: false,
             cpu: None,
             memory: None,
             uninject: false,

@@ -128,8 +128,9 @@ impl Platform {
         }
     }
 
-    /// Whether `--unprivileged` gets GKE's device-injection annotation (the
-    /// GPU Operator's runtime gives the devices of NVIDIA_VISIBLE_DEVICES).
+    /// Whether a daemon that is not privileged gets GKE's device-injection
+    /// annotation (the GPU Operator's runtime gives the devices of
+    /// NVIDIA_VISIBLE_DEVICES).
     pub fn gke_devices(&self) -> bool {
         *self == Platform::Gke
     }

@@ -28,6 +28,10 @@ pub struct Record {
     pub converted: Option<bool>,
     /// `--platform=gpu-operator` and its `--nccl-plugin` (`None`: GKE).
     pub platform: Option<String>,
+    /// `--privileged` was asked for (`privileged=yes`): injecting again
+    /// keeps it. A daemon that is privileged without it was written by an
+    /// inject from before least privilege, whose default that was.
+    pub privileged: bool,
 }
 
 impl Record {
@@ -38,6 +42,9 @@ impl Record {
         }
         if let Some(c) = self.converted {
             t.push_str(if c { " converted=yes" } else { " converted=no" });
+        }
+        if self.privileged {
+            t.push_str(" privileged=yes");
         }
         for (k, v) in [("pod", &self.pod), ("kept", &self.kept)] {
             if !v.is_empty() {
@@ -59,6 +66,7 @@ impl Record {
             kept: vec![],
             converted: None,
             platform: None,
+            privileged: false,
         };
         let mut seen = (false, false);
         for part in text.split_whitespace() {
@@ -79,6 +87,12 @@ impl Record {
                         "no" => false,
                         _ => return Err(bad("converted is yes or no, not")),
                     })
+                }
+                "privileged" => {
+                    r.privileged = match v {
+                        "yes" => true,
+                        _ => return Err(bad("privileged is yes (or left out), not")),
+                    }
                 }
                 "platform" => {
                     let (p, plugin) = v.split_once(',').map_or((v, None), |(p, x)| (p, Some(x)));

@@ -60,7 +60,7 @@ pub fn details(
             if mode == Mode::NativeSidecar { "init container" } else { "container" },
             if mode == Mode::NativeSidecar { " (restartPolicy: Always)" } else { "" },
             opts.image,
-            describe_privileges(opts),
+            describe_privileges(opts, &flags.parsed),
             flags.probe().describe(mode)
         ),
     });
@@ -88,6 +88,15 @@ pub fn details(
 /// What may not work as the template's author expects.
 pub fn warnings(opts: &Options, flags: &DaemonFlags, asked: u64) -> Vec<String> {
     let mut out = Vec::new();
+    if opts.privileged && opts.mode != Mode::Node {
+        out.push(
+            "--privileged: the daemon runs privileged: true, with every capability and host device, no \
+             seccomp filter and the host's /sys and /proc/sys writable: a flaw in it, or in anything that \
+             reaches it, is the node's. Use it only where the platform cannot give a container the GPUs \
+             (no GKE device injector, no NVIDIA runtime); deploy/README.md says what the daemon needs"
+                .into(),
+        );
+    }
     let has = machine::gpus(&opts.machine);
     if let Some(has) = has.filter(|has| asked < *has && opts.mode != Mode::Node) {
         let port = match flags.parsed.metrics_address.0 {

@@ -60,14 +60,16 @@ pub fn inject(
         .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
         .flat_map(|cs| cs.iter().filter(|c| is_gpu(c)).map(name_of))
         .collect();
-    let devices = (opts.unprivileged && opts.mode != Mode::Node && opts.platform.gke_devices())
+    let devices = (!opts.privileged && opts.mode != Mode::Node && opts.platform.gke_devices())
         .then(daemon::device_annotation);
     if let Some((k, _)) =
         devices.as_ref().filter(|(k, _)| meta.get("annotations").and_then(|a| a.get(k.as_str())).is_some())
     {
         return Err(err(
             format!("metadata.annotations[{k}]"),
-            "set already; --unprivileged adds its own".into(),
+            "set already; inject writes its own, which gives the daemon its GPUs (remove it, or use \
+             --privileged, which needs none)"
+                .into(),
         ));
     }
     let reference = migrate::find(spec, object, at)?;
@@ -89,6 +91,7 @@ pub fn inject(
         _ => None,
     };
     let mut details = Vec::new();
+    let gpus_via = if opts.platform.gke_devices() { "GKE's device annotation" } else { "the NVIDIA runtime" };
     let saved = match &reference {
         Some(r) => {
             let (line, text) = restore::remove(spec, r).map_err(|why| {
@@ -98,12 +101,12 @@ pub fn inject(
                 )
             })?;
             details.push(line);
-            if !r.privileged && !opts.unprivileged {
+            if r.privileged && !opts.privileged {
                 details.push(format!(
-                    "{} {} was not privileged; inject's daemon is (privileged: true): --unprivileged \
-                     gives it NET_ADMIN and the GPUs' device nodes instead",
+                    "{} {} ran privileged: true; inject's daemon does not (only the capabilities it needs, \
+                     the GPUs through {gpus_via}): --privileged keeps privileged: true",
                     r.kind.describe(),
-                    r.name
+                    r.name,
                 ));
             }
             Some(text)
@@ -201,6 +204,7 @@ pub fn inject(
         kept,
         converted: Some(saved.is_some()),
         platform: opts.platform.record_text(),
+        privileged: opts.privileged && opts.mode != Mode::Node,
     };
     details.extend(super::report::details(opts, &flags, &rec, &volumes, &mounts, &added));
     annotations.push((ANNOTATION.to_string(), rec.text()));
@@ -208,12 +212,13 @@ pub fn inject(
     annotate(tpl, annotations);
     let gpus = gpu_names.len();
     let summary = format!(
-        "{} ({} nccl, {} GPU container{}{})",
+        "{} ({} nccl, {} GPU container{}{}{})",
         opts.mode.name(),
         opts.nccl.name(),
         gpus,
         if gpus == 1 { "" } else { "s" },
-        if opts.platform.runtime_class().is_some() { ", gpu-operator" } else { "" }
+        if opts.platform.runtime_class().is_some() { ", gpu-operator" } else { "" },
+        if opts.privileged && opts.mode != Mode::Node { ", privileged daemon (--privileged)" } else { "" }
     );
     let warnings = super::report::warnings(opts, &flags, asked);
     Ok(Some(Injected { summary, details, warnings, image: opts.image.clone() }))

@@ -59,7 +59,10 @@ fn write_in(folder: &SharedDir, text: &str, socket_mode: u32, gid: Option<u32>) 
     let result = (|| {
         f.write_all(text.as_bytes())?;
         if let Some(gid) = gid {
-            std::os::unix::fs::fchown(&f, None, Some(gid))?;
+            std::os::unix::fs::fchown(&f, None, Some(gid)).map_err(|e| match e.raw_os_error() {
+                Some(n) => crate::host::shared_dir::chown_error(nix::errno::Errno::from_raw(n)),
+                None => e,
+            })?;
         }
         // Explicitly, whatever the umask.
         fchmod(f.as_fd(), Mode::from_bits_truncate(mode_for(socket_mode)))?;

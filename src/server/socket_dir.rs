@@ -25,9 +25,28 @@ use super::folder_access::warn_if_unreachable;
 
 pub const LOCK_FILE: &str = ".rxdm.lock";
 
+/// Why giving a file the socket group was refused: a group the process is
+/// not a member of needs `CAP_CHOWN`.
+fn chown_hint(e: &std::io::Error) -> String {
+    e.raw_os_error()
+        .and_then(|n| crate::caps::refusal(n, crate::caps::Cap::Chown))
+        .map(|w| format!(" ({w})"))
+        .unwrap_or_default()
+}
+
+/// `err`'s words without a leading `path: ` (the folder's own failure names
+/// it already; one of a folder above it keeps that folder's name).
+fn without_path(path: &Path, err: &std::io::Error) -> String {
+    let text = err.to_string();
+    match text.strip_prefix(&format!("{}: ", path.display())) {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SocketDirError {
-    #[error("creating socket folder {path}: {err}")]
+    #[error("creating socket folder {path}: {}", without_path(path, err))]
     CreateDir {
         path: PathBuf,
         #[source]
@@ -73,7 +92,7 @@ pub enum SocketDirError {
          find it, or choose another --uds_path"
     )]
     Replaced { path: PathBuf },
-    #[error("setting the group of {path}: {err}")]
+    #[error("setting the group of {path} (--socket_group): {err}{}", chown_hint(.err))]
     Chown {
         path: PathBuf,
         #[source]

@@ -58,20 +58,34 @@ pub struct EthtoolNic {
 
 fn nl_err(ifname: &str, op: NicOp, e: NlError) -> NicError {
     let err = NicError::new(ifname, op, e.errno());
-    match e.detail() {
+    privilege(match e.detail() {
         Some(d) => err.with_detail(d),
         None => err,
-    }
+    })
 }
 
 fn io_err<'a>(ifname: &'a str, op: NicOp, what: &'a str) -> impl FnOnce(Errno) -> NicError + 'a {
     move |e| {
         let err = NicError::new(ifname, op, e);
-        match e {
+        privilege(match e {
             Errno::EOPNOTSUPP => err.with_detail(format!("driver does not support {what}")),
             _ => err.with_detail(what.to_string()),
-        }
+        })
     }
+}
+
+/// A refusal (`EPERM`) names the capability: every change of a NIC
+/// (ethtool ioctls and netlink, rtnetlink) needs `CAP_NET_ADMIN`, reads need none.
+fn privilege(err: NicError) -> NicError {
+    if err.errno != Errno::EPERM {
+        return err;
+    }
+    let why = crate::caps::lacking(crate::caps::Cap::NetAdmin);
+    let detail = match &err.detail {
+        Some(d) => format!("{d}; {why}"),
+        None => why,
+    };
+    err.with_detail(detail)
 }
 
 /// Locks one of the netlink sockets. A panic while holding the lock cannot
