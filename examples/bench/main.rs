@@ -436,11 +436,12 @@ fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Du
     (s, t.elapsed())
 }
 
-/// Threads the floor runs on: `--floor_threads`, else as many as the daemon's rule I/O threads.
+/// Threads the floor runs on: `--floor_threads`, else one per core (at least as
+/// many as the daemon's rule I/O threads): the most the machine can do.
 static FLOOR_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn floor_threads() -> usize {
-    *FLOOR_THREADS.get().unwrap_or(&daemon_workers())
+    *FLOOR_THREADS.get().unwrap_or(&cores().max(daemon_workers()))
 }
 
 /// Starts this benchmark again as the floor server, in its own process like the daemon.

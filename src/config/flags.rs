@@ -237,8 +237,8 @@ pub struct Flags {
     /// Most client connections served at once; more wait in the backlog.
     #[arg(long = "max_connections", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
-    /// Threads serving the rule sockets; 0: one per core the daemon may run
-    /// on (its CPU affinity and quota), at most 32.
+    /// Threads serving the rule sockets; 0: one per two cores the daemon may
+    /// run on (its CPU affinity and quota), at least 2, at most 32.
     #[arg(long = "rule_io_threads", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=256))]
     pub rule_io_threads: u32,
     /// Track each client process (pidfd) and remove its rules when it exits.
