@@ -436,6 +436,11 @@ fn start_daemon_http(bin: &Path, extra: &[String], metrics: &str) -> (Server, Du
     (s, t.elapsed())
 }
 
+/// Clients for warming a server up: the most a run will use (at least 8).
+fn warm_clients(clients: &[usize]) -> usize {
+    clients.iter().copied().max().unwrap_or(0).max(8)
+}
+
 /// Threads the floor runs on: `--floor_threads`, else one per core (at least as
 /// many as the daemon's rule I/O threads): the most the machine can do.
 static FLOOR_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -617,10 +622,12 @@ fn main() {
         let mut servers = vec![start_daemon(&a.bin, &[]).0, start_floor()];
         servers.extend(a.also.iter().map(|b| start_daemon(b, &[]).0));
         let mut flows = Flows(0);
-        // Warm them up (page faults, first connections); not counted.
-        let warm = flows.frames(a.requests.min(1000), &nic_targets());
+        // Warm them up (page faults, first connections) at the most clients
+        // measured: a server's first burst of that many ran at half its rate
+        // on 16 cores, the floor's most of all. Not counted.
+        let warm = flows.frames(a.requests.clamp(1000, 4000), &nic_targets());
         for s in &servers {
-            measure(s, 8, &warm, &mut Errors::new());
+            measure(s, warm_clients(&a.clients), &warm, &mut Errors::new());
         }
         for (ci, &c) in a.clients.iter().enumerate() {
             let reqs = flows.frames(a.requests, &nic_targets());

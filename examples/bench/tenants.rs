@@ -284,10 +284,11 @@ pub fn run(a: &Args, stand_ins: &StandIns) -> bool {
             a.tenant_modes.iter().map(|m| start_daemon(&a.bin, &[format!("--tenant_isolation={m}")]).0),
         );
         let mut flows = Flows(0);
-        // Warm them up (page faults, first connections, the client's tenant); not counted.
-        let warm = flows.frames(a.tenant_requests.min(1000), &gpus);
+        // Warm them up (page faults, first connections, the client's tenant)
+        // at the most clients measured; not counted.
+        let warm = flows.frames(a.tenant_requests.clamp(1000, 4000), &gpus);
         for s in &servers {
-            measure(s, 8, &warm, &mut Errors::new());
+            measure(s, crate::warm_clients(&a.tenant_clients), &warm, &mut Errors::new());
         }
         // Each pool's listener stays to the round's end: its port is the pool's
         // own, so no flow repeats for a daemon.
