@@ -4,7 +4,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
     encoded, install_frame, install_rule, metric, raw_exchange, require_root, wait_until, ClientProcess,
@@ -21,11 +21,8 @@ fn install_v6(sport: i32, gpu: &str) -> Vec<u8> {
 /// table are read one after the other, so a reclaim may land in between: read
 /// again until they agree (they must, once nothing is in flight).
 fn rules(d: &Daemon) -> Vec<serde_json::Value> {
-    let t = Instant::now();
-    loop {
-        let flows = d.flows();
-        let nics = flows["nics"].as_array().unwrap();
-        let agree = nics.iter().all(|n| {
+    let agree = |flows: &serde_json::Value| {
+        flows["nics"].as_array().unwrap().iter().all(|n| {
             let locs = |key: &str| {
                 let mut v: Vec<u64> =
                     n[key].as_array().unwrap().iter().map(|r| r["loc"].as_u64().unwrap()).collect();
@@ -33,13 +30,20 @@ fn rules(d: &Daemon) -> Vec<serde_json::Value> {
                 v
             };
             locs("rules") == locs("nic_rules")
-        });
-        if agree {
-            return nics.iter().flat_map(|n| n["rules"].as_array().unwrap().iter().cloned()).collect();
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "bookkeeping and NIC table disagree: {flows}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        })
+    };
+    let mut flows = serde_json::Value::Null;
+    // A guard against a hang, not a timing: they agree once nothing is in flight.
+    wait_until(Duration::from_secs(60), || {
+        flows = d.flows();
+        agree(&flows)
+    });
+    flows["nics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["rules"].as_array().unwrap().iter().cloned())
+        .collect()
 }
 
 fn client_requests(d: &Daemon) -> Vec<(PathBuf, Vec<u8>)> {
