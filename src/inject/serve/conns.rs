@@ -131,13 +131,7 @@ impl Conns {
                     Err(wake) => wake,
                 }
             };
-            match wake {
-                Some(at) => tokio::select! {
-                    () = changed => {}
-                    () = tokio::time::sleep_until(at) => {}
-                },
-                None => changed.await,
-            }
+            changed_or(changed, wake).await;
         }
     }
 
@@ -231,14 +225,19 @@ impl Ticket {
                     }
                 }
             };
-            match wake {
-                Some(at) => tokio::select! {
-                    () = changed => {}
-                    () = tokio::time::sleep_until(at) => {}
-                },
-                None => changed.await,
-            }
+            changed_or(changed, wake).await;
         }
+    }
+}
+
+/// Waits until `changed` fires or, where there is one, `at` comes.
+async fn changed_or(changed: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::select! {
+            () = changed => {}
+            () = tokio::time::sleep_until(at) => {}
+        },
+        None => changed.await,
     }
 }
 
