@@ -107,16 +107,21 @@ def status_code(reply):
     return 0
 
 
-def ask(folder, frame):
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(folder + "/rx_rule_manager")
-    s.sendall(frame)
-    reply = b""
+def read_frame(s, reply):
+    """Reads from s until reply holds one whole length-prefixed frame (or EOF)."""
     while len(reply) < 2 or len(reply) < 2 + int.from_bytes(reply[:2], "big"):
         more = s.recv(4096)
         if not more:
             break
         reply += more
+    return reply
+
+
+def ask(folder, frame):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(folder + "/rx_rule_manager")
+    s.sendall(frame)
+    reply = read_frame(s, b"")
     s.close()
     return status_code(reply)
 
@@ -135,12 +140,7 @@ def pool(folder, gpu):
             os.close(fd)
             s.close()
             return size, 0
-    reply = first
-    while len(reply) < 2 or len(reply) < 2 + int.from_bytes(reply[:2], "big"):
-        more = s.recv(4096)
-        if not more:
-            break
-        reply += more
+    reply = read_frame(s, first)
     s.close()
     return None, status_code(reply)
 
