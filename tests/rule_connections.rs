@@ -51,6 +51,31 @@ fn a_half_closed_client_gets_its_reply_then_eof() {
     assert_eq!((rules_on(&d, 0), rules_on(&d, 1)), (2, 2));
 }
 
+/// Many clients at once, each sending two requests and shutting its sending
+/// side before it reads anything: every one gets both answers in order and
+/// then the end of the stream. (Under such a burst a connection's EOF is
+/// often there by the end of the round that accepted it; its second
+/// request is then read only at that point and must still be answered.)
+#[test]
+fn a_burst_of_half_closed_clients_with_two_requests_each_gets_every_answer() {
+    let d = Daemon::start(&[]);
+    let mut clients: Vec<UnixStream> = (0..48).map(|_| connect(&d, "rx_rule_manager")).collect();
+    for (i, s) in clients.iter_mut().enumerate() {
+        let sport = 100 + 2 * i as i32;
+        let mut both = install_frame(sport, GPU0);
+        both.extend(install_frame(sport + 1, GPU_ETH2));
+        s.write_all(&both).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let ok_twice = [OK_FRAME, OK_FRAME].concat();
+    for (i, s) in clients.iter_mut().enumerate() {
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap();
+        assert_eq!(all, ok_twice, "client {i}");
+    }
+    assert_eq!((rules_on(&d, 0), rules_on(&d, 1)), (48, 48));
+}
+
 /// A client that sends thousands of requests without reading fills the
 /// daemon's side of the socket: the daemon waits for it (and serves others
 /// meanwhile), then delivers every reply, in order, once it reads. Nearly

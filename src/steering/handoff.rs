@@ -93,6 +93,12 @@ impl Handoff {
         }
     }
 
+    /// Owner: whether the answer is out, without asking to be told (see
+    /// [`Self::settle`]).
+    pub(super) fn answered(&self) -> bool {
+        self.state.load(Ordering::Acquire) & DONE != 0
+    }
+
     /// Owner: `Some(bytes still owed to the client)` once the answer is out;
     /// `None` means it is not yet, and the inbox will say when.
     pub(super) fn settle(&self) -> Option<Vec<u8>> {

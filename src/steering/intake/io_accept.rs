@@ -79,18 +79,65 @@ impl IoThread {
         // A client sends its request right after connecting: it is usually
         // there already, and is read in this round rather than the next.
         let first = !self.cx.stopping && c.fresh();
-        if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(false), key)).is_err() {
-            // Cannot watch it (out of kernel memory): close it at once rather
-            // than leave a client that nobody serves.
-            self.conns.remove(key);
-            return;
-        }
         self.series[li].opened += 1;
         self.series[li].accepted += 1;
+        if first {
+            // Watched only if it is still open at the end of the round
+            // (see `Conn::finish_unwatched`).
+            self.unwatched.push(key);
+            self.ready(key);
+            return;
+        }
+        if !self.watch(key, false) {
+            return;
+        }
         if self.cx.stopping {
             self.drive(key);
-        } else if first {
-            self.ready(key);
+        }
+    }
+
+    /// Puts connection `key` in the epoll set (`out`: writability too);
+    /// `false` when it could not be and the connection was closed.
+    pub(super) fn watch(&mut self, key: u64, out: bool) -> bool {
+        let Some(c) = self.conns.get_mut(key) else { return false };
+        c.watching_out = out;
+        if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(out), key)).is_err() {
+            // Cannot watch it (out of kernel memory): close it at once rather
+            // than leave a client that nobody serves.
+            self.close(key);
+            return false;
+        }
+        c.in_set = true;
+        true
+    }
+
+    /// The end of a round: the connections taken in during the round
+    /// before are looked at (`Conn::finish_unwatched`): those whose client
+    /// has had its answer and closed are closed, the others enter the epoll
+    /// set. This round's wait a round in turn, which gives their clients
+    /// the time to read the reply and close. A round that took in one
+    /// connection only is no load: it enters the set at once (a look would
+    /// find its client still reading). Called after the round's requests
+    /// ran, before the thread waits for events again (which does not block
+    /// while some wait: see `timeout`).
+    pub(super) fn watch_new(&mut self) {
+        let mut keys = std::mem::take(&mut self.settling);
+        for key in keys.drain(..) {
+            let Some(c) = self.conns.get_mut(key) else { continue };
+            if c.finish_unwatched(&mut self.cx) {
+                self.close(key);
+                continue;
+            }
+            let out = self.conns.get_mut(key).is_some_and(|c| c.watching_out);
+            self.watch(key, out);
+        }
+        // The buffers are kept for the rounds to come.
+        self.settling = std::mem::replace(&mut self.unwatched, keys);
+        if self.settling.len() == 1 || self.cx.stopping {
+            for key in std::mem::take(&mut self.settling) {
+                let out = self.conns.get_mut(key).is_some_and(|c| c.watching_out);
+                self.watch(key, out);
+            }
         }
     }
 

@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use nix::sys::epoll::EpollEvent;
-
-use super::{conn_flags, Conn, IoThread};
+use super::{Conn, IoThread};
 use crate::endpoint::pause::{GateState, Parked};
 use crate::steering::Handoff;
 
@@ -108,13 +106,11 @@ impl IoThread {
             Conn::new(Arc::new(Handoff::new(p.fd, inbox, key)), li, p.endpoint, now, permit)
                 .adopted(p.input, p.peeked)
         });
-        let c = self.conns.get_mut(key).expect("just inserted");
-        if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(false), key)).is_err() {
-            self.conns.remove(key);
+        self.series[li].opened += 1;
+        if !self.watch(key, false) {
             return;
         }
-        c.ask_who(&mut self.cx);
-        self.series[li].opened += 1;
+        self.conns.get_mut(key).expect("just inserted").ask_who(&mut self.cx);
         self.drive(key);
     }
 }

@@ -92,6 +92,10 @@ pub(super) struct IoThread {
     accepted_before: bool,
     /// Its connections are parked at the takeover's gate.
     parked: bool,
+    /// Connections taken in during this round, and during the one before,
+    /// not in the epoll set yet (see `watch_new`).
+    unwatched: Vec<u64>,
+    settling: Vec<u64>,
     /// Dropped when the thread ends: shutdown waits for every clone.
     _done: mpsc::Sender<()>,
 }
@@ -159,6 +163,8 @@ impl IoThread {
             accepted_now: false,
             accepted_before: false,
             parked: false,
+            unwatched: Vec::new(),
+            settling: Vec::new(),
             _done: done,
         };
         if t.cx.state.gate.closed() {
@@ -185,8 +191,10 @@ impl IoThread {
         let mut hints = Vec::new();
         let mut round = Vec::new();
         loop {
-            // Connections still waiting for their turn: only look for new events.
-            let timeout = if self.turns.is_empty() { self.timeout() } else { EpollTimeout::ZERO };
+            // Connections still waiting for their turn or for a look (see
+            // `watch_new`): only look for new events.
+            let busy = !self.turns.is_empty() || !self.settling.is_empty();
+            let timeout = if busy { EpollTimeout::ZERO } else { self.timeout() };
             let n = match self.ep.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
@@ -229,6 +237,9 @@ impl IoThread {
             {
                 self.begin_stop();
             }
+            self.flush();
+            self.watch_new();
+            // A client that sent more before closing has had it read just now.
             self.flush();
             self.follow_gate();
             self.housekeeping();
@@ -315,6 +326,10 @@ impl IoThread {
             Next::WantWrite => {
                 if !c.watching_out {
                     c.watching_out = true;
+                    if !c.in_set {
+                        // Not watched yet: it enters the set with writability at the round's end.
+                        return;
+                    }
                     let mut ev = EpollEvent::new(conn_flags(true), key);
                     if self.ep.modify(c.shared.sock(), &mut ev).is_err() {
                         self.close(key);
