@@ -15,8 +15,8 @@
 //! thread serves many requests. The NIC thread writes the reply to the client
 //! itself (see [`Handoff`](super::Handoff)).
 //!
-//! A thread runs the requests of its round itself, NIC by NIC, where the
-//! NIC has been quick, nothing is queued for it and no other thread runs it
+//! A thread runs the requests of its round itself, NIC by NIC, where they
+//! are few, the NIC has been quick, nothing is queued for it and no other thread runs it
 //! (see [`apply`](super::apply)): no hand-off, no wake-up of another thread,
 //! one thread fewer to be scheduled on the request's way. At most all
 //! threads but one do so at any moment: one always stays free to accept and
