@@ -76,6 +76,18 @@ impl ConnBudget {
         Some(p)
     }
 
+    /// Up to `n` permits at once for connections to `endpoint`, for a
+    /// thread that hands them out to its connections itself (so that a
+    /// connection costs no operation on the shared count): `n` if as many
+    /// are free, else one; `None` when none is.
+    pub fn try_acquire_up_to(&self, endpoint: Endpoint, n: usize) -> Option<OwnedSemaphorePermit> {
+        let part = || if long_lived(endpoint) { &self.reserved } else { &self.shared };
+        let n = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+        let p = part().clone().try_acquire_many_owned(n).ok().or_else(|| self.try_acquire(endpoint))?;
+        self.peak.fetch_max(self.open(), Ordering::Relaxed);
+        Some(p)
+    }
+
     /// Whether [`Self::try_acquire`] would find a permit for `endpoint` now.
     pub fn has_room(&self, endpoint: Endpoint) -> bool {
         self.shared.available_permits() > 0 || (long_lived(endpoint) && self.reserved.available_permits() > 0)
@@ -183,6 +195,19 @@ mod tests {
         drop(reg);
         assert!(b.has_room(Endpoint::RuleManager));
         assert_eq!(b.open(), 0);
+    }
+
+    #[test]
+    fn permits_come_in_a_batch_while_the_budget_has_them_then_one_by_one() {
+        let b = ConnBudget::new(8, None);
+        let batch = b.try_acquire_up_to(Endpoint::RuleManager, 4).expect("room for 4");
+        assert_eq!((batch.num_permits(), b.open()), (4, 4));
+        let one = b.try_acquire_up_to(Endpoint::RuleManager, 4).expect("two left: one of them");
+        assert_eq!((one.num_permits(), b.open()), (1, 5));
+        let _last = b.try_acquire_up_to(Endpoint::RuleManager, 4).expect("the last shared one");
+        assert!(b.try_acquire_up_to(Endpoint::RuleManager, 4).is_none(), "the reserve is not for rules");
+        drop(batch);
+        assert_eq!(b.open(), 2);
     }
 
     #[test]

@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::epoll::EpollFlags;
 use nix::sys::socket::{recv, send, MsgFlags};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::Cx;
 use crate::endpoint::pause::Parked;
@@ -89,7 +88,8 @@ pub(super) struct Conn {
     /// It is in its thread's epoll set.
     pub(super) in_set: bool,
     read_after_stop: usize,
-    _permit: Option<OwnedSemaphorePermit>,
+    /// It holds one of its thread's permits of the connection budget.
+    pub(super) counted: bool,
 }
 
 /// The end of the first whole frame in `buf`, if one has arrived.
@@ -104,7 +104,7 @@ impl Conn {
         listener: usize,
         endpoint: Endpoint,
         now: Instant,
-        permit: Option<OwnedSemaphorePermit>,
+        counted: bool,
     ) -> Self {
         Conn {
             shared,
@@ -126,7 +126,7 @@ impl Conn {
             watching_out: false,
             in_set: false,
             read_after_stop: 0,
-            _permit: permit,
+            counted,
         }
     }
 

@@ -100,10 +100,10 @@ impl IoThread {
             );
             return;
         };
-        let permit = self.cx.state.conn_limit.try_acquire(p.endpoint);
+        let counted = self.permits.take(&self.cx.state.conn_limit, p.endpoint);
         let (inbox, now) = (self.inbox.clone(), self.cx.now);
         let key = self.conns.insert(|key| {
-            Conn::new(Arc::new(Handoff::new(p.fd, inbox, key)), li, p.endpoint, now, permit)
+            Conn::new(Arc::new(Handoff::new(p.fd, inbox, key)), li, p.endpoint, now, counted)
                 .adopted(p.input, p.peeked)
         });
         self.series[li].opened += 1;

@@ -103,6 +103,8 @@ pub(super) struct IoThread {
     /// not in the epoll set yet (see `watch_new`).
     unwatched: Vec<u64>,
     settling: Vec<u64>,
+    /// Its share of the connection budget.
+    permits: accept::Permits,
     /// Dropped when the thread ends: shutdown waits for every clone.
     _done: mpsc::Sender<()>,
 }
@@ -172,6 +174,7 @@ impl IoThread {
             parked: false,
             unwatched: Vec::new(),
             settling: Vec::new(),
+            permits: Default::default(),
             _done: done,
         };
         if t.cx.state.gate.closed() {
@@ -201,6 +204,10 @@ impl IoThread {
             // Connections still waiting for their turn or for a look (see
             // `watch_new`): only look for new events.
             let busy = !self.turns.is_empty() || !self.settling.is_empty();
+            if !busy {
+                // Possibly idle: what its connections do not use goes back to the budget.
+                self.permits.release_spare();
+            }
             let timeout = if busy { EpollTimeout::ZERO } else { self.timeout() };
             let n = match self.ep.wait(&mut events, timeout) {
                 Ok(n) => n,
@@ -352,6 +359,9 @@ impl IoThread {
     fn close(&mut self, key: u64) {
         if let Some(c) = self.conns.remove(key) {
             self.series[c.listener].opened -= 1;
+            if c.counted {
+                self.permits.give_back();
+            }
             // The socket closes with the last holder of the hand-off (a NIC
             // thread may still hold it for a moment); closing also takes it
             // out of the epoll set.
@@ -407,7 +417,7 @@ impl IoThread {
         self.listening = false;
         self.resume_at = None;
         while let Some((fd, li)) = self.waiting.pop_front() {
-            self.add(fd, li, None);
+            self.add(fd, li, false);
         }
         for key in self.conns.keys() {
             if let Some(c) = self.conns.get_mut(key) {
