@@ -6,7 +6,7 @@
 //! process that exits before its tenant is read is nobody (see `opener`).
 
 use std::num::NonZeroU32;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use foldhash::HashMap;
 
 use super::opener::Opener;
+use super::peer;
 use super::{ClientTracker, Lease, ProcKey};
 use crate::identity::{Client, ClientInfo};
 
@@ -114,6 +115,9 @@ pub struct PendingClient {
 #[derive(Default)]
 pub struct ClientCache {
     by_inode: HashMap<u64, Client>,
+    /// The same clients by their pid as the daemon sees it, with when each
+    /// was first known here (see [`ClientTracker::ask_queued`]).
+    pub(super) by_pid: HashMap<u32, (Client, Instant)>,
 }
 
 /// Entries a [`ClientCache`] keeps, at most; past that it starts over.
@@ -131,13 +135,37 @@ impl ClientCache {
     }
 
     fn put(&mut self, inode: u64, c: &Client) {
-        if self.by_inode.len() >= CACHE_MOST {
-            self.by_inode.retain(|_, c| c.process.as_ref().is_some_and(|l| l.alive()));
-            if self.by_inode.len() >= CACHE_MOST {
+        if self.by_inode.len() >= CACHE_MOST || self.by_pid.len() >= CACHE_MOST {
+            let alive = |c: &Client| c.process.as_ref().is_some_and(|l| l.alive());
+            self.by_inode.retain(|_, c| alive(c));
+            self.by_pid.retain(|_, (c, _)| alive(c));
+            if self.by_inode.len() >= CACHE_MOST || self.by_pid.len() >= CACHE_MOST {
                 self.by_inode.clear();
+                self.by_pid.clear();
             }
         }
         self.by_inode.insert(inode, c.clone());
+        if let Some(pid) = c.process.as_ref().and_then(|l| l.pid) {
+            // Known from now on: the process has existed since before this instant.
+            self.by_pid.insert(pid.get(), (c.clone(), Instant::now()));
+        }
+    }
+
+    /// The client known here as pid `pid` since before `queued_after`, if
+    /// its process has not exited (asked of the kernel now, not of the
+    /// exit watcher, which may be a moment late).
+    pub(super) fn by_pid_since(&mut self, pid: u32, queued_after: Instant) -> Option<Client> {
+        let (c, seen) = self.by_pid.get(&pid)?;
+        if *seen >= queued_after {
+            return None;
+        }
+        let lease = c.process.as_ref()?;
+        let running = lease.alive() && lease.pidfd.as_ref().is_some_and(|fd| !peer::exited(fd.as_fd()));
+        if running {
+            return Some(c.clone());
+        }
+        self.by_pid.remove(&pid);
+        None
     }
 }
 
@@ -202,6 +230,38 @@ impl ClientTracker {
                 }
             }
         }
+    }
+
+    /// [`Self::ask`] for a connection taken from a listening socket found
+    /// empty at `queued_after` (the connection was queued, so its `connect`
+    /// made, after that): a process this thread has known as the
+    /// connection's pid since before then is its opener, if that process
+    /// still runs, and costs no pidfd.
+    ///
+    /// Why that holds: the kernel records the opener at `connect`. Suppose
+    /// the opener were another process with the same pid. Two live
+    /// processes never share a pid, so the opener must have exited, and its
+    /// pid gone to the known process, before that process was created,
+    /// which was before this thread first knew it, so before
+    /// `queued_after`. But the connection was made after `queued_after`,
+    /// while its opener ran. The known process runs now, so it ran at the
+    /// `connect`: it is the opener. Without a `queued_after` (a connection
+    /// taken over from another daemon), or where the pid is unknown or not
+    /// visible here, the kernel's pidfd of the opener decides ([`Self::ask`]).
+    pub fn ask_queued(
+        self: &Arc<Self>,
+        sock: BorrowedFd<'_>,
+        cache: &mut ClientCache,
+        waker: &Waker,
+        queued_after: Option<Instant>,
+    ) -> Asked {
+        if let Some(after) = queued_after.filter(|_| self.policy.track) {
+            let pid = crate::identity::credentials(sock).and_then(|c| c.pid);
+            if let Some(c) = pid.and_then(|p| cache.by_pid_since(p.get(), after)) {
+                return Asked::Now(Ok(c));
+            }
+        }
+        self.ask(sock, cache, waker)
     }
 
     /// A client whose tenant was being read: `Some` once the read ended

@@ -4,7 +4,7 @@ use crate::identity::peer::peer_pidfd;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn tracker(track: bool, reclaim: bool) -> (Arc<ClientTracker>, mpsc::UnboundedReceiver<NonZeroU32>) {
     ClientTracker::new(
@@ -308,4 +308,36 @@ fn a_lease_found_by_pid_is_the_process_only_while_neither_is_reaped() {
     assert!(!same_process(&lease, again.as_fd()), "reaped: its pid may name anybody");
     let unique = Lease::new(id, None, ProcKey::Unique(1), None, pidfd.try_clone().ok());
     assert!(!same_process(&unique, pidfd.as_fd()));
+}
+
+/// A process known by a thread is that thread's answer for a connection of
+/// its pid only when the connection was queued after the process was first
+/// known (and only while the process runs, as the kernel says at that
+/// moment); otherwise the opener's pidfd decides.
+#[tokio::test]
+async fn a_known_pid_answers_only_for_connections_queued_after_it_was_known() {
+    let (t, _rx) = tracker(true, true);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let mut child = opener(&path, "stay");
+    wait_ready(&mut child);
+    let before = Instant::now();
+    let (conn, _) = listener.accept().unwrap();
+    let mut cache = ClientCache::default();
+    let pid = child.id();
+    let first = match t.ask(conn.as_fd(), &mut cache, std::task::Waker::noop()) {
+        Asked::Now(Ok(c)) => c,
+        _ => panic!("the child is known at once (isolation off)"),
+    };
+    assert_eq!(first.pid.map(|p| p.get()), Some(pid));
+    assert!(cache.by_pid_since(pid, before).is_none(), "queued before the process was known: not by pid");
+    let later = cache.by_pid_since(pid, Instant::now()).expect("queued after: the known process");
+    assert_eq!(later.lease.as_ref().map(|l| l.id()), first.lease.as_ref().map(|l| l.id()));
+    assert!(cache.by_pid_since(std::process::id(), Instant::now()).is_none(), "another pid is not known");
+    // Exited: the kernel says so at once, whatever the exit watcher has seen yet.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(cache.by_pid_since(pid, Instant::now()).is_none());
+    assert!(!cache.by_pid.contains_key(&pid), "forgotten once its process has exited");
 }

@@ -90,6 +90,9 @@ pub(super) struct Conn {
     read_after_stop: usize,
     /// It holds one of its thread's permits of the connection budget.
     pub(super) counted: bool,
+    /// Its listening socket was seen empty at this instant before it was
+    /// accepted (see `ClientTracker::ask_queued`); `None` when not known.
+    pub(super) queued_after: Option<Instant>,
 }
 
 /// The end of the first whole frame in `buf`, if one has arrived.
@@ -127,6 +130,7 @@ impl Conn {
             in_set: false,
             read_after_stop: 0,
             counted,
+            queued_after: None,
         }
     }
 

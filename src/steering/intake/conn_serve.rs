@@ -62,7 +62,7 @@ impl Conn {
             self.who = if unneeded { Who::Unneeded } else { Who::Known(Requester::unchecked()) };
             return;
         }
-        match clients.ask(self.shared.sock(), &mut cx.clients, Waker::noop()) {
+        match clients.ask_queued(self.shared.sock(), &mut cx.clients, Waker::noop(), self.queued_after) {
             Asked::Now(r) => self.known(r),
             Asked::Reading(p) => {
                 let waker = self.shared.waker();

@@ -33,12 +33,13 @@ impl IoThread {
                     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
                     self.backoff.succeeded();
                     if self.cx.stopping {
-                        self.add(fd, li, false);
+                        self.add(fd, li, false, None);
                         continue;
                     }
                     match self.permits.take(&self.cx.state.conn_limit, endpoint) {
                         true => {
-                            self.add(fd, li, true);
+                            // Queued after the last time this listener was seen empty.
+                            self.add(fd, li, true, self.drained_at[li]);
                             let under_load = self.accepted_before;
                             self.accepted_now = true;
                             if !under_load {
@@ -53,7 +54,11 @@ impl IoThread {
                         }
                     }
                 }
-                Err(Errno::EAGAIN) => return,
+                Err(Errno::EAGAIN) => {
+                    // Empty now (at the latest): what is accepted later was queued later.
+                    self.drained_at[li] = Some(self.cx.now);
+                    return;
+                }
                 Err(Errno::EINTR | Errno::ECONNABORTED) => {}
                 Err(e) => {
                     // EMFILE and friends: pause (growing, one log line per few
@@ -66,12 +71,15 @@ impl IoThread {
         }
     }
 
-    pub(super) fn add(&mut self, fd: OwnedFd, li: usize, counted: bool) {
+    /// Takes in an accepted connection; `queued_after`: when its listener was
+    /// last seen empty before it was accepted, if known.
+    pub(super) fn add(&mut self, fd: OwnedFd, li: usize, counted: bool, queued_after: Option<Instant>) {
         let (inbox, endpoint, now) = (self.inbox.clone(), self.listeners[li].endpoint, self.cx.now);
         let key = self
             .conns
             .insert(|key| Conn::new(Arc::new(Handoff::new(fd, inbox, key)), li, endpoint, now, counted));
         let c = self.conns.get_mut(key).expect("just inserted");
+        c.queued_after = queued_after;
         if self.cx.stopping {
             c.begin_stop();
         } else {
@@ -162,7 +170,8 @@ impl IoThread {
                 break;
             }
             let (fd, li) = self.waiting.pop_front().expect("front exists");
-            self.add(fd, li, true);
+            // When it was queued is not kept: its client is asked of the kernel.
+            self.add(fd, li, true, None);
         }
         let room = self.permits.has_spare()
             || self.listeners.iter().any(|l| self.cx.state.conn_limit.has_room(l.endpoint));

@@ -105,6 +105,9 @@ pub(super) struct IoThread {
     settling: Vec<u64>,
     /// Its share of the connection budget.
     permits: accept::Permits,
+    /// Per listener: when this thread last found it empty (an accept said
+    /// `EAGAIN`; the batch's time, which is no later).
+    drained_at: Vec<Option<Instant>>,
     /// Dropped when the thread ends: shutdown waits for every clone.
     _done: mpsc::Sender<()>,
 }
@@ -175,6 +178,7 @@ impl IoThread {
             unwatched: Vec::new(),
             settling: Vec::new(),
             permits: Default::default(),
+            drained_at: vec![None; listeners.len()],
             _done: done,
         };
         if t.cx.state.gate.closed() {
@@ -417,7 +421,7 @@ impl IoThread {
         self.listening = false;
         self.resume_at = None;
         while let Some((fd, li)) = self.waiting.pop_front() {
-            self.add(fd, li, false);
+            self.add(fd, li, false, None);
         }
         for key in self.conns.keys() {
             if let Some(c) = self.conns.get_mut(key) {
