@@ -95,6 +95,14 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            audit_flow_checks_skipped: reg(
+                &r,
+                IntCounter::new(
+                    "tcpx_rxdm_audit_flow_checks_skipped_total",
+                    "IPv4 installs whose flow audit mode did not look up: their tenant had had 1000 looked up in the last second.",
+                )
+                .expect("valid metric"),
+            ),
             ipv6_repairs_waiting: reg(
                 &r,
                 IntGauge::new(
@@ -328,6 +336,7 @@ mod tests {
             r#"tcpx_rxdm_ipv6_flows_repaired_total{op="uninstall"} 0"#,
             r#"tcpx_rxdm_ipv6_repair_lookups_total{outcome="busy"} 0"#,
             "tcpx_rxdm_ipv6_repair_dumps_total 0",
+            "tcpx_rxdm_audit_flow_checks_skipped_total 0",
             "tcpx_rxdm_ipv6_repairs_waiting 0",
             r#"tcpx_rxdm_link_events_total{kind="reset",nic="eth1"} 0"#,
             r#"tcpx_rxdm_connections{endpoint="rule_manager"} 0"#,

@@ -98,6 +98,8 @@ pub struct Metrics {
     pub ipv6_repair_lookups: IntCounterVec,
     /// Dumps of a namespace's connections made for them.
     pub ipv6_repair_dumps: IntCounter,
+    /// Audit mode's flow checks left out: their tenant's second's share was used.
+    pub audit_flow_checks_skipped: IntCounter,
     /// Garbled IPv6 installs waiting to be looked up now.
     pub ipv6_repairs_waiting: IntGauge,
     pub registered_apps: IntGauge,

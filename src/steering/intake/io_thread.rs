@@ -38,12 +38,26 @@ pub(super) const TURN: usize = 4;
 /// waits for at most this many of them, not for a whole batch of events.
 pub(super) const ALONE_TURN: usize = 32;
 
-/// Jobs for one NIC a thread runs itself after a round, at most. More are
-/// a load: one wake-up of the NIC's thread then serves them all while this
-/// thread goes back to its clients. On 16 cores with 64 clients that gave
-/// about 5 % more rules a second than running every round's jobs here; a
-/// lone client's requests still never wait for a wake-up.
+/// Jobs for one NIC a thread runs itself after a round, at most, where the
+/// daemon has many cores ([`HANDOFF_CORES`]). More are a load: one wake-up
+/// of the NIC's thread then serves them all, on a core of its own, while
+/// this thread goes back to its clients. On 16 cores with 64 clients that
+/// gave about 5 % more rules a second than running every round's jobs here;
+/// a lone client's requests still never wait for a wake-up. On fewer cores
+/// there is no core to spare for the NIC's thread: every round's jobs are
+/// run here.
 pub(super) const INLINE_MOST: usize = 2;
+/// Cores from which a round's many jobs are handed to the NIC's thread.
+pub(super) const HANDOFF_CORES: usize = 8;
+
+/// [`INLINE_MOST`] on `cores` cores.
+pub(super) fn inline_most(cores: usize) -> usize {
+    if cores >= HANDOFF_CORES {
+        INLINE_MOST
+    } else {
+        usize::MAX
+    }
+}
 
 #[path = "io_accept.rs"]
 mod accept;
@@ -272,7 +286,7 @@ impl IoThread {
     }
 
     /// Runs the jobs collected in this round here, NIC by NIC, where they
-    /// are few ([`INLINE_MOST`]), the NIC has been quick, nothing is queued
+    /// are few ([`inline_most`]), the NIC has been quick, nothing is queued
     /// for it and nobody runs it now; hands the others to their NIC threads
     /// (see the module's notes).
     fn flush(&mut self) {
@@ -281,7 +295,7 @@ impl IoThread {
         }
         let here = self.shared.enter_inline();
         for (nic, jobs) in self.cx.pending.iter_mut().enumerate() {
-            let few = jobs.len() <= INLINE_MOST;
+            let few = jobs.len() <= self.shared.inline_most;
             if jobs.is_empty() || (here && few && self.cx.state.nics[nic].run_here(jobs)) {
                 continue;
             }

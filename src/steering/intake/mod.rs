@@ -106,7 +106,12 @@ pub fn spawn(
         l.socket.set_nonblocking(true)?;
     }
     let listeners: Arc<[Listener]> = listeners.into();
-    let shared = Arc::new(Shared { threads: threads.max(1), ..Shared::default() });
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let shared = Arc::new(Shared {
+        threads: threads.max(1),
+        inline_most: io_thread::inline_most(cores),
+        ..Shared::default()
+    });
     let runtime = tokio::runtime::Handle::current();
     let mut workers = (0..threads.max(1))
         .map(|i| IoThread::new(i, &listeners, &state, &shared, &runtime, done.clone()))
@@ -155,6 +160,8 @@ struct Shared {
     /// Threads running a request themselves now, and how many threads there are.
     inline_now: AtomicUsize,
     threads: usize,
+    /// Jobs for one NIC a thread runs itself after a round, at most.
+    inline_most: usize,
 }
 
 impl Shared {
@@ -218,6 +225,14 @@ mod tests {
         let by_cores: Vec<usize> = [1, 2, 3, 4, 16, 64, 65, 208].map(default_io_threads).to_vec();
         assert_eq!(by_cores, [2, 2, 2, 2, 8, 32, 32, MAX_IO_THREADS]);
         assert_eq!(io_threads(5), 5, "the flag wins");
+    }
+
+    #[test]
+    fn many_jobs_go_to_the_nics_thread_only_where_there_are_cores_for_it() {
+        assert_eq!(io_thread::inline_most(2), usize::MAX, "two cores: every round's jobs run here");
+        assert_eq!(io_thread::inline_most(io_thread::HANDOFF_CORES - 1), usize::MAX);
+        assert_eq!(io_thread::inline_most(io_thread::HANDOFF_CORES), io_thread::INLINE_MOST);
+        assert_eq!(io_thread::inline_most(64), io_thread::INLINE_MOST);
     }
 
     #[test]
