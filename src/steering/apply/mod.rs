@@ -10,9 +10,10 @@
 //! So a connection thread runs its requests itself ([`NicRuleThread::run_here`])
 //! when the NIC has been quick: its last [`FAST_STREAK`] operations each
 //! took under [`FAST_OP`], nothing is queued for it and nobody runs it now.
-//! The rule I/O threads keep one of their number out of such calls at all
-//! times, so a NIC that turns slow in the middle of one delays only the
-//! requests of the thread that made it.
+//! Only one thread runs a NIC's requests at a time, so a NIC that turns slow
+//! in the middle of one delays only the requests of the thread that made it;
+//! from three rule I/O threads on, one of them also stays out of such calls
+//! at all times (see `steering::intake`).
 //!
 //! Deletes the NIC refuses stay booked (bookkeeping always equals the NIC's
 //! table) and the thread retries them with backoff until the NIC confirms.
