@@ -143,7 +143,7 @@ impl IoThread {
         // The buffers are kept for the rounds to come.
         self.settling = std::mem::replace(&mut self.unwatched, keys);
         if self.settling.len() == 1 || self.cx.stopping {
-            for key in std::mem::take(&mut self.settling) {
+            while let Some(key) = self.settling.pop() {
                 let out = self.conns.get_mut(key).is_some_and(|c| c.watching_out);
                 self.watch(key, out);
             }
