@@ -60,7 +60,7 @@ impl TenantPolicy {
     /// their own, after the reply: their answer does not change the reply,
     /// so the request does not wait for the kernel's. With [`LATER_QUEUE`]
     /// checks waiting, the next one is made in place; past a tenant's
-    /// share of a second ([`AuditShare`]) a check is counted as skipped.
+    /// share of a second (`AuditShare`) a check is counted as skipped.
     /// The thread ends with the policy.
     pub fn defer_flow_checks(self: &Arc<Self>) {
         if self.mode != TenantIsolation::Audit || self.later.get().is_some() {
