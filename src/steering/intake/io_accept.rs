@@ -97,7 +97,7 @@ impl IoThread {
             self.ready(key);
             return;
         }
-        if !self.watch(key, false) {
+        if !self.watch(key) {
             return;
         }
         if self.cx.stopping {
@@ -105,12 +105,12 @@ impl IoThread {
         }
     }
 
-    /// Puts connection `key` in the epoll set (`out`: writability too);
-    /// `false` when it could not be and the connection was closed.
-    pub(super) fn watch(&mut self, key: u64, out: bool) -> bool {
+    /// Puts connection `key` in the epoll set (writability too where it
+    /// waits to write); `false` when it could not be and the connection was
+    /// closed.
+    pub(super) fn watch(&mut self, key: u64) -> bool {
         let Some(c) = self.conns.get_mut(key) else { return false };
-        c.watching_out = out;
-        if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(out), key)).is_err() {
+        if self.ep.add(c.shared.sock(), EpollEvent::new(conn_flags(c.watching_out), key)).is_err() {
             // Cannot watch it (out of kernel memory): close it at once rather
             // than leave a client that nobody serves.
             self.close(key);
@@ -137,15 +137,13 @@ impl IoThread {
                 self.close(key);
                 continue;
             }
-            let out = self.conns.get_mut(key).is_some_and(|c| c.watching_out);
-            self.watch(key, out);
+            self.watch(key);
         }
         // The buffers are kept for the rounds to come.
         self.settling = std::mem::replace(&mut self.unwatched, keys);
         if self.settling.len() == 1 || self.cx.stopping {
             while let Some(key) = self.settling.pop() {
-                let out = self.conns.get_mut(key).is_some_and(|c| c.watching_out);
-                self.watch(key, out);
+                self.watch(key);
             }
         }
     }

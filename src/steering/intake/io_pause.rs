@@ -107,7 +107,7 @@ impl IoThread {
                 .adopted(p.input, p.peeked)
         });
         self.series[li].opened += 1;
-        if !self.watch(key, false) {
+        if !self.watch(key) {
             return;
         }
         self.conns.get_mut(key).expect("just inserted").ask_who(&mut self.cx);
