@@ -63,7 +63,12 @@ static HELD: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 fn start(bin: &str, extra: &[&str]) -> Daemon {
     let dir = std::env::temp_dir().join(format!("rxdm-hbench-{}-{}", std::process::id(), rand_tag()));
     let mut child = Command::new(bin)
-        .args(["--gpu_nic_preset=sim", "--metrics_address=127.0.0.1:0", "--nomonitor_shutdown"])
+        .args([
+            "--gpu_nic_preset=sim",
+            "--metrics_address=127.0.0.1:0",
+            "--debug_endpoints=local",
+            "--nomonitor_shutdown",
+        ])
         // Per-module filters are RUST_LOG's (--log_level takes one level).
         .env(
             "RUST_LOG",

@@ -18,6 +18,9 @@ use std::fmt;
 pub enum Cap {
     /// Giving the socket folder, its sockets and `nccl.env` the socket group.
     Chown,
+    /// Listing the open files (`/proc/<pid>/fd`, its owner's) of a client
+    /// process of another user.
+    DacReadSearch,
     /// An HTTP port below 1024.
     NetBindService,
     /// NIC priming and rules, the dma-buf bind, route metrics.
@@ -74,12 +77,14 @@ const NAMES: [&str; 41] = [
 ];
 
 impl Cap {
-    pub const ALL: [Cap; 5] = [Cap::Chown, Cap::NetBindService, Cap::NetAdmin, Cap::SysPtrace, Cap::SysAdmin];
+    pub const ALL: [Cap; 6] =
+        [Cap::Chown, Cap::DacReadSearch, Cap::NetBindService, Cap::NetAdmin, Cap::SysPtrace, Cap::SysAdmin];
 
     /// Its bit in the kernel's masks.
     pub const fn bit(self) -> u32 {
         match self {
             Cap::Chown => 0,
+            Cap::DacReadSearch => 2,
             Cap::NetBindService => 10,
             Cap::NetAdmin => 12,
             Cap::SysPtrace => 19,

@@ -7,6 +7,8 @@
 //!   interface names, topology); imports nothing else of the crate.
 //! - [`caps`]: the Linux capabilities the daemon uses, whether this thread
 //!   holds them, and the words that name a missing one in an error.
+//! - [`pidfd`] (beside it): a process held by a pidfd, and every pidfd
+//!   system call of the crate.
 //! - [`netlink`]: netlink sockets, generic netlink, rtnetlink messages.
 //! - [`wire`]: the client protocol: framing, messages, fd passing, a test client.
 //! - [`nic`], [`host`], [`gpu`] (side by side, not using each other): NIC
@@ -51,6 +53,7 @@ pub mod metrics;
 pub mod nccl;
 pub mod netlink;
 pub mod nic;
+pub mod pidfd;
 pub mod rules;
 pub mod server;
 pub mod steering;

@@ -3,10 +3,12 @@
 
 use std::process::ExitCode;
 
-use tcpx_rxdm::cli::{self, Invocation};
-use tcpx_rxdm::config::flags::{Flags, LogFormat};
+use std::io::Write;
+
+use tcpx_rxdm::cli::{self, logging, Invocation};
+use tcpx_rxdm::config::flags::Flags;
 use tcpx_rxdm::daemon;
-use tracing_subscriber::EnvFilter;
+use tcpx_rxdm::types::exit::Exit;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -27,7 +29,8 @@ fn main() -> ExitCode {
     };
     let flags = match invocation {
         Invocation::Daemon(flags) => flags,
-        other => return ExitCode::from(subcommand(other)),
+        // The one place a command's end becomes the process's exit status.
+        other => return ExitCode::from(subcommand(other).exit_code()),
     };
     if flags.show_version {
         println!("tcpx-rxdm {}", env!("CARGO_PKG_VERSION"));
@@ -36,7 +39,12 @@ fn main() -> ExitCode {
     // The channel from a daemon that started this one (SIGUSR2), if any:
     // taken before any thread or child can be started.
     tcpx_rxdm::handover::channel::claim();
-    init_logging(&flags);
+    if let Err(e) = logging::init_daemon(&flags) {
+        // A configuration error, as a bad --log_level is.
+        let _ = writeln!(std::io::stderr(), "tcpx-rxdm: {e}");
+        failed_status(&e.to_string(), 2);
+        return ExitCode::from(2);
+    }
     tcpx_rxdm::endpoint::memory::fix_mmap_threshold();
     // Services start with a soft fd limit of 1024; every client connection is one fd.
     match tcpx_rxdm::endpoint::accept_backoff::raise_nofile_limit() {
@@ -50,7 +58,7 @@ fn main() -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("tcpx-rxdm: could not start the async runtime: {e}");
+            let _ = writeln!(std::io::stderr(), "tcpx-rxdm: could not start the async runtime: {e}");
             failed_status(&format!("could not start the async runtime: {e}"), 1);
             return ExitCode::from(1);
         }
@@ -64,7 +72,7 @@ fn main() -> ExitCode {
             if tracing::enabled!(tracing::Level::ERROR) {
                 tracing::error!(error = %e, "tcpx-rxdm stopped");
             } else {
-                eprintln!("tcpx-rxdm: {e}");
+                let _ = writeln!(std::io::stderr(), "tcpx-rxdm: {e}");
             }
             failed_status(&e.to_string(), e.exit_code().into());
             ExitCode::from(e.exit_code())
@@ -98,34 +106,22 @@ async fn serve(flags: Flags) -> Result<(), daemon::DaemonError> {
     daemon::run_in(config, backends, shutdown, dir).await
 }
 
-fn init_logging(flags: &Flags) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(flags.log_level.name()))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    match flags.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
-}
-
 /// Runs a subcommand; returns its exit code.
-fn subcommand(invocation: Invocation) -> u8 {
-    // Like other command-line tools, end quietly when the reader of our
-    // output goes away (`tcpx-rxdm status flows | head -1`): the default
-    // SIGPIPE action instead of Rust's "ignore, then panic on EPIPE". Unix
-    // sockets are written with MSG_NOSIGNAL, so only stdout/stderr are affected.
-    // SAFETY: no other thread exists yet and SIG_DFL installs no handler code.
-    let _ = unsafe {
-        nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
-    };
-    let quiet_logs = || {
-        // Logs (from the code the checks share with the daemon) stay quiet unless asked for.
-        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-    };
+fn subcommand(invocation: Invocation) -> Exit {
+    // A short command ends quietly when the reader of its output goes away
+    // (`tcpx-rxdm status flows | head -1`), as other command-line tools do:
+    // the default SIGPIPE action instead of Rust's "ignore, then panic on
+    // EPIPE". Its Unix sockets are written with MSG_NOSIGNAL. The webhook
+    // is a server: it writes to TCP peers that may hang up at any moment,
+    // so it keeps SIGPIPE ignored and sees EPIPE as an error of that peer.
+    if !matches!(invocation, Invocation::InjectServe(_)) {
+        // SAFETY: no other thread exists yet and SIG_DFL installs no handler code.
+        let _ = unsafe {
+            nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
+        };
+    }
+    // Logs (from the code the checks share with the daemon) stay quiet unless asked for.
+    let quiet_logs = logging::init_quiet;
     match invocation {
         Invocation::Daemon(_) => unreachable!("the daemon is not a subcommand"),
         Invocation::Status { flags, what, json } => {
@@ -141,27 +137,33 @@ fn subcommand(invocation: Invocation) -> u8 {
             tcpx_rxdm::nccl::command::main(&flags, &opts)
         }
         Invocation::Inject(inv) => tcpx_rxdm::inject::command::main(inv),
-        Invocation::InjectServe(cfg) => tcpx_rxdm::inject::serve::main(*cfg),
+        Invocation::InjectServe(cfg) => {
+            if let Err(e) = logging::init_webhook() {
+                let _ = writeln!(std::io::stderr(), "tcpx-rxdm inject serve: {e}");
+                return Exit::Usage;
+            }
+            tcpx_rxdm::inject::serve::main(*cfg)
+        }
         Invocation::Upgrade(opts) => tcpx_rxdm::upgrade::main(&opts),
         Invocation::Version => {
             println!("tcpx-rxdm {}", env!("CARGO_PKG_VERSION"));
-            0
+            Exit::Done
         }
         Invocation::Completions(shell) => {
             cli::write_completions(shell, &mut std::io::stdout());
-            0
+            Exit::Done
         }
         Invocation::Man { dir } => match cli::write_man(dir.as_deref(), &mut std::io::stdout()) {
             Ok(pages) => {
                 for p in pages {
                     println!("{}", p.display());
                 }
-                0
+                Exit::Done
             }
             Err(e) => {
                 let dir = dir.map(|d| format!(" {}", d.display())).unwrap_or_default();
                 eprintln!("tcpx-rxdm man:{dir}: {e}");
-                1
+                Exit::Failed
             }
         },
     }

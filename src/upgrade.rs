@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::handover::Process;
 use crate::server::socket_dir::LOCK_FILE;
+use crate::types::exit::Exit;
 
 /// How often the folder and processes are looked at.
 const POLL: Duration = Duration::from_millis(20);
@@ -230,17 +231,17 @@ pub fn upgrade(opts: &Options) -> Result<(u32, u32), String> {
     }
 }
 
-/// `tcpx-rxdm upgrade`: the exit code.
-pub fn main(opts: &Options) -> u8 {
+/// `tcpx-rxdm upgrade`: done once the successor serves.
+pub fn main(opts: &Options) -> Exit {
     match upgrade(opts) {
         Ok((old, new)) => {
             // Done whether or not anyone reads it (`upgrade | head` must not panic).
             let _ = writeln!(std::io::stdout(), "upgraded: pid {old} -> pid {new}");
-            0
+            Exit::Done
         }
         Err(e) => {
             eprintln!("tcpx-rxdm upgrade: {e}");
-            1
+            Exit::Failed
         }
     }
 }

@@ -16,7 +16,7 @@ fn commands() -> Vec<String> {
 /// The daemon flags no subcommand reads: their presence on a subcommand's
 /// page would mean the daemon's whole list is there.
 const DAEMON_ONLY: [&str; 4] =
-    ["--tenant_isolation", "--max_http_connections", "--takeover_timeout", "--sim_fault"];
+    ["--client_idle_timeout", "--max_http_connections", "--takeover_timeout", "--sim_fault"];
 
 #[test]
 fn help_lists_every_command_one_line_each_before_the_daemon_flags() {
@@ -42,8 +42,8 @@ fn help_lists_every_command_one_line_each_before_the_daemon_flags() {
 #[test]
 fn each_command_has_a_page_of_its_own() {
     let own: [(&[&str], &[&str]); 7] = [
-        (&["status"], &["--json", "--uds_path", "flows", "mine"]),
-        (&["doctor"], &["--json", "--gpu_nic_preset", "--sysfs_root"]),
+        (&["status"], &["--format", "--uds_path", "flows", "mine"]),
+        (&["doctor"], &["--format", "--gpu_nic_preset", "--sysfs_root", "--tenant_isolation"]),
         (&["nccl-env"], &["--format", "--check", "--env-file", "--machine", "--gpu_nic_preset"]),
         (&["inject"], &["--filename", "--mode", "--nccl", "--image", "--require-gpu", "serve"]),
         (&["inject", "serve"], &["--on-error", "--listen", "--tls-cert", "--mode"]),
@@ -151,13 +151,76 @@ fn bash_completes_the_options_of_each_command() {
         (&["tcpx-rxdm", "inject", "--im"], "--image"),
         (&["tcpx-rxdm", "inject", "serve", "--on"], "--on-error"),
         (&["tcpx-rxdm", "nccl-env", "--for"], "--format"),
-        (&["tcpx-rxdm", "status", "--js"], "--json"),
+        (&["tcpx-rxdm", "status", "--fo"], "--format"),
         (&["tcpx-rxdm", "doctor", "--gpu_nic"], "--gpu_nic_preset"),
         (&["tcpx-rxdm", "upgrade", "--ti"], "--timeout"),
         (&["tcpx-rxdm", "completions", "ba"], "bash"),
     ] {
         let offered = bash_completes(&path, words);
         assert!(offered.iter().any(|o| o == want), "{words:?}: offered {offered:?}, not {want}");
+    }
+}
+
+/// The bash completion script, installed in a temporary folder.
+fn bash_script() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (code, script, _) = run_bin(&["completions", "bash"]);
+    assert_eq!(code, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tcpx-rxdm");
+    std::fs::write(&path, script).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn bash_offers_each_command_only_the_flags_it_takes() {
+    let (_dir, path) = bash_script();
+    // status reads --uds_path alone of the daemon's flags; doctor reads the ones it checks.
+    let status = bash_completes(&path, &["tcpx-rxdm", "status", "--"]);
+    assert!(status.iter().any(|o| o == "--uds_path") && status.iter().any(|o| o == "--format"), "{status:?}");
+    for daemon_only in ["--gpu_nic_preset", "--leases", "--log_level"] {
+        assert!(!status.iter().any(|o| o == daemon_only), "status offers {daemon_only}: {status:?}");
+    }
+    let doctor = bash_completes(&path, &["tcpx-rxdm", "doctor", "--"]);
+    assert!(doctor.iter().any(|o| o == "--tenant_isolation"), "{doctor:?}");
+    assert!(!doctor.iter().any(|o| o == "--node_wide" || o == "--log_level"), "{doctor:?}");
+    // inject passes daemon flags on, but none it refuses.
+    for words in [&["tcpx-rxdm", "inject", "--"][..], &["tcpx-rxdm", "inject", "serve", "--"]] {
+        let inject = bash_completes(&path, words);
+        assert!(inject.iter().any(|o| o == "--rx_pool_size"), "{inject:?}");
+        for refused in
+            ["--node_wide", "--takeover", "--takeover_timeout", "--after_handover", "--show_version"]
+        {
+            assert!(!inject.iter().any(|o| o == refused), "{words:?} offers {refused}: {inject:?}");
+        }
+    }
+}
+
+#[test]
+fn bash_offers_the_preset_names_and_files_after_gpu_nic_preset() {
+    let (dir, path) = bash_script();
+    // A preset file's path completes as well.
+    std::fs::write(dir.path().join("mine.textproto"), "").unwrap();
+    let file_prefix = format!("{}/mi", dir.path().display());
+    for cmd in [&["tcpx-rxdm"][..], &["tcpx-rxdm", "doctor"], &["tcpx-rxdm", "inject"]] {
+        let mut words = cmd.to_vec();
+        words.extend(["--gpu_nic_preset", "a"]);
+        let offered = bash_completes(&path, &words);
+        assert_eq!(offered, ["auto", "a3vm", "a3vm4gpu4nic", "a6"], "{words:?}");
+        words.pop();
+        words.push(&file_prefix);
+        let offered = bash_completes(&path, &words);
+        let want = dir.path().join("mine.textproto").display().to_string();
+        assert_eq!(offered, [want], "{words:?}");
+    }
+}
+
+#[test]
+fn help_of_help_exits_0_with_its_page() {
+    for args in [&["help", "--help"][..], &["help", "-h"]] {
+        let (code, out, err) = run_bin(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(out.contains("Usage: tcpx-rxdm help [COMMAND]"), "{out}");
+        assert!(err.is_empty(), "{err}");
     }
 }
 
@@ -175,6 +238,14 @@ fn the_man_pages_come_from_the_same_definitions() {
     for c in commands() {
         let page = dir.join(format!("tcpx-rxdm-{c}.1"));
         assert!(page.is_file() && out.contains(&page.display().to_string()), "{c}: {out}");
+        // The exit status is a section of its own, not clap's catch-all EXTRA.
+        let text = std::fs::read_to_string(&page).unwrap();
+        assert!(!text.contains(".SH EXTRA"), "{c}: {text}");
+        let has_status = tcpx_rxdm::cli::command()
+            .find_subcommand(&c)
+            .and_then(|s| s.get_after_help().map(|h| h.to_string().contains("Exit status:")))
+            .unwrap_or(false);
+        assert_eq!(text.contains(".SH \"EXIT STATUS\"\n.TP\n\\fB0\\fR"), has_status, "{c}: {text}");
     }
     // Every page another page points to was written; on stdout too.
     let (_, top, _) = run_bin(&["man"]);

@@ -178,7 +178,6 @@ fn check_daemon_pod(rel: &str, pod: &Value) -> Flags {
         }
     }
     assert!(probes > 0, "{rel}: no probe");
-    assert_eq!(c["ports"][0]["containerPort"], port, "{rel}");
     flags
 }
 
@@ -193,6 +192,16 @@ fn every_kubernetes_daemon_command_line_is_accepted() {
         assert_eq!(workloads.len(), 1, "{rel}");
         let flags = check_daemon_pod(rel, pod_spec(workloads[0]));
         assert_eq!(flags.uds_path, Path::new("/run/tcpx"), "{rel}");
+        // The DaemonSet declares no port (`no_daemonset_that_surges_asks_for_a_host_port`
+        // says why). A Job keeps the daemon's: on the host network it keeps a
+        // second Pod whose daemon needs the same port off the node, and a Job
+        // has no surge Pod for it to block.
+        let ports = &daemon_container(pod_spec(workloads[0])).0["ports"];
+        if workloads[0]["kind"] == "DaemonSet" {
+            assert!(ports.is_null(), "{rel}: the DaemonSet declares ports {ports}");
+        } else {
+            assert_eq!(ports[0]["containerPort"], metrics_port(&flags), "{rel}");
+        }
     }
 }
 
@@ -290,11 +299,194 @@ fn daemonset_keeps_leases_on_and_podmonitor_finds_it() {
     for (k, v) in selector {
         assert_eq!(&labels[k], v, "PodMonitor selects {k}={v}, the DaemonSet's Pods do not carry it");
     }
-    let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
+    let endpoints = pm["spec"]["podMetricsEndpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 1);
+    check_podmonitor_endpoint(&endpoints[0], metrics_port(&flags));
+}
+
+/// The PodMonitor's endpoint scrapes `port` on the Pod's IP. The DaemonSet
+/// declares no port for it to name, so its relabelings write the address:
+/// Prometheus gives a Pod without ports one target with the Pod's IP and no
+/// port.
+fn check_podmonitor_endpoint(endpoint: &Value, port: u16) {
     assert_eq!(endpoint["path"], "/metrics");
-    let port =
-        c["ports"].as_array().unwrap().iter().find(|p| p["name"] == endpoint["port"]).expect("port by name");
-    assert_eq!(port["containerPort"], metrics_port(&flags));
+    // A port by name or number would match no target of a Pod without ports.
+    for by in ["port", "targetPort", "portNumber"] {
+        assert!(endpoint[by].is_null(), "the endpoint selects a declared port by {by}: {endpoint}");
+    }
+    let relabelings = endpoint["relabelings"].as_array().expect("relabelings");
+    let address: Vec<&Value> = relabelings.iter().filter(|r| r["targetLabel"] == "__address__").collect();
+    // One for an IPv4 address, one that puts an IPv6 address in brackets.
+    assert_eq!(address.len(), 2, "{endpoint}");
+    let written = |ip: &str| {
+        // Prometheus anchors the regex: the one rule whose regex takes the
+        // address writes it (the two are told apart by a colon).
+        let mut out = ip.to_string();
+        for r in &address {
+            assert_eq!(r["sourceLabels"], serde_json::json!(["__meta_kubernetes_pod_ip"]), "{r}");
+            assert!(r["action"].is_null() || r["action"] == "replace", "{r}");
+            let takes = match r["regex"].as_str() {
+                Some("([^:]+)") => !ip.contains(':'),
+                Some("(.+:.+)") => ip.contains(':'),
+                other => panic!("a regex this test does not know: {other:?}"),
+            };
+            if takes {
+                out = r["replacement"].as_str().unwrap().replace("${1}", ip);
+            }
+        }
+        out
+    };
+    assert_eq!(written("10.0.0.7"), format!("10.0.0.7:{port}"));
+    assert_eq!(written("fd00::7"), format!("[fd00::7]:{port}"));
+    // The old and the new Pod of a rollout reach the node's one daemon at
+    // the same address: without the Pod's own labels their targets are one.
+    let drops = relabelings.iter().find(|r| r["action"] == "labeldrop").expect("a labeldrop");
+    assert_eq!(drops["regex"], "pod|container");
+}
+
+/// Why the rolling update of `ds` (a DaemonSet) could never start, if it
+/// could not: its Pods are on the host network, a rollout starts the new Pod
+/// beside the old one (`maxSurge` other than 0), and a container asks for a
+/// host port (on the host network every `containerPort` is one). The
+/// scheduler places no Pod where another holds its host port, so the new Pod
+/// stays Pending on every node. `.ci/lib/surge-ports.py` is the same check
+/// for `.ci/deploy-lint` (the kustomize build, inject's output).
+fn surge_blocked_by_host_ports(ds: &Value) -> Option<String> {
+    let pod = pod_spec(ds);
+    if pod["hostNetwork"] != true {
+        return None;
+    }
+    let strategy = &ds["spec"]["updateStrategy"];
+    if strategy["type"].as_str().unwrap_or("RollingUpdate") != "RollingUpdate" {
+        return None;
+    }
+    // Absent, 0 and "0%" are no surge (the default is 0).
+    let surge = &strategy["rollingUpdate"]["maxSurge"];
+    let zero = surge.is_null()
+        || surge.as_u64() == Some(0)
+        || surge.as_str().is_some_and(|s| s.trim_end_matches('%').parse::<u64>() == Ok(0));
+    if zero {
+        return None;
+    }
+    let ports: Vec<String> = ["containers", "initContainers"]
+        .iter()
+        .flat_map(|list| pod[*list].as_array().into_iter().flatten())
+        .flat_map(|c| {
+            c["ports"].as_array().into_iter().flatten().filter_map(move |p| {
+                let port = p.get("hostPort").or_else(|| p.get("containerPort"))?;
+                Some(format!("{} port {port}", c["name"].as_str().unwrap_or("?")))
+            })
+        })
+        .collect();
+    (!ports.is_empty()).then(|| {
+        format!(
+            "DaemonSet {}: hostNetwork with maxSurge {surge}, and {} (a host port on the host network): \
+             the surge Pod can never be placed beside the old one; declare no port",
+            ds["metadata"]["name"],
+            ports.join(", ")
+        )
+    })
+}
+
+/// Every YAML file under `dir`, in subfolders too.
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            yaml_files(&path, out);
+        } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            out.push(path);
+        }
+    }
+}
+
+/// The DaemonSets among `docs` (a `List`'s items too).
+fn daemonsets(docs: Vec<Value>) -> Vec<Value> {
+    docs.into_iter()
+        .flat_map(|d| match d["kind"].as_str() {
+            Some("List") => d["items"].as_array().cloned().unwrap_or_default(),
+            _ => vec![d],
+        })
+        .filter(|d| d["kind"] == "DaemonSet")
+        .collect()
+}
+
+#[test]
+fn no_daemonset_that_surges_asks_for_a_host_port() {
+    let mut files = Vec::new();
+    yaml_files(&repo("deploy"), &mut files);
+    let mut checked = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(repo("")).unwrap().display().to_string();
+        for ds in daemonsets(yaml_docs(&rel)) {
+            assert_eq!(surge_blocked_by_host_ports(&ds), None, "{rel}");
+            checked.push(rel.clone());
+        }
+    }
+    // Both node-wide DaemonSets were read, and they do surge.
+    for rel in ["deploy/kubernetes/daemonset.yaml", "deploy/kubernetes/gpu-operator/daemonset.yaml"] {
+        assert!(checked.iter().any(|c| c == rel), "{rel} not checked: {checked:?}");
+        let ds = doc_of_kind(&yaml_docs(rel), "DaemonSet").clone();
+        assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 1, "{rel}");
+    }
+    // kustomize's build of the GPU Operator variant, where kubectl is at hand
+    // (.ci/lib/tools.sh installs it; .ci/run does before the tests, and
+    // under CI nothing passes by skipping).
+    let kubectl = repo("target/ci-venv/bin/kubectl");
+    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "0" | "false" | "no"));
+    assert!(kubectl.is_file() || !ci, "no {} and CI is set: .ci/lib/tools.sh installs it", kubectl.display());
+    if kubectl.is_file() {
+        let out =
+            Command::new(&kubectl).arg("kustomize").arg(repo("deploy/kubernetes/gpu-operator")).output();
+        let out = out.unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let docs: Vec<Value> = serde_norway::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).unwrap())
+            .filter(|v| !v.is_null())
+            .collect();
+        let built = daemonsets(docs);
+        assert_eq!(built.len(), 1);
+        assert_eq!(surge_blocked_by_host_ports(&built[0]), None, "kustomize build");
+    }
+}
+
+#[test]
+fn the_surge_check_refuses_a_host_port_that_blocks_the_rollout() {
+    let ds = |surge: &str, host_network: bool, strategy: &str, ports: &str| -> Value {
+        let text = format!(
+            "kind: DaemonSet\nmetadata: {{name: d}}\nspec:\n  updateStrategy:\n    type: {strategy}\n    \
+             rollingUpdate: {{maxSurge: {surge}, maxUnavailable: 0}}\n  template:\n    spec:\n      \
+             hostNetwork: {host_network}\n      containers:\n        - name: c\n          ports: {ports}\n"
+        );
+        serde_norway::from_str(&text).unwrap()
+    };
+    let container_port = "[{name: metrics, containerPort: 9467}]";
+    for (surge, ports) in [("1", container_port), ("25%", container_port), ("1", "[{hostPort: 80}]")] {
+        let why = surge_blocked_by_host_ports(&ds(surge, true, "RollingUpdate", ports));
+        let why = why.unwrap_or_else(|| panic!("maxSurge {surge} with {ports} passed"));
+        assert!(why.contains("DaemonSet \"d\"") && why.contains("c port"), "{why}");
+    }
+    // An init container's port counts as well.
+    let mut init = ds("1", true, "RollingUpdate", "[]");
+    init["spec"]["template"]["spec"]["initContainers"] =
+        serde_json::json!([{"name": "sidecar", "ports": [{"containerPort": 9467}]}]);
+    assert!(surge_blocked_by_host_ports(&init).unwrap().contains("sidecar port 9467"));
+    // No surge, no host network, no rolling update, or no port: nothing blocks.
+    for fine in [
+        ds("0", true, "RollingUpdate", container_port),
+        ds("\"0%\"", true, "RollingUpdate", container_port),
+        ds("1", false, "RollingUpdate", container_port),
+        ds("1", true, "OnDelete", container_port),
+        ds("1", true, "RollingUpdate", "[]"),
+    ] {
+        assert_eq!(surge_blocked_by_host_ports(&fine), None, "{fine}");
+    }
+    // The shipped DaemonSet with its old port back is refused.
+    let mut old = doc_of_kind(&yaml_docs("deploy/kubernetes/daemonset.yaml"), "DaemonSet").clone();
+    old["spec"]["template"]["spec"]["containers"][0]["ports"] =
+        serde_json::json!([{"name": "metrics", "containerPort": 9467}]);
+    assert!(surge_blocked_by_host_ports(&old).is_some());
 }
 
 #[test]

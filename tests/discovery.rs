@@ -4,7 +4,8 @@
 
 use std::fs;
 
-use tcpx_rxdm::config::discovery::{discover, DiscoveryError};
+use tcpx_rxdm::config::discovery::{discover, discover_in, DiscoveryError};
+use tcpx_rxdm::config::views::SysfsViews;
 use tcpx_rxdm::types::topology::NicSpec;
 use tempfile::TempDir;
 
@@ -32,19 +33,19 @@ fn summary(nics: &[NicSpec]) -> Vec<String> {
         .collect()
 }
 
+/// a3-highgpu-8g as discovery sees it: each NIC with its two GPUs and their queues.
+const A3_HIGHGPU_8G: [&str; 4] = [
+    "eth1 0000:06:00.0: 0000:04:00.0[8,9,10,11] 0000:05:00.0[12,13,14,15]",
+    "eth2 0000:0c:00.0: 0000:0a:00.0[8,9,10,11] 0000:0b:00.0[12,13,14,15]",
+    "eth3 0000:86:00.0: 0000:84:00.0[8,9,10,11] 0000:85:00.0[12,13,14,15]",
+    "eth4 0000:8c:00.0: 0000:8a:00.0[8,9,10,11] 0000:8b:00.0[12,13,14,15]",
+];
+
 #[test]
 fn a3_highgpu_8g_topology() {
     let fs = a3_highgpu_8g();
     let nics = discover(fs.root(), 2, 8, 8, &any_address).unwrap();
-    assert_eq!(
-        summary(&nics),
-        [
-            "eth1 0000:06:00.0: 0000:04:00.0[8,9,10,11] 0000:05:00.0[12,13,14,15]",
-            "eth2 0000:0c:00.0: 0000:0a:00.0[8,9,10,11] 0000:0b:00.0[12,13,14,15]",
-            "eth3 0000:86:00.0: 0000:84:00.0[8,9,10,11] 0000:85:00.0[12,13,14,15]",
-            "eth4 0000:8c:00.0: 0000:8a:00.0[8,9,10,11] 0000:8b:00.0[12,13,14,15]",
-        ]
-    );
+    assert_eq!(summary(&nics), A3_HIGHGPU_8G);
 }
 
 #[test]
@@ -157,4 +158,54 @@ fn malformed_vendor_names_the_file() {
         }
         other => panic!("unexpected error {other}"),
     }
+}
+
+/// A Pod in a network namespace of its own: its sysfs lists eth1..eth4 with
+/// device links into a PCI tree it lacks; the host's sysfs holds the tree
+/// and the GPUs but lists only the host's interfaces.
+#[test]
+fn a_pod_s_interfaces_are_found_in_the_host_s_pci_tree_by_address() {
+    let host = a3_highgpu_8g();
+    host.bus_links();
+    let ifnames = ["eth1", "eth2", "eth3", "eth4"];
+    let moved: Vec<(&str, std::path::PathBuf)> = ifnames.iter().map(|i| (*i, host.device_of(i))).collect();
+    for i in ifnames {
+        host.moved_away(i);
+    }
+    let pod = pod_sysfs(&moved);
+    let views = SysfsViews::pod(pod.root(), host.root());
+    let nics = discover_in(&views, 2, 8, 8, &any_address).unwrap();
+    assert_eq!(summary(&nics), A3_HIGHGPU_8G);
+    // The host's sysfs alone, as read before: the Pod's NICs are not there.
+    assert!(discover(host.root(), 2, 8, 8, &any_address).unwrap().is_empty());
+    // The Pod's alone: its device links lead nowhere.
+    assert!(discover(pod.root(), 2, 8, 8, &any_address).unwrap().is_empty());
+    // Addresses are the Pod's own: one without is skipped there too.
+    let some = discover_in(&views, 2, 8, 8, &|i: &str| i != "eth3").unwrap();
+    assert_eq!(some.iter().map(|n| n.ifname.as_str()).collect::<Vec<_>>(), ["eth1", "eth2", "eth4"]);
+}
+
+/// The NCCL settings' NUMA nodes and control NIC in the same layout.
+#[test]
+fn a_pod_s_nic_numa_nodes_come_from_the_host_s_tree() {
+    use tcpx_rxdm::nccl::{NodeView, Sysfs};
+    let host = a3_highgpu_8g();
+    host.bus_links().numa_node("eth1", 0).numa_node("eth3", 1);
+    let moved: Vec<(&str, std::path::PathBuf)> =
+        ["eth1", "eth3"].iter().map(|i| (*i, host.device_of(i))).collect();
+    host.moved_away("eth1").moved_away("eth3");
+    let pod = pod_sysfs(&moved);
+    let view = Sysfs::with_views(SysfsViews::pod(pod.root(), host.root()));
+    assert_eq!((view.nic_numa_node("eth1"), view.nic_numa_node("eth3")), (Some(0), Some(1)));
+    // The Pod's interfaces, its veth eth0 among them (no device), not the host's.
+    let names: Vec<(String, bool)> = view.interfaces();
+    assert_eq!(
+        names,
+        [
+            ("eth0".to_string(), false),
+            ("eth1".to_string(), true),
+            ("eth3".to_string(), true),
+            ("lo".to_string(), false)
+        ]
+    );
 }

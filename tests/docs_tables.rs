@@ -432,3 +432,26 @@ fn systemd_capabilities_in_the_docs_match_the_unit() {
         );
     }
 }
+
+#[test]
+fn the_first_daemon_run_says_every_way_it_ends() {
+    let readme = read("README.md");
+    let setup = section(&readme, "Set up");
+    let block = setup.split("```sh daemon\n").nth(1).expect("a `sh daemon` block in Set up");
+    let (command, after) = block.split_once("\n```\n").expect("the block ends");
+    let argv = command.trim().strip_prefix("cargo run -- ").expect("the block runs `cargo run --`");
+    let words = std::iter::once("tcpx-rxdm").chain(argv.split_whitespace()).map(String::from);
+    let flags =
+        tcpx_rxdm::config::flags::Flags::parse_args(words).expect("the daemon takes the block's flags");
+    let text = after.trim_start().split("\n\n").next().unwrap();
+    // Each way this command line ends the daemon is named, and no other.
+    assert!(text.contains("Ctrl-C"), "{text}");
+    let ends = [
+        ("--monitor_shutdown", flags.monitor_shutdown),
+        ("--shutdown_file", flags.shutdown_file().is_some()),
+        ("--shutdown_when_all_clients_exited", flags.shutdown_when_all_clients_exited),
+    ];
+    for (flag, on) in ends {
+        assert_eq!(text.contains(flag), on, "README, Set up: {flag} is {on} for `{argv}`, yet:\n{text}");
+    }
+}

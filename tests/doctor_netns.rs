@@ -74,6 +74,10 @@ fn doctor_on_a_veth_reports_no_ntuple_and_changes_nothing() {
     has("✗ header split: none: no private flags, no tcp-data-split, no ring control");
     has("✔ channels: 4 rx queues");
     has("NOT ready");
+    // The layout: a namespace of its own, its NIC there, one sysfs (its own /sys).
+    has("✔ place: a network namespace of its own, not the host's");
+    has("✔ NICs: in this namespace: eth1 (no PCI device)");
+    has("host-wide knobs (cubic's hystart_detect, any sysctl outside net) are the node's business");
     assert!(!stderr.contains("panicked"), "{stderr}");
     // The IPv4 route (and IPv6 link-local ones where IPv6 is on); none tuned yet.
     has("✔ route metrics: 0 of ");

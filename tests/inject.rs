@@ -5,29 +5,16 @@
 //! `.ci/deploy-lint` validates the golden files against the Kubernetes
 //! schemas and the JobSet CRD.
 
-use std::path::{Path, PathBuf};
+mod manifests;
 
-use serde::Deserialize as _;
+use manifests::{containers, daemon_flags, docs, golden, mount_at, path, read, strs};
+use std::path::PathBuf;
+
 use serde_norway::Value;
 use tcpx_rxdm::config::flags::{Flags, SetupParam};
 use tcpx_rxdm::host::tuning::TuningParams;
 use tcpx_rxdm::inject::command::transform;
 use tcpx_rxdm::inject::{machine, Given, Mode, Nccl, Options, ANNOTATION, DAEMON};
-
-fn path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-fn read(rel: &str) -> String {
-    std::fs::read_to_string(path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
-
-fn docs(text: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
-}
 
 fn opts(mode: Mode, nccl: Nccl) -> Options {
     Options { mode, nccl, ..Options::default() }
@@ -35,15 +22,6 @@ fn opts(mode: Mode, nccl: Nccl) -> Options {
 
 fn run(text: &str, o: &Options) -> String {
     transform(text, o).unwrap_or_else(|e| panic!("refused: {e}")).0
-}
-
-/// Compares with the golden file, or rewrites it.
-fn golden(rel: &str, got: &str) {
-    if std::env::var_os("TCPX_UPDATE_GOLDEN").is_some() {
-        std::fs::write(path(rel), got).unwrap();
-    }
-    let want = read(rel);
-    assert!(want == got, "{rel} differs from inject's output (TCPX_UPDATE_GOLDEN=1 rewrites it):\n{got}");
 }
 
 const MODES: [Mode; 3] = [Mode::NativeSidecar, Mode::Sidecar, Mode::Node];
@@ -64,14 +42,6 @@ fn templates(v: &Value, out: &mut Vec<Value>) {
     }
 }
 
-fn containers(spec: &Value) -> Vec<&Value> {
-    ["initContainers", "containers"]
-        .iter()
-        .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
-        .flatten()
-        .collect()
-}
-
 fn is_gpu(c: &Value) -> bool {
     c.get("resources")
         .and_then(|r| r.get("limits").or(r.get("requests")))
@@ -81,26 +51,6 @@ fn is_gpu(c: &Value) -> bool {
 
 fn env_of<'a>(c: &'a Value, name: &str) -> Option<&'a str> {
     c.get("env")?.as_sequence()?.iter().find(|e| e["name"].as_str() == Some(name))?.get("value")?.as_str()
-}
-
-fn mount_at<'a>(c: &'a Value, at: &str) -> Option<&'a Value> {
-    c.get("volumeMounts")?.as_sequence()?.iter().find(|m| m["mountPath"].as_str() == Some(at))
-}
-
-fn strs(v: Option<&Value>) -> Vec<String> {
-    v.and_then(Value::as_sequence)
-        .map(|s| s.iter().map(|x| x.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default()
-}
-
-/// The daemon's flags as our parser reads its command line.
-fn daemon_flags(c: &Value) -> Flags {
-    let mut argv = strs(c.get("command"));
-    if argv.is_empty() {
-        argv.push("tcpx-rxdm".into());
-    }
-    argv.extend(strs(c.get("args")));
-    Flags::parse_args(argv.clone()).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
 }
 
 /// What every injected template must hold, checked without inject's code.

@@ -60,11 +60,13 @@ fn refused_input_names_object_and_field_exits_1_and_writes_nothing() {
         ("not: [yaml".to_string(), "not YAML"),
         (
             job_with("      hostNetwork: false\n", ""),
-            "Job/train: spec.template.spec.hostNetwork: false; inject runs the daemon in the node's network namespace",
+            "Job/train: spec.template.spec.hostNetwork: false, and the Pod has no GKE multi-networking \
+             (networking.gke.io/interfaces): its own network namespace holds no GPU NIC",
         ),
         (
             job_with("      hostNetwork: false\n", ""),
-            "It does not write Pods that get their NICs through GKE multi-networking",
+            "Remove the field or set it true (the daemon then runs in the node's network namespace), or give \
+             the Pod the GPU NICs through networking.gke.io/interfaces",
         ),
         (
             job_with("      volumes:\n      - name: tcpx-socket\n        emptyDir: {}\n", ""),
@@ -511,13 +513,80 @@ fn injecting_again_keeps_the_recorded_mode_unless_mode_is_given() {
     assert_eq!((requests["cpu"].as_str(), requests["memory"].as_str()), (Some("2"), Some("1Gi")));
 }
 
+/// A multi-networking Pod inject cannot write a daemon for is refused,
+/// naming the annotation or field and what to do.
 #[test]
-fn gke_multi_networking_and_host_network_false_are_refused_saying_what_inject_supports() {
-    let multi = JOB.replace("  template:\n    spec:\n", "  template:\n    metadata:\n      annotations:\n        networking.gke.io/default-interface: eth0\n    spec:\n");
-    let (code, out, err) = inject(&[], &multi);
-    assert_eq!((code, out.as_str()), (1, ""), "{err}");
-    assert!(err.contains("Job/train: spec.template.metadata.annotations[networking.gke.io/default-interface]: GKE multi-networking, which a host-network Pod cannot use; inject runs the daemon in the node's network namespace (hostNetwork: true)"), "{err}");
-    assert!(err.contains("Remove the multi-networking annotations to use inject"), "{err}");
+fn gke_multi_networking_that_cannot_work_is_refused_saying_why() {
+    let with = |annotations: &str, pod: &str| {
+        JOB.replace(
+            "  template:\n    spec:\n",
+            &format!("  template:\n    metadata:\n      annotations:\n{annotations}    spec:\n{pod}"),
+        )
+    };
+    let nics = |names: &[&str]| {
+        let items: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{{\"interfaceName\":\"{n}\",\"network\":\"n{i}\"}}"))
+            .collect();
+        format!("        networking.gke.io/interfaces: '[{}]'\n", items.join(","))
+    };
+    let all = nics(&["eth0", "eth1", "eth2", "eth3", "eth4"]);
+    let at = "Job/train: spec.template.";
+    let short = "        devices.gke.io/container.tcpx-daemon: \"- path: /dev/nvidia0\\n\"\n";
+    for (args, input, says) in [
+        (
+            &[][..],
+            with("        networking.gke.io/default-interface: eth0\n", ""),
+            "metadata.annotations[networking.gke.io/default-interface]: set without \
+             networking.gke.io/interfaces, which gives the Pod its GPU NICs; add it, or remove this annotation",
+        ),
+        (
+            &[],
+            with(&all, "      hostNetwork: true\n"),
+            "spec.hostNetwork: true, beside GKE multi-networking (networking.gke.io/interfaces), which gives a \
+             Pod interfaces of its own network namespace and none on the host network; remove hostNetwork",
+        ),
+        (
+            &["--mode=node"],
+            with(&all, ""),
+            "metadata.annotations[networking.gke.io/interfaces]: GKE multi-networking puts the GPU NICs in the \
+             Pod's own network namespace, where the node-wide daemon (--mode=node) cannot reach them; use \
+             --mode=native-sidecar or --mode=sidecar",
+        ),
+        (&[], with("        networking.gke.io/interfaces: eth1\n", ""), "\"eth1\" is not a JSON list of {\"interfaceName\""),
+        (&[], with(&nics(&["eth0"]), ""), "gives the Pod no interface beside its default one (eth0), so no GPU NIC"),
+        (&[], with(&nics(&["eth0", "eth1", "eth1"]), ""), "names eth1 twice"),
+        (
+            &[],
+            with(&nics(&["eth0", "eth1", "eth2"]), ""),
+            "metadata.annotations[networking.gke.io/interfaces]: gives the Pod eth1, eth2, but the daemon's NICs \
+             (--gpu_nic_preset=a3vm) include eth3, eth4, which it would not find in the Pod's network namespace",
+        ),
+        (
+            &[],
+            with(&format!("{all}{short}"), ""),
+            "metadata.annotations[devices.gke.io/container.tcpx-daemon]: lists no /dev/nvidia1, /dev/nvidia2",
+        ),
+    ] {
+        let (code, out, err) = inject(args, &input);
+        assert_eq!((code, out.as_str()), (1, ""), "{says}: {err}");
+        let field = says.starts_with("metadata") || says.starts_with("spec");
+        let want = if field { format!("{at}{says}") } else { says.to_string() };
+        assert!(err.contains(&want), "want {want:?}, got {err}");
+    }
+    // The same Pod with every interface and device: injected, kept off the host network.
+    let (code, out, err) = inject(&[], &with(&all, ""));
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("hostNetwork"), "{out}");
+    assert!(
+        err.contains(
+            "layout: multi-networking: the daemon runs in the Pod's network namespace, where eth1–eth4 are"
+        ),
+        "{err}"
+    );
+    // With --privileged a short device annotation is the Pod's business.
+    assert_eq!(inject(&["--privileged"], &with(&format!("{all}{short}"), "")).0, 0);
 }
 
 #[test]

@@ -163,6 +163,60 @@ fn the_command_serves_until_sigterm_and_exits_0() {
     assert_eq!(server.child.wait().unwrap().code(), Some(0));
 }
 
+/// Clients that hang up mid-head, mid-body and mid-answer, a hundred times
+/// each, as the API server does at its timeout: the real binary (a command's
+/// process, whose SIGPIPE could kill it on a write to a peer that is gone)
+/// serves on and answers the next review.
+#[test]
+fn clients_that_hang_up_at_any_point_leave_the_webhook_serving() {
+    use nix::sys::socket::{setsockopt, sockopt::Linger};
+    let mut server = Server::start(&["--on-error=allow"]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = server.client();
+    let review = webhook::review_of("u-gone", &webhook::pod(vec![webhook::gpu("trainer", 8)]), "CREATE");
+    let whole = webhook::request(&review);
+    let head = whole.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let review_len = review.len();
+    // One round of the three hang-ups; `None` once the server is gone.
+    let round = |i: usize| {
+        let (client, whole) = (client.clone(), whole.clone());
+        async move {
+            for cut in [head / 2, head + review_len / 2] {
+                let mut s = client.handshake(TcpStream::connect(client.addr).await.ok()?).await.ok()?;
+                s.write_all(&whole[..cut]).await.ok()?;
+                s.flush().await.ok()?;
+            }
+            // The whole request, then a reset before the answer is read (or
+            // after its first byte): the server's writes meet a peer that is gone.
+            let tcp = TcpStream::connect(client.addr).await.ok()?;
+            setsockopt(&tcp, Linger, &libc::linger { l_onoff: 1, l_linger: 0 }).unwrap();
+            let mut s = client.handshake(tcp).await.ok()?;
+            s.write_all(&whole).await.ok()?;
+            s.flush().await.ok()?;
+            if i % 2 == 1 {
+                let _ = s.read(&mut [0u8; 1]).await;
+            }
+            Some(())
+        }
+    };
+    let rounds = rt.block_on(async {
+        for i in 0..100 {
+            if round(i).await.is_none() {
+                return i;
+            }
+        }
+        100
+    });
+    if let Some(status) = server.child.try_wait().unwrap() {
+        let log = server.lines(Duration::ZERO).join("\n");
+        panic!("the webhook ended ({status}) in round {rounds} of 100; its log:\n{log}");
+    }
+    let (status, body, _) = rt.block_on(client.post(&review));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"uid\":\"u-gone\""), "{body}");
+    assert!(rt.block_on(client.healthy()));
+}
+
 /// The webhook converts a TCPX daemon a Pod brings, as the command does,
 /// keeping it in the Pod for `tcpx-rxdm inject --uninject`; and its probe
 /// follows --metrics_address.

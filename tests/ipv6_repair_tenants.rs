@@ -3,9 +3,10 @@
 //! burst shares one dump, decoys of another tenant (a connection waiting in
 //! the client's accept queue, a connect left `SYN-SENT`) fail none of the
 //! client's requests, a same-ports connection that appears after an install
-//! does not keep its uninstall from removing the rule, and a flood of
-//! requests that fit nothing is refused past its backlog, installs nothing
-//! and grows no threads.
+//! does not keep its uninstall from removing the rule, two processes of one
+//! tenant whose flows share ports and prefixes each remove their own rule and
+//! never another's, and a flood of requests that fit nothing is refused past
+//! its backlog, installs nothing and grows no threads.
 //!
 //! Real connections between two network namespaces over a veth pair, from
 //! clients in cgroups of their own: root only.
@@ -15,7 +16,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::ipv6::*;
-use common::tenant::{Agent, Cgroup, Reply};
+use common::tenant::{rule, Agent, Cgroup, Reply};
 use common::{require_root, Daemon};
 use tcpx_rxdm::wire::client;
 
@@ -159,6 +160,160 @@ fn decoys_fail_none_of_the_clients_requests_under_enforce() {
 #[ignore = "needs root: network namespaces and cgroups"]
 fn decoys_fail_none_of_the_clients_requests_with_isolation_off() {
     decoys_fail_none_of_the_clients_requests("off");
+}
+
+/// Tenant A's two processes, each holding one of two connections with the
+/// same ports to two addresses of one /64, so that a garbled request fits
+/// both; each installed its own, and both got "Ok.".
+struct TwoOfA {
+    d: Daemon,
+    a1: Agent,
+    a2: Agent,
+    t: Agent,
+    /// A1's and A2's connections: (local end, remote end).
+    one: (SocketAddr, SocketAddr),
+    two: (SocketAddr, SocketAddr),
+    /// Tenant A's and the sending side's, removed after their processes.
+    cga: Cgroup,
+    _cgt: Cgroup,
+    /// The receiving and the sending namespace.
+    ns: (common::netns::Netns, common::netns::Netns),
+}
+
+impl TwoOfA {
+    fn start(mode: &str) -> TwoOfA {
+        require_root("network namespaces and cgroups");
+        let (rx, tx) = link();
+        let d = Daemon::start(&[&format!("--tenant_isolation={mode}")]);
+        let (cga, cgt) = (Cgroup::new("a"), Cgroup::new("t"));
+        let mut a1 = Agent::start_in(&cga, 0, rx.name());
+        let mut a2 = Agent::start_in(&cga, 0, rx.name());
+        let mut t = Agent::start_in(&cgt, 5, tx.name());
+        let port = a1.listen(RX);
+        let from = t.dial(RX, port, Some(47101));
+        let one = a1.accept();
+        a2.listen_on(RX2, port);
+        t.dial(RX2, port, Some(from));
+        let two = a2.accept();
+        assert_eq!((one.0.port(), one.1.port()), (two.0.port(), two.1.port()));
+        // Each install fits both connections; the one its process holds is taken.
+        let rm = d.sock("rx_rule_manager");
+        ok(&a1.req(&rm, &plugin_rule(one.0, one.1, GPU_A)), "A1's install");
+        ok(&a2.req(&rm, &plugin_rule(two.0, two.1, GPU_A)), "A2's install");
+        let s = TwoOfA { d, a1, a2, t, one, two, cga, _cgt: cgt, ns: (rx, tx) };
+        let mut want = vec![rule_of(&s.one), rule_of(&s.two)];
+        want.sort();
+        assert_eq!(s.booked(), want);
+        s
+    }
+
+    fn booked(&self) -> Vec<(String, String, bool)> {
+        let mut b = booked(&self.d);
+        b.sort();
+        b
+    }
+}
+
+/// How `booked` shows the repaired rule of connection `c`.
+fn rule_of(c: &(SocketAddr, SocketAddr)) -> (String, String, bool) {
+    (c.1.to_string(), c.0.to_string(), true)
+}
+
+/// Each process's garbled uninstall removes its own rule, although both fit it.
+fn each_process_removes_its_own_rule(mode: &str) {
+    let mut s = TwoOfA::start(mode);
+    let (d, one, two) = (&s.d, s.one, s.two);
+    let un = d.sock("rx_rule_uninstall");
+    let first = s.a1.req(&un, &plugin_rule(one.0, one.1, GPU_A));
+    let after_first = booked(d);
+    let second = s.a2.req(&un, &plugin_rule(two.0, two.1, GPU_A));
+    assert_eq!(
+        (first.code(), second.code()),
+        (0, 0),
+        "A1's uninstall: {}; A2's: {}",
+        first.text(),
+        second.text()
+    );
+    assert_eq!(after_first, [rule_of(&two)], "A1's removed its own rule");
+    assert!(booked(d).is_empty(), "{:?}", booked(d));
+    assert!(on_nic(d).is_empty());
+    assert_eq!(repaired(d, "uninstall"), 2.0);
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and cgroups"]
+fn each_process_of_a_tenant_removes_its_own_rule_under_enforce() {
+    each_process_removes_its_own_rule("enforce");
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and cgroups"]
+fn each_process_of_a_tenant_removes_its_own_rule_under_audit() {
+    each_process_removes_its_own_rule("audit");
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and cgroups"]
+fn each_process_of_a_tenant_removes_its_own_rule_with_isolation_off() {
+    each_process_removes_its_own_rule("off");
+}
+
+/// Nobody's garbled uninstall removes another process's rule: not one of
+/// tenant B, not a third process of A's, not A1 once its own rule is gone.
+/// Where two of the asking process's own rules fit, it is refused, naming
+/// those two only.
+fn no_process_removes_anothers_rule(mode: &str) {
+    let mut s = TwoOfA::start(mode);
+    let (one, two) = (s.one, s.two);
+    let (rm, un) = (s.d.sock("rx_rule_manager"), s.d.sock("rx_rule_uninstall"));
+    let cgb = Cgroup::new("b");
+    let mut a3 = Agent::start_in(&s.cga, 0, s.ns.0.name());
+    let mut b = Agent::start_in(&cgb, 2, s.ns.0.name());
+    ok(&b.req(&un, &plugin_rule(two.0, two.1, GPU_A)), "a process of B's");
+    assert_eq!(s.booked().len(), 2, "none removed");
+
+    // A1 removes its rule by its true flow: only A2's fits a garbled request now.
+    ok(&s.a1.req(&un, &rule(one.0, one.1, GPU_A)), "A1's exact uninstall");
+    assert_eq!(s.booked(), [rule_of(&two)]);
+    ok(&a3.req(&un, &plugin_rule(two.0, two.1, GPU_A)), "a third process of A's");
+    assert_eq!(s.booked(), [rule_of(&two)], "A3's uninstall left A2's rule");
+    ok(&s.a1.req(&un, &plugin_rule(one.0, one.1, GPU_A)), "A1's garbled uninstall");
+    assert_eq!(s.booked(), [rule_of(&two)], "A1's uninstall left A2's rule");
+    assert_eq!(repaired(&s.d, "uninstall"), 0.0);
+
+    // Two rules of A1's own fit (installed exact): refused, naming A1's two
+    // and not A2's.
+    s.a1.listen_on(RX3, one.0.port());
+    s.t.dial(RX3, one.0.port(), Some(one.1.port()));
+    let three = s.a1.accept();
+    for c in [one, three] {
+        ok(&s.a1.req(&rm, &rule(c.0, c.1, GPU_A)), "A1's exact install");
+    }
+    let r = s.a1.req(&un, &plugin_rule(one.0, one.1, GPU_A));
+    assert_eq!(r.code(), FAILED_PRECONDITION, "{}", r.text());
+    let text = r.text();
+    assert!(text.contains("this process installed"), "{text}");
+    assert!(text.contains(&one.0.to_string()) && text.contains(&three.0.to_string()), "{text}");
+    assert!(!text.contains(&two.0.to_string()), "names A2's rule: {text}");
+    assert_eq!(s.booked().len(), 3, "none removed");
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and cgroups"]
+fn no_process_removes_anothers_rule_under_enforce() {
+    no_process_removes_anothers_rule("enforce");
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and cgroups"]
+fn no_process_removes_anothers_rule_under_audit() {
+    no_process_removes_anothers_rule("audit");
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and cgroups"]
+fn no_process_removes_anothers_rule_with_isolation_off() {
+    no_process_removes_anothers_rule("off");
 }
 
 /// A garbled install for prefixes nobody uses, with ports of its own.

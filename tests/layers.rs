@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// Layers, lowest first. Modules in one layer do not use each other.
 const LAYERS: &[&[&str]] = &[
     &["types"],
-    &["caps"],
+    &["caps", "pidfd"],
     &["netlink"],
     &["wire"],
     &["nic", "host", "gpu", "handover"],
@@ -280,7 +280,12 @@ fn declared_children(text: &str) -> BTreeSet<String> {
 
 /// Files (as module paths) and, for each, the files it uses.
 fn file_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    file_graph_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+}
+
+/// The files of the source tree under `src` and the files each uses.
+fn file_graph_of(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let src = src.to_path_buf();
     let mut files = Vec::new();
     rs_files(&src, &mut files);
     files.retain(|f| !f.ends_with("main.rs"));
@@ -394,6 +399,119 @@ fn no_file_uses_a_file_that_uses_it_back() {
     if let Some(c) = file_circle(&graph) {
         panic!("files in a circle: {}", c.iter().map(|m| show(m)).collect::<Vec<_>>().join(" -> "));
     }
+}
+
+/// The module tree is the folder tree: a file's module is where it lies, so
+/// that what this test reads of a file's place is what the compiler does.
+#[test]
+fn no_file_is_placed_with_a_path_attribute() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let placed: Vec<String> = files
+        .iter()
+        .filter(|f| std::fs::read_to_string(f).unwrap().lines().any(|l| l.trim_start().starts_with("#[path")))
+        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
+        .collect();
+    assert!(placed.is_empty(), "#[path] attributes (make the module a folder instead): {placed:?}");
+}
+
+/// Longest function allowed in the daemon's lifecycle (`src/daemon/`):
+/// phases, each a function that reads in one sitting.
+const MAX_DAEMON_FN_LINES: usize = 120;
+
+/// Each function of `text` (its name, first line and length in lines): a
+/// line starting with `fn` (after `pub`/`async`) up to the line that closes
+/// it at the same indentation.
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let body = line.trim_start();
+        let indent = line.len() - body.len();
+        let sig = ["pub ", "pub(crate) ", "pub(super) ", "async ", "const ", "unsafe "]
+            .iter()
+            .fold(body, |b, p| b.strip_prefix(p).unwrap_or(b));
+        let sig = if sig.starts_with("pub(in ") { sig.split_once(") ").map_or(sig, |(_, r)| r) } else { sig };
+        let sig = sig.strip_prefix("async ").unwrap_or(sig);
+        if let Some(rest) = sig.strip_prefix("fn ") {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let close = " ".repeat(indent) + "}";
+            let end = (i + 1..lines.len())
+                .find(|&j| lines[j] == close || lines[j].starts_with(&(close.clone() + " ")));
+            if let (Some(end), false) = (end, line.trim_end().ends_with(';')) {
+                out.push((name, i + 1, end - i + 1));
+                i = end;
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn no_function_of_the_daemon_is_too_long() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/daemon");
+    let mut files = Vec::new();
+    rs_files(&dir, &mut files);
+    let mut long = Vec::new();
+    for f in files.iter().filter(|f| !f.to_string_lossy().contains("tests")) {
+        for (name, line, n) in functions(&std::fs::read_to_string(f).unwrap()) {
+            if n > MAX_DAEMON_FN_LINES {
+                long.push(format!("{}:{line} {name} ({n} lines)", f.strip_prefix(&dir).unwrap().display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "functions over {MAX_DAEMON_FN_LINES} lines: {long:?}");
+}
+
+#[test]
+fn the_function_scanner_measures_whole_functions() {
+    let text =
+        "fn a() {\n    x;\n}\n\npub(in crate::d) async fn b(\n    y: u8,\n) -> u8 {\n    y\n}\n    fn c();\n";
+    let got = functions(text);
+    assert_eq!(got, [("a".to_string(), 1, 3), ("b".to_string(), 5, 5)]);
+}
+
+/// Every pidfd system call (and its `unsafe`) is in `src/pidfd/`, to be
+/// audited in one place; the rest of the crate holds processes by its type.
+#[test]
+fn pidfd_system_calls_are_made_in_one_module() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let calls = ["libc::SYS_pidfd_", "const SO_PEERPIDFD", "const PIDFD_GET"];
+    let outside: Vec<String> = files
+        .iter()
+        .filter(|f| !f.starts_with(src.join("pidfd")))
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            calls.iter().any(|c| text.contains(c))
+        })
+        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
+        .collect();
+    assert!(outside.is_empty(), "pidfd system calls outside src/pidfd/: {outside:?}");
+}
+
+/// A circle planted in a source tree of folders is found by the same walk
+/// that reads the crate's.
+#[test]
+fn a_planted_circle_of_sibling_files_fails_the_walk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(src.join("lib.rs"), "pub mod a;\n").unwrap();
+    std::fs::write(src.join("a/mod.rs"), "mod b;\nmod c;\npub use b::B;\n").unwrap();
+    std::fs::write(src.join("a/b.rs"), "use super::c::C;\npub struct B(C);\n").unwrap();
+    std::fs::write(src.join("a/c.rs"), "use crate::a::b::B;\npub struct C(Box<B>);\n").unwrap();
+    let c = file_circle(&file_graph_of(&src)).expect("a::b and a::c use each other");
+    let names: Vec<String> = c.iter().map(|m| show(m)).collect();
+    assert!(names.contains(&"a::b".to_string()) && names.contains(&"a::c".to_string()), "{names:?}");
+    // Without the use back, no circle.
+    std::fs::write(src.join("a/c.rs"), "pub struct C;\n").unwrap();
+    assert!(file_circle(&file_graph_of(&src)).is_none());
 }
 
 #[test]

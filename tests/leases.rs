@@ -99,6 +99,29 @@ fn reclaim_works_when_the_client_pid_is_invisible_to_the_daemon() {
     kill_and_see_reclaim(&d, false);
 }
 
+/// A daemon in a pid namespace of its own whose `/proc` is another's (the
+/// host's): pids read there are not the connections' (`SO_PEERCRED`), so no
+/// client is named by one; each is named by its opener's pidfd, and a killed
+/// client's rules still go.
+#[test]
+#[ignore = "needs root: unshare --pid"]
+fn a_proc_of_another_pid_namespace_names_no_client_by_pid() {
+    require_root("unshare --pid");
+    let prefix = ["unshare", "--pid", "--fork", "--kill-child"];
+    let d = Daemon::spawn_under(&prefix, &[], &[]).ready();
+    assert!(
+        d.log().iter().any(|l| l.contains("/proc shows another pid namespace's pids")),
+        "{}",
+        d.log().join("\n")
+    );
+    // The pid shown is the one the host's /proc gives: this test's own namespace's.
+    kill_and_see_reclaim(&d, true);
+    // And with its own /proc, the pid path stays open: no such line.
+    let own = Daemon::spawn_under(&["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"], &[], &[])
+        .ready();
+    assert!(!own.log().iter().any(|l| l.contains("/proc shows another pid namespace's pids")));
+}
+
 #[test]
 fn without_leases_a_dead_clients_rules_stay() {
     // No identification at all (tenant checks would find the pid): as the reference.

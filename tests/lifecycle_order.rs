@@ -93,6 +93,7 @@ impl Node {
     fn backends(&self) -> Backends {
         Backends {
             nic: self.nic.clone(),
+            sim: None,
             alloc: Arc::new(self.gpu.allocator()),
             binder: Arc::new(self.gpu.binder()),
         }

@@ -212,7 +212,8 @@ fn bad_options_exit_2_naming_the_option() {
     for (args, needle) in [
         (vec!["--format=yaml"], "--format"),
         (vec!["--env-file=/x"], "--env-file"),
-        (vec!["--check", "--format=json"], "--format"),
+        (vec!["--check", "--format=configmap"], "--format"),
+        (vec!["--leases"], "--leases is a daemon flag"),
         (vec!["--bogus"], "--bogus"),
         (vec!["--check", "--env-file=/nonexistent/nccl.env"], "--env-file"),
     ] {

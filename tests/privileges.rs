@@ -7,7 +7,8 @@
 //! `EOPNOTSUPP` where it has no such feature, or does it). Then the real
 //! binary runs under `setpriv` with exactly the table's sets and
 //! `no_new_privs`: per Pod (`CAP_NET_ADMIN` only, isolation off) and node-wide
-//! (`CAP_NET_ADMIN`, `CAP_CHOWN`, `CAP_SYS_PTRACE`, `enforce`).
+//! (`CAP_NET_ADMIN`, `CAP_CHOWN`, `CAP_SYS_PTRACE`, `CAP_DAC_READ_SEARCH`,
+//! `enforce`).
 //!
 //! Root only (`#[ignore = "needs root: ..."]`), with iproute2, `setpriv`
 //! (util-linux) and python3 (the tenant client).
@@ -19,7 +20,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::netns::Netns;
-use common::tenant::{rule, Agent, Cgroup, Reply};
+use common::tenant::{rule, Agent, Cgroup, Reply, FRESH_DEV};
 use common::{require_root, Daemon, GPU0};
 use nix::errno::Errno;
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -295,7 +296,7 @@ fn the_daemon_with_only_net_admin_serves_a_pool_and_exits_0() {
     assert_eq!(d.files(), Vec::<String>::new());
 }
 
-const NODE_WIDE: &str = "-all,+net_admin,+chown,+sys_ptrace";
+const NODE_WIDE: &str = "-all,+net_admin,+chown,+sys_ptrace,+dac_read_search";
 const NODE_FLAGS: [&str; 4] =
     ["--tenant_isolation=enforce", "--node_wide", "--socket_group=4242", "--leases"];
 
@@ -306,7 +307,7 @@ const NODE_FLAGS: [&str; 4] =
 #[ignore = "needs root: setpriv, cgroups, mount namespaces"]
 fn the_node_wide_set_serves_a_tenant_its_pool_and_its_rule() {
     let mut d = spawn(NODE_WIDE, &NODE_FLAGS).ready();
-    let set = [Cap::NetAdmin, Cap::Chown, Cap::SysPtrace];
+    let set = [Cap::NetAdmin, Cap::Chown, Cap::SysPtrace, Cap::DacReadSearch];
     assert_eq!(status_of(&d), (mask(&set), mask(&set), true));
     let cg = Cgroup::new("caps");
     let mut a = Agent::start(&cg, 0);
@@ -333,6 +334,36 @@ fn without_sys_ptrace_no_gpu_is_a_tenants_and_the_log_says_why() {
         d.wait_for_log("cannot read a client's open files", Duration::from_secs(5)).expect("a warning");
     assert!(line.contains("needs CAP_SYS_PTRACE, which this process lacks"), "{line}");
     assert!(line.contains("its bounding set holds only CAP_CHOWN, CAP_NET_ADMIN; add SYS_PTRACE"), "{line}");
+}
+
+/// A client of another user (its `/proc/<pid>/fd` is its owner's): the
+/// node-wide set lists its open files and serves it its pool; without
+/// `CAP_DAC_READ_SEARCH` the daemon cannot, refuses it saying why, and the
+/// log names the capability.
+#[test]
+#[ignore = "needs root: setpriv, cgroups, mount namespaces"]
+fn a_client_of_another_user_is_read_only_with_dac_read_search() {
+    let setup = format!("{FRESH_DEV} && : > /dev/nvidia0 && chmod 666 /dev/nvidia0");
+    let flags: Vec<&str> = NODE_FLAGS.iter().copied().chain(["--socket_mode=0666"]).collect();
+    for (caps, served) in [(NODE_WIDE, true), ("-all,+net_admin,+chown,+sys_ptrace", false)] {
+        let d = spawn(caps, &flags).ready();
+        std::fs::set_permissions(d.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let cg = Cgroup::new("caps-user");
+        let mut a = Agent::planted_as(&cg, &setup, &["/dev/nvidia0"], 64_321);
+        let r = a.req(&d.sock(&format!("get_gpu_fd_{GPU0}")), &pool_request(GPU0));
+        if served {
+            assert!(matches!(r, Reply::Fd), "{caps}: {}", r.text());
+            continue;
+        }
+        assert_eq!(r.code(), 7, "PERMISSION_DENIED: {}", r.text());
+        assert!(
+            r.text().contains("another user") && r.text().contains("CAP_DAC_READ_SEARCH"),
+            "{}",
+            r.text()
+        );
+        let line = d.wait_for_log("cannot list the open files", Duration::from_secs(5)).expect("a warning");
+        assert!(line.contains("needs CAP_DAC_READ_SEARCH, which this process lacks"), "{line}");
+    }
 }
 
 /// A DaemonSet's rollout with the node-wide set: a successor without
@@ -451,6 +482,10 @@ fn doctor_names_each_capability_the_flags_need_and_the_process_lacks() {
         "{out}"
     );
     assert!(!out.contains("CAP_NET_ADMIN"), "simulated NICs need no CAP_NET_ADMIN: {out}");
+    assert!(
+        out.contains("CAP_DAC_READ_SEARCH: missing: the daemon needs it to list the open files"),
+        "{out}"
+    );
     let (_, out) = doctor(NODE_WIDE);
-    assert!(!out.contains("✗ CAP_"), "{out}");
+    assert!(!out.contains("✗ CAP_") && out.contains("✔ CAP_DAC_READ_SEARCH: held"), "{out}");
 }

@@ -224,3 +224,69 @@ fn a_user_the_daemon_does_not_serve_is_told_who_runs_it() {
     }
     drop(d);
 }
+
+/// Every tenant's clients, pids and flows go to the node's operator only: a
+/// capability-less root process with the socket folder mounted read-only
+/// gets counts and readiness, no pid, no flow; a process on the node's
+/// loopback, as nobody, gets no `/debug/*` (off); the operator, everything.
+#[test]
+#[ignore = "needs root: a mount namespace, setpriv to drop capabilities and to become nobody"]
+fn other_tenants_flows_pids_and_cgroups_are_the_operators_alone() {
+    common::require_root("mount namespace, setpriv");
+    let d = start(&["--leases", "--metrics_address=127.0.0.1:0", "--debug_endpoints=off"]);
+    install(&d, 40001, "0000:04:00.0", "192.168.1.2");
+    let me = std::process::id();
+    let folder = d.dir.path().display().to_string();
+
+    // The operator (this test: root with every capability).
+    let (code, out, err) = status(&["--json", &d.uds_arg()]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["clients"][0]["pid"], me, "{v}");
+    let (code, flows, _) = status(&["flows", "--json", &d.uds_arg()]);
+    assert_eq!(code, 0);
+    assert!(flows.contains("10.1.0.2"), "{flows}");
+
+    // Root without capabilities, the folder mounted read-only at a place of its own.
+    let script = format!(
+        "set -e; m=$(mktemp -d); mount --bind {folder} $m; mount -o remount,bind,ro $m; \
+         exec setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- {bin} status $1 --json --uds_path=$m",
+        bin = common::BIN
+    );
+    let as_workload = |what: &str| {
+        let out = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh", what])
+            .output()
+            .unwrap();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (out, err) = as_workload("");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    assert_eq!(v["ready"], true, "{v}");
+    assert!(v["clients"].is_null() && v["tenants"].is_null() && v["recent_errors"].is_null(), "{v}");
+    assert!(v["hidden"].as_str().unwrap().contains("node's operator only"), "{v}");
+    assert!(!out.contains(&format!("{me}")) || v["pid"] == me, "a client pid shown: {out}");
+    assert_eq!(v["nics"][0]["rules"], 1, "counts stay: {v}");
+    let (out, err) = as_workload("flows");
+    assert!(!out.contains("10.1.0.2") && !out.contains("192.168.1.2"), "{out}");
+    assert!(err.contains("every tenant's flows are the node operator's to read"), "{out}\n{err}");
+
+    // Nobody on the node's loopback: /debug/* is off.
+    let url = format!("http://{}/debug/flows", d.http());
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "curl",
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.ends_with("\n404"), "{body}");
+    assert!(!body.contains("10.1.0.2") && body.contains("--debug_endpoints=local"), "{body}");
+}

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::error::ErrorKind;
-use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Command};
 use clap_complete::Shell;
 
@@ -35,40 +34,58 @@ pub fn status() -> Command {
                 ])
                 .help("What to ask: the daemon's status (default), flows, or mine"),
         )
-        .arg(bool_arg("json").help("Print the daemon's answer as JSON"))
-        .arg(output_arg())
-        // The daemon's others are accepted (a daemon's command line may be given), unused.
-        .args(daemon_args(&["uds_path"]))
+        .arg(format_arg(TEXT_OR_JSON, "How to print the daemon's answer"))
+        .arg(json_arg())
+        .args(daemon_args(&STATUS_READS))
         .after_help(
             "Exit status: 0 answered and ready; 1 unreachable, refused or not ready (still starting, e.g. \
              waiting for its NICs: the first line says what for); 2 bad arguments.",
         )
 }
 
-/// `-o json` / `--output=json`, as kubectl writes it: the same as `--json`.
-fn output_arg() -> Arg {
-    Arg::new("output")
+/// The daemon's flags `status` reads: where to ask.
+const STATUS_READS: [&str; 1] = ["uds_path"];
+
+/// `text` and `json`, the forms `status` and `doctor` print.
+const TEXT_OR_JSON: &[(&str, &str)] = &[("text", "for people (the default)"), ("json", "for scripts")];
+
+/// `--format` (`-o`, and `--output` as kubectl writes it): the one spelling
+/// of the output form on every command that prints a report.
+fn format_arg(values: &[(&'static str, &'static str)], help: &'static str) -> Arg {
+    let values = values.iter().map(|(n, h)| PossibleValue::new(*n).help(*h));
+    Arg::new("format")
+        .long("format")
         .short('o')
-        .long("output")
+        .visible_alias("output")
         .value_name("FORMAT")
-        .value_parser(["text", "json"])
-        .help("text (default) or json; -o json is --json")
+        .value_parser(PossibleValuesParser::new(values))
+        .help(format!("{help}; --json is --format=json"))
 }
 
-/// Whether `--json` or `-o json` was asked for; the two differing is a usage error.
+/// `--json`: `--format=json` as the commands spelt it before `--format`
+/// (scripts and probes keep working); off the page.
+fn json_arg() -> Arg {
+    bool_arg("json").hide(true).help("The same as --format=json")
+}
+
+/// Whether `--format=json` (or `--json`) was asked for; the two differing
+/// is a usage error.
 pub fn json_output(cmd: &mut Command, m: &ArgMatches) -> Result<bool, clap::Error> {
     let json = m.get_flag("json");
-    match m.get_one::<String>("output").map(String::as_str) {
+    match m.get_one::<String>("format").map(String::as_str) {
         Some("json") => Ok(true),
-        Some(_) if json => {
-            Err(cmd.error(ErrorKind::ArgumentConflict, "--json and --output=text differ: give one of them"))
-        }
+        Some(other) if json => Err(cmd.error(
+            ErrorKind::ArgumentConflict,
+            format!("--json and --format={other} differ: give one of them"),
+        )),
         _ => Ok(json),
     }
 }
 
-/// The daemon's flags the doctor's checks read.
-const DOCTOR_READS: [&str; 16] = [
+/// The daemon's flags the doctor's checks read: the topology and the node,
+/// the backends, host tuning, the socket folder and the limits it checks,
+/// and the flags that decide which capabilities the daemon needs.
+const DOCTOR_READS: [&str; 20] = [
     "gpu_nic_preset",
     "gpu_nic_topology",
     "gpu_nic_topology_proto",
@@ -85,6 +102,10 @@ const DOCTOR_READS: [&str; 16] = [
     "leases",
     "rx_pool_size",
     "max_rx_rules",
+    "socket_group",
+    "tenant_isolation",
+    "takeover",
+    "metrics_address",
 ];
 
 pub fn doctor() -> Command {
@@ -96,8 +117,8 @@ pub fn doctor() -> Command {
              environment. One line per check: a mark, what was found, and what to do about it.",
         )
         .args_override_self(true)
-        .arg(bool_arg("json").help("Print the report as JSON"))
-        .arg(output_arg())
+        .arg(format_arg(TEXT_OR_JSON, "How to print the report"))
+        .arg(json_arg())
         .args(daemon_args(&DOCTOR_READS))
         .after_help("Exit status: 0 ready; 1 not ready; 2 bad flags.")
 }
@@ -118,16 +139,10 @@ pub fn nccl_env() -> Command {
              cores per NUMA node) gets no CPU bindings, and a comment saying so.",
         )
         .args_override_self(true)
-        .arg(
-            Arg::new("format")
-                .long("format")
-                .short('o')
-                .visible_alias("output")
-                .value_name("FORMAT")
-                .value_parser(PossibleValuesParser::new(Format::NAMES))
-                .default_value("env")
-                .help("env: a file for `. FILE`; json; configmap: a Kubernetes ConfigMap for envFrom"),
-        )
+        .arg(format_arg(
+            NCCL_ENV_FORMATS,
+            "How to print the settings (env by default), or with --check the report (text or json)",
+        ))
         .arg(
             Arg::new("machine")
                 .long("machine")
@@ -145,36 +160,54 @@ pub fn nccl_env() -> Command {
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("With --check: read NAME=value lines from FILE instead of the environment"),
         )
-        .arg(bool_arg("json").help("JSON output: the check's report, or the settings (as --format=json)"))
+        .arg(json_arg())
         .args(daemon_args(&NCCL_ENV_READS))
         .after_help(
             "Exit status: 0 printed, or the check passed; 1 problems found; 2 bad flags, or no topology.",
         )
 }
 
+/// What `nccl-env --format` takes: the settings' forms, and `text` (the
+/// settings as `env` writes them, or the check's report).
+const NCCL_ENV_FORMATS: &[(&str, &str)] = &[
+    ("env", "the settings as a file for `. FILE` (the default)"),
+    ("text", "as env; with --check, the report for people (its default)"),
+    ("json", "the settings, or with --check the report, as JSON"),
+    ("configmap", "the settings as a Kubernetes ConfigMap for envFrom"),
+];
+
 /// `nccl-env`'s options, checked for consistency; errors are usage errors of `cmd`.
 pub fn nccl_env_options(cmd: &mut Command, m: &ArgMatches) -> Result<NcclOptions, clap::Error> {
-    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
     let check = m.get_flag("check");
-    let json = m.get_flag("json");
-    let mut format = m.get_one::<String>("format").and_then(|f| Format::from_name(f)).unwrap_or(Format::Env);
+    let json_flag = m.get_flag("json");
     let env_file = m.get_one::<PathBuf>("env_file").cloned();
     if env_file.is_some() && !check {
         return Err(
             cmd.error(ErrorKind::ArgumentConflict, "--env-file goes with --check (the file to check)")
         );
     }
-    if check && given("format") {
-        return Err(cmd.error(ErrorKind::ArgumentConflict, "--format does not go with --check (use --json)"));
+    let asked = m.get_one::<String>("format").map(String::as_str);
+    if let Some(f) = asked.filter(|f| json_flag && *f != "json") {
+        return Err(cmd.error(
+            ErrorKind::ArgumentConflict,
+            format!("--json and --format={f} differ: give one of them"),
+        ));
     }
-    if json && !check {
-        if given("format") && format != Format::Json {
-            return Err(
-                cmd.error(ErrorKind::ArgumentConflict, "--json and --format differ: give one of them")
-            );
+    let json = json_flag || asked == Some("json");
+    let format = match asked {
+        _ if check => {
+            if let Some(f) = asked.filter(|f| !["text", "json"].contains(f)) {
+                return Err(cmd.error(
+                    ErrorKind::ArgumentConflict,
+                    format!("--format={f} does not go with --check: its report is text or json"),
+                ));
+            }
+            Format::Env
         }
-        format = Format::Json;
-    }
+        _ if json => Format::Json,
+        Some("configmap") => Format::ConfigMap,
+        _ => Format::Env,
+    };
     Ok(NcclOptions { format, check, env_file, json, machine: m.get_one::<String>("machine").cloned() })
 }
 

@@ -9,8 +9,9 @@ use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
-use super::daemon_args::{daemon_args, given_daemon_words};
+use super::daemon_args::{daemon_args_but, given_daemon_words};
 use crate::config::absl::bool_arg;
+use crate::config::flags::{OfferingNames, PRESET_NAMES};
 use crate::inject::command::Invocation;
 use crate::inject::serve::ServeConfig;
 use crate::inject::webhook::OnError;
@@ -26,9 +27,14 @@ runtime). A `List`'s items too. Other documents pass through unchanged.
 Reads every -f in order, as kubectl does: a file, `-` for stdin (also
 without -f), or a folder's .yaml, .yml and .json files in name order (its
 subfolders' too with -R). Writes one YAML stream to stdout, and on stderr a
-line per pod template saying what was added or changed (pod fields such as
-hostNetwork, the daemon's privileges and probe, the volumes, each GPU
-container's variables and mounts).
+line per pod template saying what was added or changed (the network layout
+and why, pod fields such as hostNetwork, the daemon's privileges and probe,
+the volumes, each GPU container's variables and mounts).
+
+The daemon runs where the GPU NICs are: in the Pod's own network namespace
+for a Pod that GKE multi-networking gives them (networking.gke.io/interfaces;
+no hostNetwork is added, the annotations stay), else on the node's network
+(hostNetwork: true).
 
 Only containers that request nvidia.com/gpu (resources.limits) get the
 mounts, LD_LIBRARY_PATH and the NCCL settings; a template with none is left
@@ -38,9 +44,10 @@ error. A Pod asking for fewer GPUs than the machine has is warned about:
 its daemon takes all of the node's TCPX NICs. A container asking
 for MIG instances (nvidia.com/mig-*) or a Pod pinned to GKE's GPU partitions
 is refused: TCPX needs whole GPUs. A Pod that runs a TCPX daemon already
-(the reference tcpgpudmarxd, or a tcpx-rxdm container written by hand) is
-converted, its flags carried over, or refused naming the container and the
-flag; --uninject gives it back. Running it again changes nothing: options
+(the reference tcpgpudmarxd, also from a `bash -c` script that waits for a
+job-end file, or a tcpx-rxdm container written by hand) is converted, its
+flags carried over, or refused naming the container and the flag; --uninject
+gives it back. Running it again changes nothing: options
 not given keep the values of the earlier injection (--mode, --nccl,
 --image, ...), options given replace them.
 Comments and formatting of the input are lost (the YAML is re-written).
@@ -136,10 +143,17 @@ pub fn shared_args() -> Vec<Arg> {
     ]
 }
 
+/// The daemon flags inject refuses whatever their value: not on its
+/// command line at all (nor offered by completion); given, they are refused
+/// naming why ([`super::unknown_flag`]).
+pub fn refused_in_a_pod(id: &str) -> bool {
+    inject::pod_flags::not_for_a_pod(id).is_some()
+}
+
 /// `--gpu_nic_preset` for the daemon in a Pod: a preset file is in the
 /// daemon's container, not where inject runs.
 fn in_the_pod(a: Arg) -> Arg {
-    a.value_parser(inject::pod_flags::preset)
+    a.value_parser(OfferingNames { inner: inject::pod_flags::preset, names: &PRESET_NAMES })
 }
 
 /// `inject`, with `serve` as its subcommand.
@@ -170,7 +184,7 @@ pub fn inject() -> Command {
             "Refuse (exit 1, nothing written) an object none of whose pod templates has a container that \
              requests nvidia.com/gpu",
         ))
-        .args(daemon_args(&[]))
+        .args(daemon_args_but(refused_in_a_pod))
         .mut_arg("gpu_nic_preset", in_the_pod)
         .after_help(
             "Exit status: 0 written; 1 input refused (nothing written); 2 bad options.\n\n\
@@ -323,7 +337,7 @@ pub fn serve() -> Command {
                 .help("Time between checks of the TLS files"),
         )
         .args(shared_args())
-        .args(daemon_args(&[]))
+        .args(daemon_args_but(refused_in_a_pod))
         .mut_arg("gpu_nic_preset", in_the_pod)
         .after_help("Exit status: 0 stopped by SIGTERM or SIGINT; 1 could not serve; 2 bad options.")
 }

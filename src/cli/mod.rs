@@ -17,11 +17,13 @@ use crate::config::absl;
 use crate::config::flags::Flags;
 use crate::inject::serve::ServeConfig;
 use crate::{inject, nccl, upgrade};
-use daemon_args::DAEMON_HEADING;
+use daemon_args::{flags_of, DAEMON_HEADING};
 
 mod commands;
+mod completions;
 mod daemon_args;
 mod inject_args;
+pub mod logging;
 pub mod pages;
 
 /// What the command line asks for.
@@ -89,16 +91,19 @@ pub fn is_command_line(args: &[String]) -> bool {
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Invocation, clap::Error> {
     let mut cmd = command();
     let argv = absl::options_after_command(&cmd, absl::normalize(&cmd, args));
+    if let Some(page) = help_of_help(&mut cmd, &argv) {
+        return Err(page);
+    }
     let m = match cmd.try_get_matches_from_mut(argv.clone()) {
         Ok(m) => m,
-        Err(e) => return Err(retired_flag(&mut cmd, &argv, e)),
+        Err(e) => return Err(unknown_flag(&mut cmd, &argv, e)),
     };
     let Some((name, sub)) = m.subcommand() else {
         return Flags::from_matches(&mut cmd, &m).map(|f| Invocation::Daemon(Box::new(f)));
     };
     cmd.build();
     let sub_cmd = cmd.find_subcommand_mut(name).expect("a parsed command exists");
-    let flags = |c: &mut Command, m: &ArgMatches| Flags::from_matches(c, m).map(Box::new);
+    let flags = |c: &mut Command, m: &ArgMatches| flags_of(c, m).map(Box::new);
     Ok(match name {
         "status" => Invocation::Status {
             flags: flags(sub_cmd, sub)?,
@@ -133,50 +138,122 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Invocation, clap
     })
 }
 
-/// An unknown flag that a reference daemon's command line may carry
-/// (`--enable_quickack`, absl's logging flags): the error says what to do
-/// instead, still a usage error (exit 2). Any other error is returned as is.
-fn retired_flag(cmd: &mut Command, argv: &[String], e: clap::Error) -> clap::Error {
+/// `tcpx-rxdm help --help` (or `-h` anywhere after `help`): the page of
+/// `help` itself, exit 0, as cargo and kubectl show it (clap's `help` takes
+/// command names only, and would call `--help` an unknown command).
+fn help_of_help(cmd: &mut Command, argv: &[String]) -> Option<clap::Error> {
+    let rest = argv.get(2..).filter(|_| argv.get(1).is_some_and(|w| w == "help"))?;
+    if !rest.iter().take_while(|w| *w != "--").any(|w| w == "--help" || w == "-h") {
+        return None;
+    }
+    cmd.build();
+    let built = cmd.find_subcommand("help")?;
+    let page = Command::new("help")
+        .bin_name("tcpx-rxdm help")
+        .about(built.get_about().cloned().unwrap_or_default())
+        .long_about(
+            "Prints the page of tcpx-rxdm (as `tcpx-rxdm --help`), or of the command named: \
+             `tcpx-rxdm help inject serve` is `tcpx-rxdm inject serve --help`.",
+        )
+        .arg(
+            clap::Arg::new("command")
+                .value_name("COMMAND")
+                .num_args(0..)
+                .help("A command, and its subcommand (inject serve)"),
+        );
+    page.try_get_matches_from(["help", "--help"]).err()
+}
+
+/// The names of the commands `argv` runs (`["inject", "serve"]`).
+fn command_path(cmd: &Command, argv: &[String]) -> Vec<String> {
+    let mut path = Vec::new();
+    let mut cur = cmd;
+    for w in argv.iter().skip(1).take_while(|w| *w != "--") {
+        if let Some(sub) = cur.find_subcommand(w) {
+            path.push(w.clone());
+            cur = sub;
+        }
+    }
+    path
+}
+
+/// A flag the command does not take, said with what to do instead: a flag
+/// the reference tcpgpudmarxd takes and tcpx-rxdm does not (`--enable_quickack`,
+/// absl's logging flags), a daemon flag given to a command that does not
+/// read it, or one no daemon in a Pod may have (`inject`). Other unknown
+/// words keep clap's message, less its advice to pass the word after `--`:
+/// no argument of ours takes a word that starts with a dash, so that would
+/// fail too. Still a usage error (exit 2): nothing is silently ignored.
+fn unknown_flag(cmd: &mut Command, argv: &[String], e: clap::Error) -> clap::Error {
     use clap::error::{ContextKind, ContextValue};
     if e.kind() != ErrorKind::UnknownArgument {
         return e;
     }
     let Some(ContextValue::String(typed)) = e.get(ContextKind::InvalidArg) else { return e };
-    let Some((name, instead)) = crate::config::retired::instead_of(typed) else { return e };
+    let typed = typed.clone();
     cmd.build();
-    let target = match argv.get(1).and_then(|w| cmd.find_subcommand_mut(w)) {
-        Some(sub) => sub,
-        None => cmd,
+    let path = command_path(cmd, argv);
+    let mut target: &mut Command = cmd;
+    for name in &path {
+        target = target.find_subcommand_mut(name).expect("a command found by name");
+    }
+    if let Some((name, instead)) = crate::config::retired::instead_of(&typed) {
+        let msg =
+            format!("--{name} is a flag the reference tcpgpudmarxd takes and tcpx-rxdm does not: {instead}");
+        return target.error(ErrorKind::UnknownArgument, msg);
+    }
+    let daemon_flag = daemon_args::daemon_flag_named(&typed).filter(|_| !path.is_empty());
+    if let Some(name) = daemon_flag {
+        let why = match path[0].as_str() {
+            "inject" => inject::pod_flags::not_for_a_pod(&name).map(|why| format!("--{name}: {why}")),
+            _ => Some(not_read_by(target, &path, &name)),
+        };
+        if let Some(why) = why {
+            return target.error(ErrorKind::UnknownArgument, why);
+        }
+    }
+    without_dash_dash_advice(target, e)
+}
+
+/// Why the daemon flag `name` is refused by the command at `path`, and
+/// which of the daemon's flags that command does read.
+fn not_read_by(target: &Command, path: &[String], name: &str) -> String {
+    let daemon = Flags::command();
+    let reads: Vec<String> = target
+        .get_arguments()
+        .filter(|a| daemon.get_arguments().any(|d| d.get_id() == a.get_id()))
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    let full = format!("tcpx-rxdm {}", path.join(" "));
+    let reads = match reads.len() {
+        0 => "it reads none of the daemon's flags".to_string(),
+        1..=4 => format!("of the daemon's flags it reads only {}", reads.join(", ")),
+        _ => format!("`{full} --help` lists the daemon's flags it reads"),
     };
-    target.error(
-        ErrorKind::UnknownArgument,
-        format!("--{name} is a flag the reference tcpgpudmarxd takes and tcpx-rxdm does not: {instead}"),
-    )
+    format!("--{name} is a daemon flag (`tcpx-rxdm --help`), and `{full}` does not read it: {reads}")
+}
+
+/// `e` without clap's advice to pass the unknown word after `--`.
+fn without_dash_dash_advice(target: &Command, e: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::StyledStrs(tips)) = e.get(ContextKind::Suggested) else { return e };
+    let kept: Vec<_> = tips.iter().filter(|t| !t.to_string().starts_with("to pass '")).cloned().collect();
+    if kept.len() == tips.len() {
+        return e;
+    }
+    let mut out = clap::Error::new(e.kind()).with_cmd(target);
+    for (kind, value) in e.context().filter(|(k, _)| *k != ContextKind::Suggested) {
+        out.insert(kind, value.clone());
+    }
+    if !kept.is_empty() {
+        out.insert(ContextKind::Suggested, ContextValue::StyledStrs(kept));
+    }
+    out
 }
 
 /// Writes the completion script for `shell`.
 pub fn write_completions(shell: Shell, out: &mut dyn std::io::Write) {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut command(), BIN_NAME, &mut script);
-    if shell == Shell::Bash {
-        script = bash_case_labels_fixed(&script);
-    }
-    let _ = out.write_all(&script);
-}
-
-const BIN_NAME: &str = "tcpx-rxdm";
-
-/// clap_complete (4.6.11, the newest) names a subcommand's state in bash
-/// `tcpx__rxdm__subcmd__inject` where it walks the words, but labels the
-/// branch that completes its options `tcpx__subcmd__rxdm__subcmd__inject`
-/// (the hyphen in the binary's name turned into a separator): no branch
-/// matched, so no subcommand's options were offered. The labels are renamed
-/// to the states.
-fn bash_case_labels_fixed(script: &[u8]) -> Vec<u8> {
-    let text = String::from_utf8_lossy(script);
-    let wrong = format!("{}__subcmd__", BIN_NAME.replace('-', "__subcmd__"));
-    let right = format!("{}__subcmd__", BIN_NAME.replace('-', "__"));
-    text.replace(&wrong, &right).into_bytes()
+    let _ = out.write_all(completions::script(command(), shell).as_bytes());
 }
 
 /// Writes the top-level man page, or every page into `dir` (returning their paths).

@@ -82,14 +82,18 @@ pub fn after_long_help() -> String {
     format!("{READING}\n\n{}\n{}", help_list("Exit status", &EXIT_STATUS), help_list("Signals", &SIGNALS))
 }
 
-/// Text for roff: backslashes, hyphens and a leading dot or quote escaped.
+/// Text for roff: backslashes, hyphens and a dot or quote that would start
+/// a line escaped.
 fn roff_text(s: &str) -> String {
-    let t = s.replace('\\', "\\e").replace('-', "\\-");
-    if t.starts_with(['.', '\'']) {
-        format!("\\&{t}")
-    } else {
-        t
-    }
+    let lines = s.split('\n').map(|l| {
+        let t = l.replace('\\', "\\e").replace('-', "\\-");
+        if t.starts_with(['.', '\'']) {
+            format!("\\&{t}")
+        } else {
+            t
+        }
+    });
+    lines.collect::<Vec<_>>().join("\n")
 }
 
 /// A man page section of `(term, text)` paragraphs.
@@ -108,40 +112,94 @@ fn for_man(cmd: Command) -> Command {
     cmd.disable_help_subcommand(true).after_help(READING).after_long_help(READING)
 }
 
-/// `tcpx-rxdm(1)`: clap's sections, then EXIT STATUS and SIGNALS, then the version.
-fn render_top(cmd: &Command, out: &mut dyn Write) -> std::io::Result<()> {
+/// A command's text after its options, in paragraphs: the exit status
+/// (`Exit status: 0 …; 1 …`) as `(code, meaning)` rows, and the rest.
+fn after_options(cmd: &Command) -> (Vec<(String, String)>, Vec<String>) {
+    let text = cmd.get_after_long_help().or(cmd.get_after_help()).map(|s| s.to_string()).unwrap_or_default();
+    let mut exit = Vec::new();
+    let mut rest = Vec::new();
+    for para in text.split("\n\n").map(str::trim).filter(|p| !p.is_empty()) {
+        match para.strip_prefix("Exit status: ") {
+            Some(codes) => exit.extend(exit_rows(codes)),
+            None => rest.push(para.to_string()),
+        }
+    }
+    (exit, rest)
+}
+
+/// `0 ready; 1 not ready (a; b); 2 bad flags.` as rows: a row starts where
+/// `; ` is followed by a code and a space.
+fn exit_rows(codes: &str) -> Vec<(String, String)> {
+    let mut rows: Vec<String> = Vec::new();
+    let mut at = 0;
+    for (i, _) in codes.match_indices("; ") {
+        let next = &codes[i + 2..];
+        if next.split_once(' ').is_some_and(|(code, _)| code.parse::<u8>().is_ok()) {
+            rows.push(codes[at..i].to_string());
+            at = i + 2;
+        }
+    }
+    rows.push(codes[at..].trim_end_matches('.').to_string());
+    rows.iter()
+        .map(|r| r.split_once(' ').map(|(c, m)| (c.to_string(), m.to_string())).unwrap_or_default())
+        .collect()
+}
+
+/// One page: clap's sections, then NOTES (the text after the options), EXIT
+/// STATUS (the daemon's on the top page, the command's own on the others),
+/// SIGNALS (top page) and the version.
+fn render_page(cmd: &Command, top: bool, out: &mut dyn Write) -> std::io::Result<()> {
     let man = clap_mangen::Man::new(cmd.clone());
     man.render_title(out)?;
     man.render_name_section(out)?;
     man.render_synopsis_section(out)?;
     man.render_description_section(out)?;
-    man.render_options_section(out)?;
-    man.render_subcommands_section(out)?;
-    man.render_extra_section(out)?;
-    out.write_all(roff_section("EXIT STATUS", &EXIT_STATUS).as_bytes())?;
-    out.write_all(roff_section("SIGNALS", &SIGNALS).as_bytes())?;
-    man.render_version_section(out)
+    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        man.render_options_section(out)?;
+    }
+    if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
+        man.render_subcommands_section(out)?;
+    }
+    let (exit, notes) = after_options(cmd);
+    if !notes.is_empty() {
+        let paras: Vec<String> = notes.iter().map(|p| roff_text(p)).collect();
+        out.write_all(format!(".SH NOTES\n{}\n", paras.join("\n.PP\n")).as_bytes())?;
+    }
+    if top {
+        out.write_all(roff_section("EXIT STATUS", &EXIT_STATUS).as_bytes())?;
+        out.write_all(roff_section("SIGNALS", &SIGNALS).as_bytes())?;
+    } else if !exit.is_empty() {
+        let rows: Vec<(&str, &str)> = exit.iter().map(|(c, m)| (c.as_str(), m.as_str())).collect();
+        out.write_all(roff_section("EXIT STATUS", &rows).as_bytes())?;
+    }
+    if cmd.get_version().or(cmd.get_long_version()).is_some() {
+        man.render_version_section(out)?;
+    }
+    Ok(())
 }
 
 /// Writes the top-level man page to `out`, or every page into `dir`
 /// (created if missing), returning their paths.
 pub fn write_man(cmd: Command, dir: Option<&Path>, out: &mut dyn Write) -> std::io::Result<Vec<PathBuf>> {
     let mut cmd = for_man(cmd);
-    let Some(dir) = dir else { return render_top(&cmd, out).map(|()| Vec::new()) };
+    let Some(dir) = dir else { return render_page(&cmd, true, out).map(|()| Vec::new()) };
     std::fs::create_dir_all(dir)?;
     cmd.build();
+    fn write(cmd: &Command, top: bool, dir: &Path) -> std::io::Result<PathBuf> {
+        let path = dir.join(clap_mangen::Man::new(cmd.clone()).get_filename());
+        let mut file = std::fs::File::create(&path)?;
+        render_page(cmd, top, &mut file)?;
+        file.flush()?;
+        Ok(path)
+    }
     fn each(cmd: &Command, dir: &Path, pages: &mut Vec<PathBuf>) -> std::io::Result<()> {
         for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-            pages.push(clap_mangen::Man::new(sub.clone()).generate_to(dir)?);
+            pages.push(write(sub, false, dir)?);
             each(sub, dir, pages)?;
         }
         Ok(())
     }
-    let top = dir.join(format!("{}.1", cmd.get_name()));
-    let mut file = std::fs::File::create(&top)?;
-    render_top(&cmd, &mut file)?;
-    file.flush()?;
-    let mut pages = vec![top];
+    let mut pages = vec![write(&cmd, true, dir)?];
     each(&cmd, dir, &mut pages)?;
     pages.sort();
     Ok(pages)
@@ -155,5 +213,24 @@ mod tests {
     fn roff_text_is_escaped() {
         assert_eq!(roff_text("--uds_path"), "\\-\\-uds_path");
         assert_eq!(roff_text(".x \\y"), "\\&.x \\ey");
+        assert_eq!(roff_text("a\n'b"), "a\n\\&'b");
+    }
+
+    #[test]
+    fn a_commands_exit_status_is_a_section_of_rows() {
+        let rows = exit_rows(
+            "0 upgraded; 1 not upgraded (the old one serves on; its log says why); 2 bad arguments.",
+        );
+        let codes: Vec<&str> = rows.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(codes, ["0", "1", "2"]);
+        assert_eq!(rows[1].1, "not upgraded (the old one serves on; its log says why)");
+        assert_eq!(rows[2].1, "bad arguments");
+        let cmd = Command::new("x").after_help("Exit status: 0 fine; 2 bad.\n\nSee also y.");
+        let mut page = Vec::new();
+        render_page(&cmd, false, &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert!(page.contains(".SH \"EXIT STATUS\"\n.TP\n\\fB0\\fR\nfine\n"), "{page}");
+        assert!(page.contains(".SH NOTES\nSee also y."), "{page}");
+        assert!(!page.contains("EXTRA"), "{page}");
     }
 }

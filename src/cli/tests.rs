@@ -41,9 +41,9 @@ fn subcommands_take_their_options_in_every_absl_form() {
         panic!("status mine")
     };
     assert_eq!((what.as_deref(), flags.uds_path.to_str()), (Some("mine"), Some("/run/x")));
-    // A daemon's whole command line is accepted by the commands that read its flags.
+    // The daemon flags a command reads, in the daemon's forms.
     let Ok(Invocation::Doctor { flags, json }) =
-        parse_line(&["doctor", "--gpu_nic_preset=sim", "--tenant_isolation=enforce", "--nojson"])
+        parse_line(&["doctor", "-gpu_nic_preset=sim", "--tenant_isolation", "enforce", "--nojson"])
     else {
         panic!("doctor")
     };
@@ -153,7 +153,8 @@ fn upgrade_refuses_bad_arguments_naming_the_flag() {
         );
     }
     assert!(upgrade(&["--timeout"]).unwrap_err().contains("a value is required for '--timeout"));
-    assert!(upgrade(&["--takeover"]).unwrap_err().contains("unexpected argument '--takeover'"));
+    let e = upgrade(&["--takeover"]).unwrap_err();
+    assert!(e.contains("--takeover is a daemon flag") && e.contains("reads only --uds_path"), "{e}");
     assert!(upgrade(&["now"]).unwrap_err().contains("unexpected argument 'now'"));
     // The daemon's checks of the folder apply: its length, and empty.
     let long = format!("--uds_path=/{}", "x".repeat(100));
@@ -161,22 +162,102 @@ fn upgrade_refuses_bad_arguments_naming_the_flag() {
     assert!(upgrade(&["--uds_path="]).unwrap_err().contains("empty"));
 }
 
-#[test]
-fn output_json_as_kubectl_writes_it() {
-    for line in [&["status", "-o", "json"][..], &["status", "--output=json"], &["status", "--json"]] {
-        let Ok(Invocation::Status { json, .. }) = parse_line(line) else { panic!("{line:?}") };
-        assert!(json, "{line:?}");
+fn status_json(line: &[&str]) -> Result<bool, String> {
+    match parse_line(line) {
+        Ok(Invocation::Status { json, .. }) | Ok(Invocation::Doctor { json, .. }) => Ok(json),
+        Ok(Invocation::NcclEnv { opts, .. }) => Ok(opts.json),
+        Ok(other) => panic!("{line:?}: {other:?}"),
+        Err(e) => Err(e.to_string()),
     }
-    let Ok(Invocation::Doctor { json, .. }) = parse_line(&["doctor", "-o", "json"]) else { panic!() };
-    assert!(json);
-    let Ok(Invocation::Doctor { json, .. }) = parse_line(&["doctor", "-o", "text"]) else { panic!() };
-    assert!(!json);
-    let e = parse_line(&["doctor", "--json", "-o", "text"]).unwrap_err();
-    assert_eq!(e.exit_code(), 2);
-    let e = parse_line(&["status", "-o", "yaml"]).unwrap_err().to_string();
-    assert!(e.contains("--output") && e.contains("text, json"), "{e}");
-    let Ok(Invocation::NcclEnv { opts, .. }) = parse_line(&["nccl-env", "-o", "configmap"]) else { panic!() };
-    assert_eq!(opts.format, nccl::command::Format::ConfigMap);
+}
+
+#[test]
+fn one_format_option_on_every_printing_command() {
+    for cmd in ["status", "doctor", "nccl-env"] {
+        // --format, as kubectl writes it (-o, --output), and the older --json.
+        for json in [&["--format=json"][..], &["-o", "json"], &["--output=json"], &["--json"]] {
+            let line: Vec<&str> = std::iter::once(cmd).chain(json.iter().copied()).collect();
+            assert_eq!(status_json(&line), Ok(true), "{line:?}");
+        }
+        assert_eq!(status_json(&[cmd, "--format=text"]), Ok(false), "{cmd}");
+        let e = status_json(&[cmd, "--json", "--format=text"]).unwrap_err();
+        assert!(e.contains("--json and --format=text differ"), "{e}");
+        let e = status_json(&[cmd, "-o", "yaml"]).unwrap_err();
+        assert!(e.contains("'yaml' for '--format") && e.contains("text") && e.contains("json"), "{e}");
+    }
+    // nccl-env's own forms; text is env, and with --check the report's.
+    let format = |line: &[&str]| match parse_line(line) {
+        Ok(Invocation::NcclEnv { opts, .. }) => Ok((opts.format, opts.json)),
+        Ok(other) => panic!("{other:?}"),
+        Err(e) => Err(e.to_string()),
+    };
+    use nccl::command::Format;
+    assert_eq!(format(&["nccl-env", "-o", "configmap"]), Ok((Format::ConfigMap, false)));
+    assert_eq!(format(&["nccl-env", "--format=text"]), Ok((Format::Env, false)));
+    assert_eq!(format(&["nccl-env", "--format=json"]), Ok((Format::Json, true)));
+    assert_eq!(format(&["nccl-env", "--check", "--format=json"]).map(|f| f.1), Ok(true));
+    assert_eq!(format(&["nccl-env", "--check", "--format=text"]).map(|f| f.1), Ok(false));
+    let e = format(&["nccl-env", "--check", "--format=configmap"]).unwrap_err();
+    assert!(e.contains("--format=configmap does not go with --check"), "{e}");
+}
+
+#[test]
+fn a_command_refuses_the_daemon_flags_it_does_not_read_naming_them() {
+    for (line, flag, reads) in [
+        (&["status", "--gpu_nic_preset=a3vm"][..], "--gpu_nic_preset", "reads only --uds_path"),
+        (&["status", "--noleases"], "--leases", "reads only --uds_path"),
+        (&["--gpu_nic_preset=sim", "status"], "--gpu_nic_preset", "reads only --uds_path"),
+        (&["doctor", "--node_wide"], "--node_wide", "`tcpx-rxdm doctor --help` lists"),
+        (&["nccl-env", "--log_level=debug"], "--log_level", "`tcpx-rxdm nccl-env --help` lists"),
+        (&["version", "--uds_path=/x"], "--uds_path", "reads none of the daemon's flags"),
+    ] {
+        let e = parse_line(line).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{line:?}");
+        let e = e.to_string();
+        assert!(e.contains(&format!("{flag} is a daemon flag")) && e.contains(reads), "{line:?}: {e}");
+        assert!(
+            e.contains(&format!("Usage: tcpx-rxdm {}", line.iter().find(|w| !w.starts_with('-')).unwrap()))
+        );
+    }
+    // Those they read are taken, the daemon's defaults for the rest.
+    let Ok(Invocation::Doctor { flags, .. }) =
+        parse_line(&["doctor", "--tenant_isolation=enforce", "--socket_group=tcpx", "--takeover"])
+    else {
+        panic!("doctor")
+    };
+    assert_eq!(flags.socket_group.as_deref(), Some("tcpx"));
+    assert_eq!(flags.uds_path.to_str(), Some("/run/tcpx"));
+    // inject passes the daemon's flags on, but not those no Pod's daemon may have.
+    for (flag, why) in [("--node_wide", "runs once per node"), ("--show_version", "prints the version")] {
+        for line in [&["inject", flag][..], &["inject", "serve", "--on-error=allow", flag]] {
+            let e = parse_line(line).unwrap_err().to_string();
+            assert!(e.contains(&format!("{flag}: ")) && e.contains(why), "{line:?}: {e}");
+        }
+    }
+}
+
+#[test]
+fn an_unknown_flag_gets_no_advice_that_fails_too() {
+    // clap would advise `-- --foo_bar`, which these commands' arguments refuse as well.
+    for line in [&["inject", "--foo_bar=1"][..], &["status", "--foo"], &["completions", "--foo"]] {
+        let e = parse_line(line).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let e = e.to_string();
+        assert!(e.contains("unexpected argument '--foo") && !e.contains("-- --foo"), "{line:?}: {e}");
+        assert!(e.contains("Usage: tcpx-rxdm"), "{e}");
+    }
+    // A near miss still gets its suggestion.
+    let e = parse_line(&["inject", "--imgae=x"]).unwrap_err().to_string();
+    assert!(e.contains("a similar argument exists: '--image'") && !e.contains("'-- "), "{e}");
+}
+
+#[test]
+fn help_of_help_is_a_page_as_with_cargo() {
+    for line in [&["help", "--help"][..], &["help", "-h"], &["help", "status", "--help"]] {
+        let e = parse_line(line).unwrap_err();
+        assert_eq!((e.kind(), e.exit_code()), (clap::error::ErrorKind::DisplayHelp, 0), "{line:?}");
+        assert!(e.to_string().contains("Usage: tcpx-rxdm help [COMMAND]"), "{e}");
+    }
 }
 
 #[test]

@@ -1,15 +1,17 @@
 //! Sysfs discovery of the GPU ↔ NIC topology.
 //!
 //! A NIC's GPUs are the NVIDIA display/3D functions found below the PCIe switch that
-//! sits `num_hops` levels above the NIC. Everything is read through `sysfs_root`, so
-//! tests run discovery on a fabricated tree of directories and relative symlinks.
+//! sits `num_hops` levels above the NIC. Everything is read through the sysfs views
+//! (`config::views`: the daemon's own `/sys` for its interfaces, `--sysfs_root` for
+//! the PCI tree), so tests run discovery on fabricated trees of directories and
+//! relative symlinks.
 
-use std::cmp::Ordering;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use tracing::{debug, info};
 
+use super::views::{parse_pci_name, SysfsViews};
 use crate::types::pci::PciAddr;
 use crate::types::topology::{GpuSpec, NicSpec};
 
@@ -36,15 +38,34 @@ pub enum DiscoveryError {
     UnevenQueueSplit { ifname: String, gpus: usize, tcpd_queue_size: u32 },
 }
 
+/// Discovers NICs with GPUs behind a shared PCIe switch, in one sysfs tree
+/// (`sysfs_root` is both the interfaces' view and the PCI tree's): see
+/// [`discover_in`].
+pub fn discover(
+    sysfs_root: &Path,
+    num_hops: u32,
+    rss_set_size: u32,
+    tcpd_queue_size: u32,
+    has_address: &dyn Fn(&str) -> bool,
+) -> Result<Vec<NicSpec>, DiscoveryError> {
+    discover_in(&SysfsViews::single(sysfs_root), num_hops, rss_set_size, tcpd_queue_size, has_address)
+}
+
 /// Discovers NICs with GPUs behind a shared PCIe switch.
+///
+/// The interfaces are those of `views` (the daemon's own network namespace,
+/// and an explicit `--sysfs_root`'s `class/net`); each one's PCI chain is
+/// taken from the view that shows its device, the host's tree by PCI
+/// address where the interface's own view lacks it (`config::views`), and
+/// its GPUs are looked for in that same tree.
 ///
 /// `has_address` says whether an interface has an IPv4/IPv6 address (the daemon asks
 /// netlink; tests pass closures); interfaces without one are skipped. NICs come out in
 /// natural ifname order (eth2 < eth10), GPUs in PCI address order, and each NIC's
 /// `tcpd_queue_size` queues from `rss_set_size` on are split evenly over its GPUs.
 /// An empty result is not an error here; topology validation reports it.
-pub fn discover(
-    sysfs_root: &Path,
+pub fn discover_in(
+    views: &SysfsViews,
     num_hops: u32,
     rss_set_size: u32,
     tcpd_queue_size: u32,
@@ -53,29 +74,26 @@ pub fn discover(
     if num_hops == 0 {
         return Err(DiscoveryError::ZeroHops);
     }
-    // Resolved device paths are compared against the resolved root.
-    let root = sysfs_root
-        .canonicalize()
-        .map_err(|source| DiscoveryError::ResolveRoot { path: sysfs_root.to_path_buf(), source })?;
-    let net_dir = root.join("class/net");
-    let mut ifnames =
-        list_dir(&net_dir)?.into_iter().filter_map(|(name, _)| name.into_string().ok()).collect::<Vec<_>>();
-    ifnames.sort_by(|a, b| natural_cmp(a, b));
+    let root = views.root();
+    root.canonicalize().map_err(|source| DiscoveryError::ResolveRoot { path: root.to_path_buf(), source })?;
+    let ifnames = views.interfaces().map_err(|(path, source)| DiscoveryError::ReadDir { path, source })?;
 
     let mut nics = Vec::new();
     for ifname in ifnames {
-        let link = net_dir.join(&ifname).join("device");
-        let device = match link.canonicalize() {
-            Ok(p) => p,
+        let device = match views.device(&ifname) {
+            Ok(Some(d)) => d,
             // Virtual interfaces have no device link; one may also vanish mid-scan.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                debug!(%ifname, "no device link, skipped");
+            Ok(None) => {
+                debug!(%ifname, "no PCI device in either sysfs view, skipped");
                 continue;
             }
-            Err(source) => return Err(DiscoveryError::ResolveDevice { path: link, source }),
+            Err(source) => {
+                let path = views.interface_dir(&ifname).unwrap_or_default().join("device");
+                return Err(DiscoveryError::ResolveDevice { path, source });
+            }
         };
-        let Some(chain) = pci_chain(&root, &device) else {
-            debug!(%ifname, device = %device.display(), "not a PCI device, skipped");
+        let Some(chain) = pci_chain(&device.sysfs, &device.path) else {
+            debug!(%ifname, device = %device.path.display(), "not a PCI device, skipped");
             continue;
         };
         let nic_pci = *chain.last().expect("pci_chain is never empty");
@@ -87,7 +105,7 @@ pub fn discover(
             debug!(%ifname, "no IP address, skipped");
             continue;
         }
-        let switch = device.ancestors().nth(num_hops as usize).expect("chain is deeper than num_hops");
+        let switch = device.path.ancestors().nth(num_hops as usize).expect("chain is deeper than num_hops");
         let mut gpus = Vec::new();
         find_gpus(switch, &mut gpus)?;
         if gpus.is_empty() {
@@ -96,7 +114,8 @@ pub fn discover(
         }
         gpus.sort();
         let gpus = split_queues(&ifname, &gpus, rss_set_size, tcpd_queue_size)?;
-        info!(%ifname, %nic_pci, gpus = %crate::types::list(gpus.iter().map(|g| g.pci)), "discovered NIC");
+        let tree = device.sysfs.display();
+        info!(%ifname, %nic_pci, gpus = %crate::types::list(gpus.iter().map(|g| g.pci)), pci_tree = %tree, "discovered NIC");
         nics.push(NicSpec { ifname, pci: Some(nic_pci), gpus });
     }
     Ok(nics)
@@ -115,16 +134,6 @@ fn pci_chain(root: &Path, device: &Path) -> Option<Vec<PciAddr>> {
     }
     let chain = parts.map(|c| c.as_os_str().to_str().and_then(parse_pci_name)).collect::<Option<Vec<_>>>()?;
     (!chain.is_empty()).then_some(chain)
-}
-
-/// Parses a sysfs PCI directory name, which is always the full `dddd:bb:dd.f`
-/// (`PciAddr` alone also accepts the short form clients may send).
-fn parse_pci_name(name: &str) -> Option<PciAddr> {
-    let b = name.as_bytes();
-    if b.len() != 12 || b[4] != b':' || b[7] != b':' || b[10] != b'.' {
-        return None;
-    }
-    name.parse().ok()
 }
 
 /// Collects the NVIDIA GPUs anywhere below `dir`, descending only into real
@@ -194,60 +203,9 @@ fn read_hex(path: &Path) -> Result<u32, DiscoveryError> {
         .ok_or_else(|| DiscoveryError::BadAttr { path: path.to_path_buf(), value: value.to_string() })
 }
 
-/// Orders names with embedded numbers by value: `eth2 < eth10`.
-pub(crate) fn natural_cmp(a: &str, b: &str) -> Ordering {
-    let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
-    loop {
-        match (a.first(), b.first()) {
-            (None, None) => return Ordering::Equal,
-            (None, Some(_)) => return Ordering::Less,
-            (Some(_), None) => return Ordering::Greater,
-            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
-                let (na, ra) = split_digits(a);
-                let (nb, rb) = split_digits(b);
-                let (za, zb) = (trim_zeros(na), trim_zeros(nb));
-                let ord = za.len().cmp(&zb.len()).then(za.cmp(zb)).then(na.len().cmp(&nb.len()));
-                if ord != Ordering::Equal {
-                    return ord;
-                }
-                (a, b) = (ra, rb);
-            }
-            (Some(x), Some(y)) => {
-                if x != y {
-                    return x.cmp(y);
-                }
-                (a, b) = (&a[1..], &b[1..]);
-            }
-        }
-    }
-}
-
-fn split_digits(s: &[u8]) -> (&[u8], &[u8]) {
-    s.split_at(s.iter().position(|c| !c.is_ascii_digit()).unwrap_or(s.len()))
-}
-
-fn trim_zeros(s: &[u8]) -> &[u8] {
-    &s[s.iter().position(|&c| c != b'0').unwrap_or(s.len())..]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn natural_order() {
-        let mut names = vec!["eth10", "eth2", "lo", "eth1", "enp6s0", "eth02", "eth"];
-        names.sort_by(|a, b| natural_cmp(a, b));
-        assert_eq!(names, ["enp6s0", "eth", "eth1", "eth2", "eth02", "eth10", "lo"]);
-    }
-
-    #[test]
-    fn pci_names_are_full_form_only() {
-        assert_eq!(parse_pci_name("0000:8a:00.0").map(|p| p.to_string()).as_deref(), Some("0000:8a:00.0"));
-        for s in ["8a:00.0", "pci0000:00", "10000:e0:06.0", "virtio0", "0000:8a:00.0x", "net"] {
-            assert!(parse_pci_name(s).is_none(), "{s} accepted");
-        }
-    }
 
     #[test]
     fn splits_queues_evenly() {

@@ -160,3 +160,34 @@ pub fn parse_byte_size(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(1u64 << shift).ok_or_else(|| format!("{t} is more bytes than fit in 64 bits"))
 }
+
+/// A value parser that parses as `inner` does but offers `names` to shell
+/// completion (and nowhere else): `--gpu_nic_preset` takes a preset's name
+/// or a file's path, so its parser cannot be a list of names, yet the names
+/// are what a person completes. Its arguments hide the list from `--help`,
+/// whose text names the presets itself.
+#[derive(Clone)]
+pub struct OfferingNames<P> {
+    pub inner: P,
+    pub names: &'static [&'static str],
+}
+
+impl<P> clap::builder::TypedValueParser for OfferingNames<P>
+where
+    P: clap::builder::TypedValueParser,
+{
+    type Value = P::Value;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        self.inner.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(self.names.iter().map(|n| clap::builder::PossibleValue::new(*n))))
+    }
+}

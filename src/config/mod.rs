@@ -1,5 +1,5 @@
 //! Configuration: flags (and their absl forms), presets, the topology
-//! message, and sysfs discovery.
+//! message, the sysfs views and sysfs discovery.
 
 pub mod absl;
 pub mod discovery;
@@ -8,3 +8,4 @@ pub mod flags;
 pub mod presets;
 pub mod retired;
 pub(crate) mod topology;
+pub mod views;

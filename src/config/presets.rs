@@ -38,12 +38,14 @@ pub enum ConfigError {
     #[error("discovery: {0}")]
     Discovery(#[from] discovery::DiscoveryError),
     #[error(
-        "--gpu_nic_preset=auto: sysfs discovery under {} found no NIC with a GPU behind it \
-         (use --gpu_nic_preset=sim for simulated NICs)",
+        "--gpu_nic_preset=auto: sysfs discovery found no NIC of this network namespace with a GPU \
+         behind it (PCI tree under {}; use --gpu_nic_preset=sim for simulated NICs)",
         sysfs.display()
     )]
     NothingDiscovered { sysfs: PathBuf },
-    #[error("discovery: preset a6: {ifname} not found in sysfs")]
+    #[error(
+        "discovery: preset a6: no {ifname} with an address and a GPU behind it in this network namespace"
+    )]
     A6NicMissing { ifname: String },
     #[error("discovery: preset a6 expects one GPU behind {ifname}, discovery found {found}")]
     A6GpuCount { ifname: String, found: usize },
@@ -134,8 +136,9 @@ pub fn resolve_topology(flags: &Flags) -> Result<(Topology, Source), ConfigError
     let (source, text) = select_source(flags)?;
     let name = source.describe();
     let invalid = |err| ConfigError::Invalid { source_name: name.clone(), err };
+    let views = super::views::SysfsViews::new(flags);
     let discover = |rss: u32, q: u32| {
-        discovery::discover(&flags.sysfs_root(), flags.num_hops, rss, q, &interface_has_address)
+        discovery::discover_in(&views, flags.num_hops, rss, q, &interface_has_address)
             .map_err(ConfigError::Discovery)
     };
     let mut topo = match text {

@@ -1,15 +1,18 @@
-//! Choosing the NIC, pool and binder backends from the flags.
+//! Choosing the NIC, pool and binder backends from the flags, and how to
+//! tune the host for them.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::Source;
+use crate::config::views::SysfsViews;
 use crate::gpu::mig;
 use crate::gpu::nvml::{MigModes, Nvml, NvmlError};
 use crate::gpu::{
     select_binder, spread_gpus, CudaAllocator, HostAllocator, PoolAllocator, QueueBinder, ShmemType,
 };
+use crate::host::tuning::TuningPlan;
 use crate::identity::tenant::GpuDevices;
 use crate::nic::ethtool::EthtoolNic;
 use crate::nic::sim::SimNic;
@@ -24,6 +27,9 @@ use super::{Config, DaemonError};
 /// ones ([`select`]); tests pass recording fakes.
 pub struct Backends {
     pub nic: Arc<dyn NicControl>,
+    /// The simulated NICs, where `nic` is them: their state (which real
+    /// NICs keep in the kernel) goes with a takeover.
+    pub sim: Option<Arc<SimNic>>,
     pub alloc: Arc<dyn PoolAllocator>,
     pub binder: Arc<dyn QueueBinder>,
 }
@@ -59,6 +65,7 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
     {
         return Err(FlagError::SimDelayUnknownNic(d.ifname.clone().unwrap_or_default()).into());
     }
+    let mut sim_nics = None;
     let nic: Arc<dyn NicControl> = if use_sim {
         let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
         let sim = SimNic::new(&ifnames);
@@ -68,12 +75,16 @@ pub fn select(config: &mut Config) -> Result<Backends, DaemonError> {
         for d in &flags.sim_delay {
             sim.stall(d.ifname.as_deref(), d.op, d.stall());
         }
-        Arc::new(sim)
+        let sim = Arc::new(sim);
+        sim_nics = Some(sim.clone());
+        sim
     } else {
-        Arc::new(EthtoolNic::open().map_err(DaemonError::EthtoolBackend)?)
+        let real = EthtoolNic::open().map_err(DaemonError::EthtoolBackend)?;
+        let ifnames: Vec<&str> = topo.nics.iter().map(|n| n.ifname.as_str()).collect();
+        crate::nic::veth_standin::real_or_standin(real, &ifnames)
     };
     let binder: Arc<dyn QueueBinder> = Arc::from(select_binder(flags.bind_backend, use_sim));
-    Ok(Backends { nic, alloc, binder })
+    Ok(Backends { nic, sim: sim_nics, alloc, binder })
 }
 
 /// `auto`: the sim preset means simulated NICs (its eth1..eth4 may exist on
@@ -86,16 +97,56 @@ fn uses_sim(kind: NicBackendKind, source: &Source) -> bool {
     }
 }
 
-/// With `--nic_backend=auto` and real NICs, the NICs of the topology that
-/// are not (yet) under `<sysfs>/class/net`, every one named.
+/// With real NICs (`--nic_backend=ethtool`, or `auto` on a topology other
+/// than the sim preset's), the NICs of the topology that are not (yet)
+/// present, every one named. Present means in the daemon's own network
+/// namespace, or listed by a fabricated `--sysfs_root` (`config::views`).
 pub fn missing_nic(flags: &Flags, topo: &Topology, source: &Source) -> Option<FlagError> {
-    if flags.nic_backend != NicBackendKind::Auto || uses_sim(flags.nic_backend, source) {
+    if uses_sim(flags.nic_backend, source) {
         return None;
     }
-    let class_net = flags.sysfs_root().join("class/net");
+    let views = SysfsViews::new(flags);
     let ifnames: Vec<String> =
-        topo.nics.iter().filter(|n| !class_net.join(&n.ifname).exists()).map(|n| n.ifname.clone()).collect();
-    (!ifnames.is_empty()).then_some(FlagError::NicNotFound { ifnames, class_net })
+        topo.nics.iter().filter(|n| !views.has_nic(&n.ifname)).map(|n| n.ifname.clone()).collect();
+    if ifnames.is_empty() {
+        return None;
+    }
+    let backend = if flags.nic_backend == NicBackendKind::Ethtool { "ethtool" } else { "auto" };
+    let class_net = views.fabricated().then(|| views.root().join("class/net"));
+    // Listed by the host's sysfs but not here: the daemon runs in another namespace than its NICs.
+    let elsewhere = match views.separate() && !views.fabricated() {
+        true => ifnames.iter().filter(|i| views.root_lists(i)).cloned().collect(),
+        false => Vec::new(),
+    };
+    let elsewhere = (!elsewhere.is_empty()).then(|| (elsewhere, views.root().join("class/net")));
+    Some(FlagError::NicNotFound { backend, ifnames, class_net, elsewhere })
+}
+
+/// Native tuning for the daemon's network namespace: the host's (or not
+/// known), or a Pod's, where only that namespace's knobs are the daemon's
+/// (`TuningPlan::Pod`).
+pub(super) fn native_tuning(config: &Config) -> TuningPlan {
+    let flags = &config.flags;
+    let views = SysfsViews::new(flags);
+    let nics: Vec<&str> = config.topology.nics.iter().map(|n| n.ifname.as_str()).collect();
+    let netns = views.netns(&nics);
+    match netns.is_other() {
+        true => {
+            tracing::info!(why = %netns.why, "a network namespace other than the host's: its own knobs are tuned, host-wide ones are the node's")
+        }
+        false => tracing::debug!(why = %netns.why, "tuning as in the host's network namespace"),
+    }
+    let (procfs_root, sysfs_root) = (flags.procfs_root(), flags.sysfs_root());
+    match netns.is_other() {
+        true => TuningPlan::Pod {
+            // Given: by flag, or the host's mounted apart (/hostprocsysfs, /hostsysfs).
+            host_procfs: flags.procfs_root.is_some() || procfs_root != Path::new("/proc"),
+            host_sysfs: flags.sysfs_root.is_some() || views.separate(),
+            procfs_root,
+            sysfs_root,
+        },
+        false => TuningPlan::Native { procfs_root, sysfs_root },
+    }
 }
 
 /// The CUDA backend, checked against the topology: every GPU must be visible

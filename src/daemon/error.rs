@@ -59,7 +59,7 @@ pub enum DaemonError {
     LockSocketDir(#[source] SocketDirError),
     /// `--takeover`: nothing to take over from, or the running daemon refused.
     #[error("takeover failed: {0}")]
-    Takeover(String),
+    Takeover(#[from] super::takeover::TakeoverError),
     #[error("{0}")]
     ClaimNic(#[from] ClaimError),
     #[error("{0}")]
@@ -114,12 +114,21 @@ pub enum DaemonError {
 /// Flags that cannot work together, or with this node.
 #[derive(Debug, thiserror::Error)]
 pub enum FlagError {
+    /// `class_net`: a fabricated `--sysfs_root`'s, which counts too;
+    /// `elsewhere`: those of them the host's sysfs lists (another network
+    /// namespace's), and where.
     #[error(
-        "--nic_backend=auto: {} not found under {} (use --gpu_nic_preset=sim for simulated NICs)",
+        "--nic_backend={backend}: {} not found {}{}",
         crate::types::plural_list("interface", ifnames),
-        class_net.display()
+        nic_places(class_net.as_deref()),
+        nic_elsewhere(elsewhere.as_ref())
     )]
-    NicNotFound { ifnames: Vec<String>, class_net: std::path::PathBuf },
+    NicNotFound {
+        backend: &'static str,
+        ifnames: Vec<String>,
+        class_net: Option<std::path::PathBuf>,
+        elsewhere: Option<(Vec<String>, std::path::PathBuf)>,
+    },
     #[error(
         "--gpu_shmem_type=file needs CUDA pools, but the pool backend is {backend} (--gpu_backend=cuda)"
     )]
@@ -128,6 +137,27 @@ pub enum FlagError {
     SimFlagsNeedSim,
     #[error("--sim_delay: {0} is not a NIC of the topology")]
     SimDelayUnknownNic(String),
+}
+
+/// Where a NIC was looked for: a fabricated `--sysfs_root`'s `class/net`
+/// and the daemon's own network namespace.
+pub(super) fn nic_places(class_net: Option<&std::path::Path>) -> String {
+    match class_net {
+        Some(c) => format!("under {} or in this network namespace", c.display()),
+        None => "in this network namespace".into(),
+    }
+}
+
+fn nic_elsewhere(elsewhere: Option<&(Vec<String>, std::path::PathBuf)>) -> String {
+    match elsewhere {
+        Some((names, class_net)) => format!(
+            "; {} listed under {}, the host's network namespace: run the daemon in the network \
+             namespace that holds the NICs (the Pod's, where they are attached to it, or the host's)",
+            crate::types::list(names),
+            class_net.display()
+        ),
+        None => " (use --gpu_nic_preset=sim for simulated NICs)".into(),
+    }
 }
 
 impl DaemonError {

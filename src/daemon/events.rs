@@ -55,7 +55,7 @@ pub(super) fn spawn_reaper(state: Weak<ServerState>, mut exits: mpsc::UnboundedR
             let Some(state) = state.upgrade() else { return };
             // Paused for a takeover: whoever serves next reclaims (the successor
             // watches the same processes).
-            crate::endpoint::pause::wait_open(&mut state.gate.subscribe()).await;
+            crate::endpoint::pause::wait_open(&mut state.shared.gate.subscribe()).await;
             for w in &state.rules.nics {
                 w.reclaim(lease);
             }

@@ -10,7 +10,7 @@ use super::{Config, READY_LINE};
 /// comment and a warning here; only a failure to write is not written.
 pub(super) fn write_nccl_env(config: &Config, gid: Option<u32>) {
     let flags = &config.flags;
-    let view = crate::nccl::Sysfs::new(&flags.sysfs_root());
+    let view = crate::nccl::Sysfs::for_flags(flags);
     let written = crate::nccl::generate(&view, &config.topology, &flags.uds_path)
         .map_err(|e| e.to_string())
         .and_then(|env| {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::metrics::Metrics;
-use crate::server::http::{DebugAccess, Handler, Request, Response};
+use crate::server::http::{DebugAccess, Handler, Request, Response, TurnedAway};
 use crate::server::ServerState;
 use crate::steering::flows_stream;
 
@@ -95,7 +95,12 @@ impl Handler for Routes {
         let path = req.path.as_str();
         if path.starts_with("/debug/") {
             if self.debug == DebugAccess::Off {
-                return Response::text(404, "not found\n");
+                return Response::text(
+                    404,
+                    "/debug/* is off: it lists every tenant's flows, and an HTTP peer cannot be told to be \
+                     the node's operator; start the daemon with --debug_endpoints=local to serve it to \
+                     loopback peers, or ask `tcpx-rxdm status flows` as the operator\n",
+                );
             }
             if !self.debug.allows(req.peer) {
                 return Response::text(
@@ -127,6 +132,10 @@ impl Handler for Routes {
             },
             _ => Response::text(404, "not found\n"),
         }
+    }
+
+    fn turned_away(&self, why: TurnedAway) {
+        self.metrics.http_turned_away.with_label_values(&[why.name()]).inc();
     }
 }
 

@@ -29,9 +29,6 @@ pub(super) struct Node {
     pub dir: SocketDir,
     /// Host tuning applied at startup (backends that allow it only).
     pub tuning: Option<HostTuning>,
-    /// A takeover: what the daemon taken over from handed on, adopted by
-    /// the startup steps in place of doing their work.
-    pub adopting: Option<super::takeover::Handed>,
 }
 
 impl Node {
@@ -44,7 +41,6 @@ impl Node {
             state: None,
             dir,
             tuning: None,
-            adopting: None,
         }
     }
 
@@ -54,7 +50,7 @@ impl Node {
     pub async fn teardown(&mut self) -> Vec<TeardownError> {
         let mut errors = Vec::new();
         if let Some(state) = self.state.take() {
-            state.stopping.store(true, Ordering::Release);
+            state.shared.stopping.store(true, Ordering::Release);
             // Every NIC at once: each retries refused deletes on its own thread.
             let give_up_at = Instant::now() + RULE_REMOVAL_GIVE_UP;
             let t = Instant::now();

@@ -16,7 +16,13 @@ const MISS_FIX: &str = "check ntuple and header split on the NIC (`tcpx-rxdm doc
 
 pub(super) fn check_datapath(r: &mut Report, ctx: &Ctx) {
     let Some(pid) = &ctx.daemon else {
-        r.add(SECTION, "daemon", Status::Skip, "no daemon serves --uds_path", None);
+        let found = if ctx.daemon_unknown() {
+            // The host section says why, and as whom to run to see it.
+            "cannot tell whether a daemon serves --uds_path (see the host section's daemon line)"
+        } else {
+            "no daemon serves --uds_path"
+        };
+        r.add(SECTION, "daemon", Status::Skip, found, None);
         return;
     };
     match crate::server::status::ask(&ctx.flags.uds_path, "status") {

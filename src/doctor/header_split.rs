@@ -40,6 +40,14 @@ pub(super) fn header_split_lines(r: &mut Report, ctx: &Ctx, s: &str, ifname: &st
         Some(true) if running => {
             r.add(s, "header split state", Status::Pass, "on (the running daemon enabled it)", None)
         }
+        Some(true) if ctx.daemon_unknown() => r.add(
+            s,
+            "header split state",
+            Status::Pass,
+            "on: a running daemon enabled it, or a previous one left the NIC primed (whether a daemon \
+             runs cannot be told here: see the host section)",
+            None,
+        ),
         Some(true) => r.add(
             s,
             "header split state",

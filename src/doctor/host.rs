@@ -56,7 +56,11 @@ pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
         };
         r.add(s, "tuning", Status::Skip, why, None);
     } else {
-        let knobs = crate::host::tuning::knob_states(&flags.procfs_root(), &flags.sysfs_root());
+        let all = crate::host::tuning::knob_states(&flags.procfs_root(), &flags.sysfs_root());
+        // In a Pod's namespace, host-wide knobs are the node's: said apart, never a warning.
+        let pod = ctx.netns.is_other();
+        let (knobs, hosts): (Vec<_>, Vec<_>) =
+            all.into_iter().partition(|k| !pod || k.scope == crate::host::tuning::Scope::Namespace);
         let at = knobs.iter().filter(|k| k.ok).count();
         let differ: Vec<String> = knobs
             .iter()
@@ -83,6 +87,25 @@ pub(super) fn check_host(r: &mut Report, ctx: &Ctx) {
         }
         if ctx.daemon.is_none() && !differ.is_empty() {
             found.push_str(" (set at start, restored at exit)");
+        }
+        if pod {
+            found.push_str("; these are this network namespace's");
+            let theirs: Vec<String> = hosts
+                .iter()
+                .map(|k| {
+                    let name =
+                        k.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let now = k
+                        .current
+                        .as_deref()
+                        .map(|c| format!(" \"{}\"", c.escape_debug()))
+                        .unwrap_or_default();
+                    format!("{name}{now}")
+                })
+                .collect();
+            if !theirs.is_empty() {
+                found.push_str(&format!("; host-wide, the node's to set: {}", theirs.join(", ")));
+            }
         }
         r.add(s, "tuning", status, found, None);
         if let SetupParam::Tune(params) = flags.setup_param {

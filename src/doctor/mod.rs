@@ -18,6 +18,7 @@ mod host;
 mod kernel;
 mod mig;
 mod nccl;
+mod netns;
 mod nic;
 mod node;
 mod privileges;
@@ -29,7 +30,10 @@ use nix::errno::Errno;
 
 use crate::config::flags::{Flags, GpuBackendKind, NicBackendKind};
 use crate::config::presets::{self, Source};
+use crate::config::views::SysfsViews;
 use crate::gpu::BinderKind;
+use crate::host::netns::{Netns, Place};
+use crate::types::exit::Exit;
 use crate::types::topology::Topology;
 use gpu::check_gpus;
 use host::check_host;
@@ -51,6 +55,11 @@ struct Ctx<'a> {
     binding_needed: bool,
     /// The CUDA-visible GPUs that the sim preset is placed on (`--gpu_backend=cuda`).
     placed_gpus: Option<Vec<crate::types::pci::PciAddr>>,
+    /// Where sysfs is read: `--sysfs_root` and doctor's own `/sys`.
+    views: SysfsViews,
+    /// The network namespace doctor runs in (a daemon with these flags
+    /// here would run in it too).
+    netns: Netns,
 }
 
 impl Ctx<'_> {
@@ -58,6 +67,12 @@ impl Ctx<'_> {
     /// daemon on simulated NICs keeps their state in its own process).
     fn daemon_on_these_nics(&self) -> Option<&str> {
         self.daemon.as_deref().filter(|_| !self.sim_nic)
+    }
+
+    /// Whether this user cannot tell if a daemon runs (the lock could not be
+    /// read): then no line may say that none does.
+    fn daemon_unknown(&self) -> bool {
+        matches!(self.lock, Lock::Unknown(_))
     }
 }
 
@@ -86,7 +101,24 @@ fn run(flags: &Flags) -> Report {
         _ => None,
     };
     let binding_needed = !sim_nic && flags.bind_backend != BinderKind::None;
-    let mut ctx = Ctx { flags, topo: None, source, sim_nic, daemon, lock, binding_needed, placed_gpus: None };
+    let views = SysfsViews::new(flags);
+    let netns = match &resolved {
+        _ if sim_nic => Netns::new(Place::Unknown, "simulated NICs"),
+        Ok((topo, _)) => views.netns(&topo.nics.iter().map(|n| n.ifname.as_str()).collect::<Vec<_>>()),
+        Err(_) => views.netns(&[]),
+    };
+    let mut ctx = Ctx {
+        flags,
+        topo: None,
+        source,
+        sim_nic,
+        daemon,
+        lock,
+        binding_needed,
+        placed_gpus: None,
+        views,
+        netns,
+    };
 
     match resolved {
         Ok((topo, source)) => {
@@ -111,6 +143,7 @@ fn run(flags: &Flags) -> Report {
         Err(e) => r.add("topology", "source", Status::Fail, e.to_string(), Some(topology_fix(flags))),
     }
     node::check_topology(&mut r, &ctx);
+    netns::check_netns(&mut r, &ctx);
     check_nics(&mut r, &ctx);
     check_kernel(&mut r, &ctx);
     check_gpus(&mut r, &mut ctx);
@@ -219,19 +252,15 @@ fn me() -> String {
     format!("this user, {}", crate::host::users::me())
 }
 
-/// `tcpx-rxdm doctor [--json] FLAGS…`: prints the report, returns the exit code.
-pub fn main(flags: &Flags, json: bool) -> u8 {
+/// `tcpx-rxdm doctor [--json] FLAGS…`: prints the report; failed when a check failed.
+pub fn main(flags: &Flags, json: bool) -> Exit {
     let report = run(flags);
     if json {
         println!("{}", serde_json::to_string_pretty(&report.json()).expect("JSON of plain data"));
     } else {
         print!("{}", report.text());
     }
-    if report.ok() {
-        0
-    } else {
-        1
-    }
+    Exit::of(report.ok())
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ pub(super) fn check_nccl(r: &mut Report, ctx: &Ctx) {
         r.add(SECTION, "environment", Status::Skip, "no topology to check against", None);
         return;
     };
-    let report = nccl::check_env(&Sysfs::new(&ctx.flags.sysfs_root()), topo, &ctx.flags.uds_path, &vars);
+    let report = nccl::check_env(&Sysfs::for_flags(ctx.flags), topo, &ctx.flags.uds_path, &vars);
     for p in &report.problems {
         let fix = match &p.fix {
             Some(v) => format!("{}={}", p.variable, nccl::env::shell_quote(v)),

@@ -44,8 +44,9 @@ pub(super) fn check_nics(r: &mut Report, ctx: &Ctx) {
 fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, ifname: &str) {
     let sec = format!("NIC {ifname}");
     let s = sec.as_str();
-    let sysfs = ctx.flags.sysfs_root();
-    let class = sysfs.join("class/net").join(ifname);
+    let sysfs = ctx.views.root();
+    let class =
+        ctx.views.interface_dir(ifname).unwrap_or_else(|| ctx.views.own().join("class/net").join(ifname));
     match nic.ifindex(ifname) {
         Ok(i) if ctx.sim_nic => {
             r.add(s, "present", Status::Pass, format!("simulated NIC, ifindex {i}"), None)
@@ -95,7 +96,7 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
                 }
                 l.trim().to_string()
             }
-            Err(_) => driver_line(&sysfs, &class),
+            Err(_) => driver_line(sysfs, &class),
         };
         r.add(s, "driver", Status::Pass, line, None);
     }
@@ -161,6 +162,17 @@ fn check_nic(r: &mut Report, ctx: &Ctx, topo: &Topology, nic: &dyn NicControl, i
                         "ntuple state",
                         Status::Pass,
                         format!("{state}, no rules (the daemon turns ntuple on at start)"),
+                        None,
+                    );
+                } else if ctx.daemon_unknown() {
+                    r.add(
+                        s,
+                        "ntuple state",
+                        Status::Warn,
+                        format!(
+                            "{state}, {} rules: a running daemon's, or stale ones a previous daemon left                              (whether a daemon runs cannot be told here: see the host section)",
+                            rules.len()
+                        ),
                         None,
                     );
                 } else {
@@ -266,6 +278,7 @@ mod tests {
     use crate::config::flags::Flags;
     use crate::config::presets::Source;
     use crate::doctor::report::Check;
+    use crate::doctor::Lock;
     use crate::nic::NicOp;
     use crate::nic::PRIV_HEADER_SPLIT;
 
@@ -279,8 +292,9 @@ mod tests {
         .unwrap()
     }
 
-    /// The NIC lines for `eth1` of a topology using queues 8-11 and `top`.
-    fn nic_lines(nic: &SimNic, daemon: Option<&str>, top: u32) -> Vec<Check> {
+    /// The NIC lines for `eth1` of a topology using queues 8-11 and `top`,
+    /// with the socket folder's lock as `lock`.
+    fn nic_lines(nic: &SimNic, lock: Lock, top: u32) -> Vec<Check> {
         let flags = flags();
         let text = format!(
             r#"gpu_rxq_configs {{ gpu_infos {{ gpu_pci_addr: "0000:04:00.0" queue_ids: 8 queue_ids: 9 queue_ids: 10 queue_ids: {top} }} ifname: "eth1" }} rss_set_size: 8 max_rx_rules: 100"#
@@ -293,13 +307,15 @@ mod tests {
             topo: Some(topo.clone()),
             source: Some(Source::Inline),
             sim_nic: false,
-            daemon: daemon.map(str::to_string),
-            lock: match daemon {
-                Some(pid) => super::super::Lock::Held(pid.to_string()),
-                None => super::super::Lock::Free("the lock is free"),
+            daemon: match &lock {
+                Lock::Held(pid) => Some(pid.clone()),
+                _ => None,
             },
+            lock,
             binding_needed: false,
             placed_gpus: None,
+            views: crate::config::views::SysfsViews::new(&flags),
+            netns: crate::host::netns::Netns::new(crate::host::netns::Place::Unknown, "test"),
         };
         let mut r = Report::default();
         check_nic(&mut r, &ctx, &topo, nic, "eth1");
@@ -324,7 +340,7 @@ mod tests {
         nic.set_priv_flag("eth1", PRIV_HEADER_SPLIT, true).unwrap();
         let before = (nic.list_rules("eth1").unwrap(), nic.priv_flags("eth1").unwrap());
 
-        let alone = nic_lines(&nic, None, 11);
+        let alone = nic_lines(&nic, Lock::Free("the lock is free"), 11);
         let state = find(&alone, "ntuple state");
         assert_eq!(state.status, Status::Warn);
         assert!(state.found.contains("on, 2 stale rules"), "{state:?}");
@@ -332,11 +348,19 @@ mod tests {
         assert_eq!(hs.status, Status::Warn);
         assert!(hs.fix.as_deref().unwrap().contains("ethtool --set-priv-flags eth1 enable-header-split off"));
 
-        let owned = nic_lines(&nic, Some("pid 7"), 11);
+        let owned = nic_lines(&nic, Lock::Held("pid 7".into()), 11);
         let state = find(&owned, "ntuple state");
         assert_eq!(state.status, Status::Pass);
         assert!(state.found.contains("the running daemon, pid 7, owns them"), "{state:?}");
         assert_eq!(find(&owned, "header split state").status, Status::Pass);
+
+        // A lock this user cannot read: neither owned nor said to be stale.
+        let unknown = nic_lines(&nic, Lock::Unknown("permission denied".into()), 11);
+        for name in ["ntuple state", "header split state"] {
+            let line = find(&unknown, name);
+            assert!(line.found.contains("whether a daemon runs cannot be told"), "{line:?}");
+            assert!(!line.found.contains("no daemon"), "{line:?}");
+        }
         // Only read calls were made.
         assert_eq!((nic.list_rules("eth1").unwrap(), nic.priv_flags("eth1").unwrap()), before);
         for op in [NicOp::SetFeature, NicOp::SetPrivFlag, NicOp::SetRss, NicOp::AddRule, NicOp::DelRule] {
@@ -354,7 +378,7 @@ mod tests {
         let nic = SimNic::new(&["eth1"]);
         nic.set_capacity("eth1", 50);
         nic.model_driver("eth1", SimDriver::RingSizeOnly);
-        let checks = nic_lines(&nic, None, 20);
+        let checks = nic_lines(&nic, Lock::Free("the lock is free"), 20);
         let ch = find(&checks, "channels");
         assert_eq!(ch.status, Status::Fail);
         assert!(ch.found.contains("16 rx queues, but the topology uses queue 20"), "{ch:?}");

@@ -1,10 +1,13 @@
-//! The topology against the node's PCI tree (read through `--sysfs_root`):
+//! The topology against the node's PCI tree (read through `--sysfs_root`, the
+//! interfaces through the daemon's own network namespace: `config::views`):
 //! each NIC ↔ GPU pairing and its PCIe distance, GPUs the topology wants but
 //! the bus lacks, NICs that moved to another PCI address, and GPUs or NICs
 //! present but left out, with the reason.
 
 use std::collections::HashMap;
 use std::path::{Component, Path};
+
+use crate::config::views::{parse_pci_name, SysfsViews};
 
 use super::{plural, ranges, Ctx, Report, Status};
 use crate::config::presets::{interface_has_address, Source};
@@ -62,22 +65,16 @@ impl Scan {
     }
 }
 
-fn parse_pci_name(name: &str) -> Option<PciAddr> {
-    let b = name.as_bytes();
-    if b.len() != 12 || b[4] != b':' || b[7] != b':' || b[10] != b'.' {
-        return None;
-    }
-    name.parse().ok()
-}
-
 fn read_hex(path: &Path) -> Option<u32> {
     let text = std::fs::read_to_string(path).ok()?;
     u32::from_str_radix(text.trim().strip_prefix("0x")?, 16).ok()
 }
 
-/// Reads the PCI tree under `<root>/devices/pci*` and the PCI interfaces of `<root>/class/net`.
-pub fn scan(sysfs_root: &Path) -> std::io::Result<Scan> {
-    let root = sysfs_root.canonicalize()?;
+/// Reads the PCI tree under `<root>/devices/pci*` and the PCI interfaces
+/// the views show (`config::views`: this namespace's, each one's device
+/// wherever a view shows it).
+pub fn scan(views: &SysfsViews) -> std::io::Result<Scan> {
+    let root = views.root().canonicalize()?;
     let mut scan = Scan::default();
     for entry in std::fs::read_dir(root.join("devices"))? {
         let entry = entry?;
@@ -85,24 +82,21 @@ pub fn scan(sysfs_root: &Path) -> std::io::Result<Scan> {
             walk(&entry.path(), &mut Vec::new(), &mut scan.functions);
         }
     }
-    if let Ok(dir) = std::fs::read_dir(root.join("class/net")) {
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Ok(dev) = entry.path().join("device").canonicalize() else { continue };
-            let Ok(rel) = dev.strip_prefix(&root) else { continue };
-            let last = rel.components().rev().find_map(|c| match c {
-                Component::Normal(s) => s.to_str().and_then(parse_pci_name),
-                _ => None,
-            });
-            if let Some(pci) = last {
-                if let Some(d) = std::fs::read_link(dev.join("driver"))
-                    .ok()
-                    .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
-                {
-                    scan.drivers.insert(name.clone(), d);
-                }
-                scan.nets.push((name, pci));
+    for name in views.interfaces().unwrap_or_default() {
+        let Ok(Some(dev)) = views.device(&name) else { continue };
+        let Ok(rel) = dev.path.strip_prefix(&dev.sysfs) else { continue };
+        let last = rel.components().rev().find_map(|c| match c {
+            Component::Normal(s) => s.to_str().and_then(parse_pci_name),
+            _ => None,
+        });
+        if let Some(pci) = last {
+            if let Some(d) = std::fs::read_link(dev.path.join("driver"))
+                .ok()
+                .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+            {
+                scan.drivers.insert(name.clone(), d);
             }
+            scan.nets.push((name, pci));
         }
     }
     scan.nets.sort();
@@ -148,8 +142,8 @@ pub(super) fn check_topology(r: &mut Report, ctx: &Ctx) {
         );
         return;
     }
-    let sysfs = ctx.flags.sysfs_root();
-    let scan = match scan(&sysfs) {
+    let sysfs = ctx.views.root();
+    let scan = match scan(&ctx.views) {
         Ok(sc) => sc,
         Err(e) => {
             r.add(
@@ -184,12 +178,16 @@ pub(super) fn check_topology(r: &mut Report, ctx: &Ctx) {
                 (_, Some(got)) => Some(got),
                 (want, None) => {
                     status = Status::Fail;
-                    notes.push(format!(
-                        "{} has no PCI device in {}",
-                        n.ifname,
-                        sysfs.join("class/net").display()
-                    ));
-                    fix = Some("check `ip link`; the preset's NIC names must exist on this node".to_string());
+                    notes.push(match ctx.views.fabricated() {
+                        true => {
+                            format!("{} has no PCI device in {}", n.ifname, sysfs.join("class/net").display())
+                        }
+                        false => format!("{} has no PCI device in this network namespace", n.ifname),
+                    });
+                    fix = Some(
+                        "check `ip link` where the daemon runs: the preset's NIC names must be in its network namespace"
+                            .to_string(),
+                    );
                     want
                 }
             };

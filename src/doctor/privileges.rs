@@ -45,6 +45,16 @@ pub(super) fn needs(flags: &Flags, real_nics: bool, port_start: u16) -> Vec<Need
             ),
             isolation == TenantIsolation::Enforce,
         ));
+        // Clients of root work without it: a warning, never a failure.
+        out.push(need(
+            Cap::DacReadSearch,
+            format!(
+                "to list the open files of clients of other users, whose /proc/<pid>/fd only their owner \
+                 may list (--tenant_isolation={})",
+                isolation.name()
+            ),
+            false,
+        ));
     } else if flags.takeover != Takeover::Off {
         out.push(need(
             Cap::SysPtrace,
@@ -151,14 +161,15 @@ mod tests {
         assert!(
             needs(&flags(&["--tenant_isolation=off", "--metrics_address=0.0.0.0:80"]), true, 0).len() == 1
         );
-        // Node-wide, as the unit runs it: the three.
+        // Node-wide, as the unit runs it: the four; a client of another user's
+        // GPUs alone need DAC_READ_SEARCH, so the daemon works without it.
         let node =
             needs(&flags(&["--tenant_isolation=enforce", "--socket_group=tcpx", "--node_wide"]), true, 1024);
-        assert_eq!(caps(&node), [Cap::NetAdmin, Cap::Chown, Cap::SysPtrace]);
-        assert!(node.iter().all(|n| n.fatal));
+        assert_eq!(caps(&node), [Cap::NetAdmin, Cap::Chown, Cap::SysPtrace, Cap::DacReadSearch]);
+        assert!(node.iter().all(|n| n.fatal == (n.cap != Cap::DacReadSearch)));
         // audit, or a takeover alone: SYS_PTRACE, but the daemon works without it.
         let audit = needs(&flags(&["--tenant_isolation=audit"]), false, 1024);
-        assert_eq!((caps(&audit), audit[0].fatal), (vec![Cap::SysPtrace], false));
+        assert_eq!((caps(&audit), audit[0].fatal), (vec![Cap::SysPtrace, Cap::DacReadSearch], false));
         let takeover = needs(&flags(&["--tenant_isolation=off", "--takeover=auto"]), false, 1024);
         assert!(takeover[0].why.contains("--takeover") && !takeover[0].fatal);
     }

@@ -13,10 +13,18 @@
 //!   close is silent (no request, so no reply is owed); with part of a frame
 //!   pending the client gets `INVALID_ARGUMENT` naming the bytes received,
 //!   then the close, as for any malformed input. Registry and pool
-//!   connections are never timed out.
+//!   connections are not timed out once they asked for something (the
+//!   plugin holds its registration for the whole job, silently); one that
+//!   asked for nothing within the same limit is closed all the same, so
+//!   that silent connections cannot hold the budget.
+//! - Where tenants are read, each workload holds at most three quarters of
+//!   what each kind may use (registry and pool: all of it; rule and queue:
+//!   the shared part), so that one workload holding connections open, busy
+//!   or silent, leaves room for the others; the next is refused, saying why.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -36,6 +44,89 @@ pub struct ConnBudget {
     /// Most connections open at once since [`ConnBudget::take_peak`].
     peak: AtomicUsize,
     idle_timeout: Option<Duration>,
+    /// Connections each workload holds now, and how many it may: rule and
+    /// queue connections (`[0]`), registry and pool connections (`[1]`).
+    workloads: [Arc<WorkloadCounts>; 2],
+}
+
+/// Counts kept in this many maps (by workload id), so that threads
+/// accepting connections of different workloads seldom wait on each other.
+const WORKLOAD_SHARDS: usize = 16;
+
+/// Each workload's connections of one kind: at most `most`, so that the
+/// rest of what that kind may use is always there for other workloads.
+#[derive(Debug)]
+struct WorkloadCounts {
+    held: [Mutex<HashMap<u64, usize>>; WORKLOAD_SHARDS],
+    most: usize,
+    long_lived: bool,
+}
+
+impl WorkloadCounts {
+    fn new(most: usize, long_lived: bool) -> Arc<Self> {
+        Arc::new(WorkloadCounts { held: Default::default(), most: most.max(1), long_lived })
+    }
+
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
+        // Cgroup ids are inode numbers: their low bits spread well enough.
+        self.held[(key % WORKLOAD_SHARDS as u64) as usize].lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The key that connections whose client could not be identified (its
+/// process exited before it was read, or the read failed) are charged to,
+/// all together, so that they cannot dodge the shares. No workload id is 0
+/// (a cgroup's inode never is; a path's number has bit 63 set).
+pub const NOBODY_WORKLOAD: u64 = 0;
+
+/// A connection refused because its workload holds its most of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverShare {
+    pub most: usize,
+    long_lived: bool,
+}
+
+impl OverShare {
+    /// The refusal's text, naming the workload (`None`: the clients that
+    /// could not be identified, together).
+    pub fn message(&self, workload: Option<&str>) -> String {
+        let (kind, part) = if self.long_lived {
+            ("registry and pool", "three quarters of --max_connections")
+        } else {
+            ("rule and queue", "three quarters of the part of --max_connections that they may use")
+        };
+        let n = self.most;
+        match workload {
+            Some(w) => format!(
+                "workload {w} holds {n} {kind} connections to the daemon, the most one workload may ({part}; \
+                 the rest is kept for other workloads); close connections it no longer uses"
+            ),
+            None => format!(
+                "clients the daemon could not identify (their process exited or could not be read) hold {n} \
+                 {kind} connections to the daemon, the most they may together ({part}; the rest is kept for \
+                 identified workloads); connect from a live process that keeps the connection"
+            ),
+        }
+    }
+}
+
+/// One connection charged to its workload; given back when dropped.
+#[derive(Debug)]
+pub struct WorkloadShare {
+    counts: Arc<WorkloadCounts>,
+    key: u64,
+}
+
+impl Drop for WorkloadShare {
+    fn drop(&mut self) {
+        let mut held = self.counts.shard(self.key);
+        if let Some(n) = held.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// Whether connections to `endpoint` may use the reserved share (and are
@@ -54,7 +145,28 @@ impl ConnBudget {
             total: max,
             peak: AtomicUsize::new(0),
             idle_timeout,
+            workloads: [
+                WorkloadCounts::new((max - reserved) - (max - reserved) / RESERVE_DIVISOR, false),
+                WorkloadCounts::new(max - max / RESERVE_DIVISOR, true),
+            ],
         }
+    }
+
+    /// Charges one connection to `endpoint` to workload `key` (its id);
+    /// `Err` when the workload holds its most of that kind already. A
+    /// quarter of what each kind may use is never one workload's: however
+    /// many connections one opens and holds (silent registrations
+    /// included), every other workload finds room.
+    pub fn charge_workload(&self, key: u64, endpoint: Endpoint) -> Result<WorkloadShare, OverShare> {
+        let counts = &self.workloads[usize::from(long_lived(endpoint))];
+        let mut held = counts.shard(key);
+        let n = held.entry(key).or_insert(0);
+        if *n >= counts.most {
+            return Err(OverShare { most: counts.most, long_lived: counts.long_lived });
+        }
+        *n += 1;
+        drop(held);
+        Ok(WorkloadShare { counts: counts.clone(), key })
     }
 
     /// A permit for one connection to `endpoint`, waiting until one is free.
@@ -121,6 +233,13 @@ impl ConnBudget {
         }
     }
 
+    /// How long a connection to any endpoint may wait before its first
+    /// request: a connection that never asks for anything holds a share of
+    /// the budget for nothing.
+    pub fn first_request_limit(&self) -> Option<Duration> {
+        self.idle_timeout
+    }
+
     /// Connections being served now.
     pub fn open(&self) -> usize {
         self.total - self.shared.available_permits() - self.reserved.available_permits()
@@ -158,6 +277,29 @@ pub fn incomplete_reply(pending: &[u8], limit: Duration) -> UnixSocketProto {
 mod tests {
     use super::*;
     use crate::types::pci::PciAddr;
+
+    #[test]
+    fn a_workload_holds_at_most_three_quarters_of_each_kind() {
+        let b = ConnBudget::new(8, None);
+        let pool = Endpoint::Registry;
+        let shares: Vec<_> = (0..6).map(|_| b.charge_workload(7, pool).expect("within its share")).collect();
+        let over = b.charge_workload(7, pool).unwrap_err();
+        assert_eq!(over.most, 6, "the last quarter of the 8 is not one workload's");
+        assert!(over.message(Some("pod x")).contains("workload pod x holds 6 registry and pool connections"));
+        let other = b.charge_workload(8, pool).expect("another workload finds room");
+        // Rule connections may use 6 of the 8; one workload 5 of those.
+        let rules: Vec<_> =
+            (0..5).map(|_| b.charge_workload(7, Endpoint::RuleManager).expect("its own kind")).collect();
+        let over = b.charge_workload(7, Endpoint::QueueIdsByGpu).unwrap_err();
+        assert_eq!(over.most, 5);
+        let text = over.message(Some("job 3"));
+        assert!(text.contains("5 rule and queue connections"), "{text}");
+        assert!(over.message(None).contains("could not identify"));
+        drop(shares);
+        assert!(b.charge_workload(7, pool).is_ok(), "given back when the connections close");
+        drop((other, rules));
+        assert!(b.charge_workload(7, Endpoint::RuleUninstall).is_ok());
+    }
 
     #[tokio::test]
     async fn rule_connections_cannot_take_the_reserved_share() {

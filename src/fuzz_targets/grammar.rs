@@ -13,21 +13,51 @@ use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
 const VOLUMES: [&str; 5] = ["tcpx-libraries", "tcpx-socket", "tcpx-sys", "data", "shm"];
 /// GKE's device annotation for the daemon container (without `--privileged`).
 const DEVICES: &str = "devices.gke.io/container.tcpx-daemon";
+/// GKE multi-networking's annotations, and values for the interface list.
+const INTERFACES: &str = "networking.gke.io/interfaces";
+const NICS: [&str; 4] = [
+    r#"[{"interfaceName":"eth0","network":"default"},{"interfaceName":"eth1","network":"vpc1"},{"interfaceName":"eth2","network":"vpc2"},{"interfaceName":"eth3","network":"vpc3"},{"interfaceName":"eth4","network":"vpc4"}]"#,
+    r#"[{"interfaceName":"eth0","network":"default"},{"interfaceName":"eth1","network":"vpc1"}]"#,
+    r#"[{"interfaceName":"eth0","network":"default"}]"#,
+    "[{",
+];
+/// Shell scripts as a daemon container may run them (`bash -c`): the
+/// recipes' form, its variations, and some inject refuses.
+const SCRIPTS: [&str; 6] = [
+    "/tcpgpudmarxd/build/app/tcpgpudmarxd --gpu_nic_preset a3vm --gpu_shmem_type fd --setup_param \"--verbose 128 2 0\" &\nwhile [ ! -e \"/data/done\" ]; do sleep 10; echo \"sleeping\"; done\n",
+    "exec tcpgpudmarxd --uds_path /run/tcpx",
+    "tcpx-rxdm --rx_pool_size=1073741824 & until [ -e /run/tcpx/done ]; do :; done",
+    "tcpgpudmarxd & while [ ! -e /nowhere/done ]; do sleep 1; done",
+    "tcpgpudmarxd | tee /log & while [ ! -e /data/done ]; do sleep 1; done",
+    "python train.py; touch /data/done",
+];
+
 /// Variables of the NCCL plugin that `--nccl=inline` sets.
 const NCCL_VARS: [&str; 4] =
     ["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "NCCL_GPUDIRECTTCPX_CTRL_DEV", "NCCL_ALGO", "NCCL_PROTO"];
 
 /// Choices read from fuzz bytes, zeros once they run out.
-pub struct Bytes<'a>(&'a [u8]);
+pub struct Bytes<'a> {
+    data: &'a [u8],
+    /// Whether GKE's multi-networking annotations and shell-started daemons
+    /// are among the choices. Without, no byte goes to them, so that inputs
+    /// built before they were keep building the same documents.
+    pub gke: bool,
+}
 
 impl<'a> Bytes<'a> {
     pub fn new(data: &'a [u8]) -> Self {
-        Bytes(data)
+        Bytes { data, gke: false }
+    }
+
+    /// With GKE's multi-networking annotations and shell scripts among the choices.
+    pub fn with_gke(data: &'a [u8]) -> Self {
+        Bytes { data, gke: true }
     }
 
     pub fn byte(&mut self) -> u8 {
-        let Some((&b, rest)) = self.0.split_first() else { return 0 };
-        self.0 = rest;
+        let Some((&b, rest)) = self.data.split_first() else { return 0 };
+        self.data = rest;
         b
     }
 
@@ -42,9 +72,9 @@ impl<'a> Bytes<'a> {
 
     /// Text of up to 31 bytes taken from the input as it is.
     pub fn text(&mut self) -> String {
-        let n = self.below(32).min(self.0.len());
-        let (t, rest) = self.0.split_at(n);
-        self.0 = rest;
+        let n = self.below(32).min(self.data.len());
+        let (t, rest) = self.data.split_at(n);
+        self.data = rest;
         String::from_utf8_lossy(t).into_owned()
     }
 }
@@ -94,7 +124,16 @@ fn metadata(b: &mut Bytes) -> Value {
     for _ in 0..b.below(4) {
         match b.below(4) {
             0 => drop(ann.insert(ANNOTATION.into(), record(b))),
+            1 if b.gke => {
+                drop(ann.insert(DEVICES.into(), word(b, &["- path: /dev/nvidia0\n", "", &devices()])))
+            }
             1 => drop(ann.insert(DEVICES.into(), word(b, &["- path: /dev/nvidia0\n", ""]))),
+            2 if b.gke => {
+                ann.insert(INTERFACES.into(), word(b, &NICS));
+                if b.below(2) == 0 {
+                    ann.insert("networking.gke.io/default-interface".into(), word(b, &["eth0", "eth1"]));
+                }
+            }
             _ => drop(ann.insert(b.pick(&["team", "x/y"]).into(), word(b, &["a", ""]))),
         }
     }
@@ -102,6 +141,13 @@ fn metadata(b: &mut Bytes) -> Value {
         m.insert("annotations".into(), Value::Object(ann));
     }
     Value::Object(m)
+}
+
+/// GKE's device annotation listing every device the daemon needs.
+fn devices() -> String {
+    let mut v: String = (0..8).map(|i| format!("- path: /dev/nvidia{i}\n")).collect();
+    v.push_str("- path: /dev/nvidiactl\n- path: /dev/nvidia-uvm\n");
+    v
 }
 
 /// An injection record: a well-formed one (any version, mode, fields) or not.
@@ -137,7 +183,15 @@ fn container(b: &mut Bytes) -> Value {
     let image =
         ["pytorch:24", "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/tcpgpudmarxd-dev:v2.0.9", "busybox"];
     c.insert("image".into(), word(b, &image));
-    if b.below(4) == 0 {
+    if b.gke && b.below(6) == 0 {
+        // A shell script: one of the list, now and then with input text after it.
+        let mut script = b.pick(&SCRIPTS).to_string();
+        if b.below(4) == 0 {
+            script.push_str(&b.text());
+        }
+        let argv = json!([b.pick(&["bash", "/bin/sh"]), "-c", script]);
+        c.insert(b.pick(&["command", "args"]).into(), argv);
+    } else if b.below(4) == 0 {
         let bins = ["/tcpgpudmarxd/build/app/tcpgpudmarxd", "/bin/sh", "tcpgpudmarxd"];
         let mut argv = vec![json!(b.pick(&bins))];
         for _ in 0..b.below(4) {
@@ -183,8 +237,10 @@ fn container(b: &mut Bytes) -> Value {
     if b.below(3) == 0 {
         let mut mounts = Vec::new();
         for _ in 0..b.below(3) {
-            let paths = ["/run/tcpx", LIBRARIES, "/data", "/run/tcpx-health", "/dev/shm", "/hostsysfs"];
-            mounts.push(json!({ "name": word(b, &VOLUMES), "mountPath": word(b, &paths) }));
+            let paths =
+                ["/run/tcpx", LIBRARIES, "/data", "/run/tcpx-health", "/dev/shm", "/hostsysfs", "/tmp"];
+            let paths = if b.gke { &paths[..] } else { &paths[..6] };
+            mounts.push(json!({ "name": word(b, &VOLUMES), "mountPath": word(b, paths) }));
         }
         c.insert("volumeMounts".into(), Value::Array(mounts));
     }
@@ -238,7 +294,12 @@ pub fn template(b: &mut Bytes) -> Value {
     if b.below(3) == 0 {
         let mut vols = Vec::new();
         for _ in 0..b.below(3) {
-            vols.push(json!({ "name": word(b, &VOLUMES), "emptyDir": {} }));
+            let name = word(b, &VOLUMES);
+            vols.push(match if b.gke { b.below(4) } else { 3 } {
+                0 => json!({ "name": name, "hostPath": { "path": "/run/tcpx" } }),
+                1 => json!({ "name": name, "emptyDir": null }),
+                _ => json!({ "name": name, "emptyDir": {} }),
+            });
         }
         spec.insert("volumes".into(), Value::Array(vols));
     }

@@ -1,7 +1,9 @@
 //! The Kubernetes inputs: the admission webhook's `AdmissionReview` and
 //! `inject`'s YAML stream. Byte 0 of an input picks inject's options
 //! ([`grammar::options`]); byte 1 below 0x80 means the rest is the text
-//! itself, otherwise the rest is choices for [`grammar`] to build it from.
+//! itself, otherwise the rest is choices for [`grammar`] to build it from,
+//! GKE's multi-networking annotations and shell-started daemons among them
+//! from 0xc0.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +18,7 @@ fn input(data: &[u8], build: impl FnOnce(&mut Bytes) -> String) -> Option<(Optio
     let (&opts, rest) = data.split_first()?;
     let (opts, extra) = grammar::options(opts);
     let text = match rest.first() {
+        Some(&b) if b >= 0xc0 => build(&mut Bytes::with_gke(&rest[1..])),
         Some(&b) if b >= 0x80 => build(&mut Bytes::new(&rest[1..])),
         _ => String::from_utf8_lossy(rest).into_owned(),
     };
@@ -330,23 +333,8 @@ pub fn apply_patch(doc: &mut Value, patch: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// Standard base64 with padding, strictly.
+/// The review's `patch` field as the API server reads it: strict base64
+/// (anything else is a finding).
 fn base64_decode(text: &str) -> Vec<u8> {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    assert_eq!(text.len() % 4, 0, "base64 in whole groups: {text}");
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    for group in text.as_bytes().chunks(4) {
-        let pad = group.iter().rev().take_while(|&&c| c == b'=').count();
-        let mut n = 0u32;
-        for (i, c) in group.iter().enumerate() {
-            let v = match ABC.iter().position(|a| a == c) {
-                Some(v) => v as u32,
-                None if *c == b'=' && i >= 4 - pad => 0,
-                None => panic!("{c:?} is not base64"),
-            };
-            n = n << 6 | v;
-        }
-        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
-    }
-    out
+    webhook::base64_decode(text).unwrap_or_else(|| panic!("not strict base64: {text}"))
 }

@@ -10,39 +10,41 @@
 //! The client is the process that opened the Unix connection the request
 //! came on, held by the pidfd the kernel gives for it (`SO_PEERPIDFD`). Its
 //! open files are read through its `/proc/<pid>` folder, opened while the
-//! pidfd's process held that pid, or (a pid the daemon cannot see) one by one
-//! through the pidfd; a process that has exited by the end of the read is
-//! not believed. Only links are read (`socket:[inode]`), never a file the
-//! client names, and at most [`SCAN`] descriptors. This runs only when
-//! several connections fit, on a repair worker.
+//! pidfd's process held that pid; a process that has exited by the end of
+//! the read is not believed. Only links are read (`socket:[inode]`, which
+//! the kernel writes without asking any file system), never a file the
+//! client names, and at most [`SCAN`] descriptors. Where the pid is not
+//! visible (no such folder), or the folder cannot be listed, nothing can be
+//! told: the descriptors are never copied out of the client, since closing
+//! the copy of a FUSE file waits on its server, perhaps for good. This runs
+//! only when several connections fit, on a repair worker.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use nix::dir::Dir;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-use super::peer::{self, PidNow};
 use super::tenant;
+use crate::pidfd::{PidNow, Pidfd};
 
 /// Descriptors looked at, at most.
 pub const SCAN: usize = 65_536;
 
 /// Which of `inodes` the process that opened Unix connection `conn` holds
 /// among its open files; `None` when that cannot be told (no pidfd for it,
-/// it exited, its files cannot be read).
+/// it exited, its pid is not visible, its files cannot be listed).
 pub fn held_by_opener(conn: BorrowedFd<'_>, inodes: &[u32]) -> Option<Vec<u32>> {
-    let pidfd = peer::peer_pidfd(conn).ok()?;
-    let held = match peer::pid_now(pidfd.as_fd()).ok()? {
+    let pidfd = Pidfd::of_socket_peer(conn).ok()?;
+    let held = match pidfd.pid_now().ok()? {
         PidNow::Visible(pid) => {
-            let dir = tenant::proc_dir(pidfd.as_fd(), pid.get()).ok()?;
+            let dir = tenant::proc_dir(&pidfd, pid.get()).ok()?;
             in_proc_dir(dir.as_fd(), inodes)?
         }
-        PidNow::Hidden => through_pidfd(pidfd.as_fd(), inodes),
-        PidNow::Reaped => return None,
+        PidNow::Hidden | PidNow::Reaped => return None,
     };
     // What was read of a process that has exited since may not be its.
-    (!peer::exited(pidfd.as_fd())).then_some(held)
+    (!pidfd.exited()).then_some(held)
 }
 
 /// The socket inode a `/proc/<pid>/fd` link names (`socket:[N]`).
@@ -70,27 +72,6 @@ fn in_proc_dir(proc_dir: BorrowedFd<'_>, inodes: &[u32]) -> Option<Vec<u32>> {
         }
     }
     Some(held)
-}
-
-fn through_pidfd(pidfd: BorrowedFd<'_>, inodes: &[u32]) -> Vec<u32> {
-    let mut held = Vec::new();
-    for n in 0..super::held::SCAN_LIMIT {
-        // SAFETY: plain syscall with integer arguments; on success it returns a new fd we own.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), n, 0 as libc::c_uint) };
-        if r < 0 {
-            continue;
-        }
-        // SAFETY: `r` is a new descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(r as i32) };
-        let Ok(st) = nix::sys::stat::fstat(fd.as_fd()) else { continue };
-        if st.st_mode & libc::S_IFMT == libc::S_IFSOCK {
-            let ino = st.st_ino as u32;
-            if inodes.contains(&ino) && !held.contains(&ino) {
-                held.push(ino);
-            }
-        }
-    }
-    held
 }
 
 #[cfg(test)]

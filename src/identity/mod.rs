@@ -12,7 +12,8 @@
 //! - the [`leases`]: one watched pidfd per client process, and what happens
 //!   when that process exits;
 //! - what a client is *to the daemon* ([`Client`]), including its [`tenant`]:
-//!   its cgroup, the GPUs whose device nodes it holds open, and its network
+//!   its cgroup and the [`workload`] it belongs to (what its budgets count
+//!   by), the GPUs whose device nodes it holds open, and its network
 //!   namespace;
 //! - the [`access`] checks that keep tenants apart (`--tenant_isolation`):
 //!   which GPU and which flow a client may use, whose rule it may remove, how
@@ -32,8 +33,9 @@ mod flows_held;
 mod flows_space;
 mod held;
 pub mod leases;
-mod peer;
+pub mod operator;
 pub mod tenant;
+pub mod workload;
 
 use std::num::NonZeroU32;
 use std::ops::Deref;
@@ -42,11 +44,11 @@ use std::sync::Arc;
 
 use nix::sys::socket::{getsockopt, sockopt};
 
+pub use crate::pidfd::probe_peer_pidfd;
 pub use access::{Denied, Examined, Refusal, TenantPolicy};
 pub use leases::{
     Asked, ClientCache, ClientCount, ClientTracker, IdentifyError, Lease, LeasePolicy, PendingClient,
 };
-pub use peer::{pidfd_open, probe_peer_pidfd};
 pub use tenant::Tenant;
 
 /// Who a connection's client is, as far as the daemon can tell: a shared
@@ -94,9 +96,16 @@ pub struct ClientInfo {
 }
 
 impl ClientInfo {
-    /// The tenant's cgroup id, as rules record it.
-    pub fn tenant_id(&self) -> Option<u64> {
+    /// Its process's cgroup id, which a socket's creator is compared with
+    /// (flows stay each cgroup's own).
+    pub fn cgroup_id(&self) -> Option<u64> {
         self.tenant.as_ref().map(|t| t.cgroup_id)
+    }
+
+    /// Its workload's id: what rules record as their tenant, and what every
+    /// budget, turn and queue is counted by.
+    pub fn workload_id(&self) -> Option<u64> {
+        self.tenant.as_ref().map(|t| t.workload.id)
     }
 
     /// Its network namespace, where the daemon can open it: the one its
@@ -116,6 +125,23 @@ pub struct Credentials {
     /// namespace (the kernel reports 0 then).
     pub pid: Option<NonZeroU32>,
     pub uid: u32,
+}
+
+/// The nice value of identity's background threads (the tenant readers,
+/// audit's flow checks): below the threads that serve requests.
+const BACKGROUND_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's scheduling priority ([`BACKGROUND_NICE`]):
+/// on a busy machine the threads that serve requests run first. Needs no
+/// privilege. `what`: the thread, for the log.
+pub(crate) fn lower_priority(what: &str) {
+    let tid = nix::unistd::gettid().as_raw();
+    // SAFETY: setpriority takes plain integers; for PRIO_PROCESS with a
+    // thread id, Linux changes that one thread.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE) };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the {what}'s priority");
+    }
 }
 
 /// `SO_PEERCRED` of `sock`; `None` if the kernel will not say (not a Unix socket).

@@ -11,43 +11,44 @@
 //!
 //! - The cgroup id comes from `PIDFD_GET_INFO` (Linux 6.13); else from the
 //!   folder's `cgroup` (the `0::` line) and the inode of that folder under
-//!   the cgroup2 mount, which is the same id.
-//! - The GPUs: the device nodes among its open files (see `identity::held`).
-//!   A simulated GPU's stand-in file is looked up under the folder's `root`;
-//!   where the pid is not visible, inside its mount namespace (from
-//!   `PIDFD_GET_MNT_NAMESPACE`, Linux 6.11) on a short-lived thread.
+//!   the cgroup2 mount, which is the same id. Its workload, what budgets
+//!   count by, comes from that path (see `identity::workload`).
+//! - The GPUs: the device nodes among its open files, read through the
+//!   folder's `fd` and `fdinfo` without waiting on any file system the
+//!   client controls (see `identity::held`). A simulated GPU's stand-in file
+//!   is looked up under the folder's `root`, through cached names only.
+//!   Where the pid is not visible there is no folder, and the open files are
+//!   not read: the process holds no GPU here, and a refusal says why.
 //! - The network namespace: `PIDFD_GET_NET_NAMESPACE` (Linux 6.11), or the
 //!   folder's `ns/net`. Kept open: flow checks look sockets up in it.
 //!
 //! All of this is read once per client process, when it is first seen.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use super::flows_space::FlowSpace;
-use super::held::{self, FileId, OpenFile};
-pub use super::held::{device_minor, GpuDevices};
-use super::peer;
+use super::held::{self, NotRead, OpenFile};
+pub use super::held::{device_minor, FilesRead, GpuDevices};
+pub use super::workload::cgroup2_mount;
+use super::workload::{self, Workload};
 use crate::netlink::sock_diag::SockDiag;
-
-/// `PIDFD_GET_MNT_NAMESPACE`: `_IO(0xFF, 3)`.
-const PIDFD_GET_MNT_NAMESPACE: libc::c_ulong = 0xFF03;
-/// `PIDFD_GET_NET_NAMESPACE`: `_IO(0xFF, 4)`.
-const PIDFD_GET_NET_NAMESPACE: libc::c_ulong = 0xFF04;
+use crate::pidfd::{Namespace, Pidfd};
 
 /// A network namespace, kept open.
 #[derive(Debug)]
 pub struct NetNs {
     /// Its nsfs inode: names the namespace.
     pub inode: u64,
-    pub fd: OwnedFd,
+    /// The handle that keeps it open: closed when its process exits
+    /// ([`NetNs::release`]), so that a deleted Pod namespace can go.
+    fd: RwLock<Option<OwnedFd>>,
     /// `sock_diag` sockets opened in it for flow checks, idle: a check takes
     /// one (or opens one) and puts it back. Each pins the namespace, so they
     /// close when the client process's lease ends ([`NetNs::release`]).
@@ -63,7 +64,19 @@ const DIAG_IDLE: usize = 4;
 
 impl NetNs {
     pub fn new(inode: u64, fd: OwnedFd) -> NetNs {
-        NetNs { inode, fd, diag: Mutex::default(), released: AtomicBool::new(false), space: OnceLock::new() }
+        NetNs {
+            inode,
+            fd: RwLock::new(Some(fd)),
+            diag: Mutex::default(),
+            released: AtomicBool::new(false),
+            space: OnceLock::new(),
+        }
+    }
+
+    /// `f` on the namespace's handle, while it is held; `None` once released.
+    pub fn with_fd<T>(&self, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
+        let fd = self.fd.read().unwrap_or_else(|p| p.into_inner());
+        fd.as_ref().map(|fd| f(fd.as_fd()))
     }
 
     /// What is known of this namespace's addresses, for IPv6 repairs.
@@ -88,12 +101,14 @@ impl NetNs {
         }
     }
 
-    /// The process whose namespace this is has exited: its sockets close now
-    /// (those in use close when given back), so that they pin nothing.
+    /// The process whose namespace this is has exited: its handle and its
+    /// sockets close now (those in use close when given back), so that they
+    /// pin nothing.
     pub fn release(&self) {
         self.released.store(true, Ordering::Release);
         let idle = std::mem::take(&mut *self.diag.lock().expect("sock_diag cache lock"));
         drop(idle);
+        drop(self.fd.write().unwrap_or_else(|p| p.into_inner()).take());
     }
 
     /// Idle sockets kept now.
@@ -109,13 +124,15 @@ pub struct Tenant {
     pub cgroup_id: u64,
     /// The cgroup's path, where it could be read (for logs and `status`).
     pub cgroup: Option<String>,
+    /// The workload it belongs to: what its budgets are counted by, and
+    /// whose rules it may remove.
+    pub workload: Workload,
     /// The GPUs (topology order) whose device node it holds open, as a bit set.
     gpus: u64,
     /// Its network namespace, where it could be opened.
     pub net: Option<NetNs>,
-    /// It held descriptors numbered at or above the scan's limit when its
-    /// open files were read, which were not looked at (`None`: not known).
-    pub beyond_scan: Option<bool>,
+    /// How much of its open files was read, when it was first seen.
+    pub files: FilesRead,
 }
 
 impl Tenant {
@@ -129,24 +146,32 @@ impl Tenant {
         self.gpus
     }
 
-    /// A tenant as a takeover hands it on.
-    pub fn from_parts(cgroup_id: u64, cgroup: Option<String>, gpus: u64, net: Option<NetNs>) -> Tenant {
-        Tenant { cgroup_id, cgroup, gpus, net, beyond_scan: None }
+    /// A tenant as a takeover hands it on, in `workload` as this daemon tells it.
+    pub fn from_parts(
+        id: u64,
+        cgroup: Option<String>,
+        workload: Workload,
+        gpus: u64,
+        net: Option<NetNs>,
+    ) -> Tenant {
+        Tenant { cgroup_id: id, cgroup, workload, gpus, net, files: FilesRead::Unknown }
     }
 
-    /// How logs and `status` name it.
+    /// How refusals, logs and `status` name it: its workload.
     pub fn name(&self) -> String {
-        self.cgroup.clone().unwrap_or_else(|| format!("cgroup id {}", self.cgroup_id))
+        self.workload.name()
     }
 
     #[cfg(test)]
     pub(crate) fn for_test(cgroup_id: u64, gpus: u64) -> Tenant {
+        let cgroup = Some(format!("/test/{cgroup_id}"));
         Tenant {
             cgroup_id,
-            cgroup: Some(format!("/test/{cgroup_id}")),
+            workload: Workload::cgroup(cgroup_id, cgroup.clone()),
+            cgroup,
             gpus,
             net: None,
-            beyond_scan: Some(false),
+            files: FilesRead::All,
         }
     }
 }
@@ -161,20 +186,21 @@ pub enum Unread {
     Unknown,
 }
 
-/// Finds the tenant of the process behind `pidfd`. `pid`: its pid in the
-/// daemon's namespace as its pidfd gave it (`None`: not visible), never a
-/// number from anywhere else.
+/// Finds the tenant of the process behind `pidfd`, its workload told by
+/// `rule`. `pid`: its pid in the daemon's namespace as its pidfd gave it
+/// (`None`: not visible), never a number from anywhere else.
 pub fn identify(
-    pidfd: BorrowedFd<'_>,
+    pidfd: &Pidfd,
     pid: Option<u32>,
     devices: &GpuDevices,
     cgroup2: Option<&Path>,
+    rule: workload::Rule,
 ) -> Result<Tenant, Unread> {
     let t = match pid {
-        Some(p) => identify_visible(pidfd, p, devices, cgroup2)?,
-        None => identify_hidden(pidfd, devices)?,
+        Some(p) => identify_visible(pidfd, p, devices, cgroup2, rule)?,
+        None => identify_hidden(pidfd)?,
     };
-    match peer::exited(pidfd) {
+    match pidfd.exited() {
         true => Err(Unread::Exited),
         false => Ok(t),
     }
@@ -184,10 +210,10 @@ pub fn identify(
 /// folder is opened, then the process is checked not to have exited, so
 /// the pid named it when the folder was opened, and the folder names it
 /// from then on.
-pub fn proc_dir(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, Unread> {
+pub fn proc_dir(pidfd: &Pidfd, pid: u32) -> Result<OwnedFd, Unread> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let dir = nix::fcntl::open(format!("/proc/{pid}").as_str(), flags, Mode::empty());
-    match (dir, peer::exited(pidfd)) {
+    match (dir, pidfd.exited()) {
         (_, true) => Err(Unread::Exited),
         (Ok(dir), false) => Ok(dir),
         (Err(e), false) => {
@@ -198,31 +224,43 @@ pub fn proc_dir(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, Unread> {
 }
 
 fn identify_visible(
-    pidfd: BorrowedFd<'_>,
+    pidfd: &Pidfd,
     pid: u32,
     devices: &GpuDevices,
     cgroup2: Option<&Path>,
+    rule: workload::Rule,
 ) -> Result<Tenant, Unread> {
     let dir = proc_dir(pidfd, pid)?;
-    let cgroup = read_in(dir.as_fd(), "cgroup")
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::")).map(|s| s.trim().to_string()));
-    let cgroup_id = match peer::pidfd_cgroup_id(pidfd) {
+    let cgroup = cgroup_path(dir.as_fd());
+    let cgroup_id = match pidfd.cgroup_id() {
         Ok(id) => id,
         Err(_) => {
             let (root, path) = (cgroup2.ok_or(Unread::Unknown)?, cgroup.as_deref().ok_or(Unread::Unknown)?);
             std::fs::metadata(root.join(path.trim_start_matches('/'))).map_err(|_| Unread::Unknown)?.ino()
         }
     };
-    let (gpus, beyond_scan) = gpus_of_visible(pidfd, dir.as_fd(), devices);
+    let workload = workload::resolve(cgroup_id, cgroup.as_deref(), rule, cgroup2);
+    let (gpus, files) = gpus_of_visible(dir.as_fd(), devices);
     let net = open_net(pidfd, Some(dir.as_fd()));
-    Ok(Tenant { cgroup_id, cgroup, gpus, net, beyond_scan })
+    Ok(Tenant { cgroup_id, cgroup, workload, gpus, net, files })
 }
 
-fn identify_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> Result<Tenant, Unread> {
-    let cgroup_id = peer::pidfd_cgroup_id(pidfd).map_err(|_| Unread::Unknown)?;
-    let (gpus, beyond_scan) = gpus_of_hidden(pidfd, devices);
+/// A process whose pid is not visible here: its cgroup and network
+/// namespace through the pidfd, and no GPU. Its open files could be had
+/// only by copying each descriptor out of it (`pidfd_getfd`) and closing
+/// the copy, and closing a copy of a file whose FUSE server never answers
+/// waits for good, past the daemon's own exit; so they are not read.
+fn identify_hidden(pidfd: &Pidfd) -> Result<Tenant, Unread> {
+    let cgroup_id = pidfd.cgroup_id().map_err(|_| Unread::Unknown)?;
     let net = open_net(pidfd, None);
-    Ok(Tenant { cgroup_id, cgroup: None, gpus, net, beyond_scan })
+    let workload = Workload::hidden(cgroup_id);
+    Ok(Tenant { cgroup_id, cgroup: None, workload, gpus: 0, net, files: FilesRead::None(NotRead::Hidden) })
+}
+
+/// The cgroup v2 path (the `0::` line) in a process's `/proc` folder `dir`.
+pub fn cgroup_path(dir: BorrowedFd<'_>) -> Option<String> {
+    let text = read_in(dir, "cgroup")?;
+    text.lines().find_map(|l| l.strip_prefix("0::")).map(|s| s.trim().to_string())
 }
 
 /// The text of file `name` in folder `dir`.
@@ -237,8 +275,8 @@ fn read_in(dir: BorrowedFd<'_>, name: &str) -> Option<String> {
 /// `PIDFD_GET_NET_NAMESPACE` (Linux 6.11), else `ns/net` in its `/proc`
 /// folder `proc_dir` (from [`proc_dir`]). The caller checks afterwards that
 /// the process has not exited.
-pub fn open_net(pidfd: BorrowedFd<'_>, proc_dir: Option<BorrowedFd<'_>>) -> Option<NetNs> {
-    let fd = pidfd_ns(pidfd, PIDFD_GET_NET_NAMESPACE).ok().or_else(|| {
+pub fn open_net(pidfd: &Pidfd, proc_dir: Option<BorrowedFd<'_>>) -> Option<NetNs> {
+    let fd = pidfd.namespace(Namespace::Net).ok().or_else(|| {
         let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
         nix::fcntl::openat(proc_dir?, "ns/net", flags, Mode::empty()).ok()
     })?;
@@ -246,123 +284,58 @@ pub fn open_net(pidfd: BorrowedFd<'_>, proc_dir: Option<BorrowedFd<'_>>) -> Opti
     Some(NetNs::new(inode, fd))
 }
 
-/// A namespace of the process behind `pidfd` (`PIDFD_GET_*_NAMESPACE`).
-fn pidfd_ns(pidfd: BorrowedFd<'_>, cmd: libc::c_ulong) -> Result<OwnedFd, Errno> {
-    // SAFETY: the namespace ioctls take no argument and return a new fd.
-    let fd = unsafe { libc::ioctl(pidfd.as_raw_fd(), cmd as _, 0) };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    // SAFETY: the kernel just installed `fd` in our table and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// The GPUs that the process behind `pidfd` holds open, read through its
-/// `/proc` folder `dir`, and whether it held descriptors past the scan's limit.
-fn gpus_of_visible(pidfd: BorrowedFd<'_>, dir: BorrowedFd<'_>, devices: &GpuDevices) -> (u64, Option<bool>) {
-    // `/proc/<pid>/fd` is its owner's (0500): a daemon of another user
-    // without CAP_DAC_READ_SEARCH (the systemd unit keeps only CAP_SYS_PTRACE)
-    // cannot list it, but may duplicate the descriptors through the pidfd.
-    let limit = held::SCAN_LIMIT;
-    let open = match held::open_files_in(dir, limit, devices).or_else(|e| {
-        if e == Errno::EACCES {
-            held::open_files_of_pidfd(pidfd, limit, devices)
-        } else {
-            Err(e)
-        }
-    }) {
+/// The GPUs that a process holds open, read through its `/proc` folder
+/// `dir`, and how much of its open files was read.
+fn gpus_of_visible(dir: BorrowedFd<'_>, devices: &GpuDevices) -> (u64, FilesRead) {
+    let open = match held::open_files_in(dir, held::SCAN_LIMIT, devices) {
         Ok(open) => open,
-        Err(e) => {
-            unreadable(e);
-            return (0, None);
+        Err(why) => {
+            unreadable(why);
+            return (0, FilesRead::None(why));
         }
     };
-    let (beyond, open) = (open.beyond_limit, open.files);
-    let stand_ins = match has_regular(&open) {
-        true => nix::fcntl::openat(
-            dir,
-            "root",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map(|root| held::stand_ins_under(root.as_fd(), devices))
-        .unwrap_or_default(),
+    let files = if open.beyond_limit { FilesRead::UpToLimit } else { FilesRead::All };
+    let stand_ins = match has_regular(&open.files) {
+        true => {
+            held::root_of(dir).map(|root| held::stand_ins_under(root.as_fd(), devices)).unwrap_or_default()
+        }
         false => Vec::new(),
     };
-    (held::held_gpus(&open, devices, &stand_ins), beyond)
+    (held::held_gpus(&open.files, devices, &stand_ins), files)
 }
 
-/// A client's open files could not be read, so it holds no GPU here. A
-/// refusal (`EACCES`, `EPERM`: a process of another user, or one with
-/// capabilities the daemon lacks) is a missing `CAP_SYS_PTRACE`, which the
-/// log says once; the rest at debug level.
-fn unreadable(e: Errno) {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    match crate::caps::refusal(e as i32, crate::caps::Cap::SysPtrace) {
-        Some(why) if !SAID.swap(true, Ordering::Relaxed) => tracing::warn!(
-            error = %e,
-            "cannot read a client's open files, so no GPU counts as its own: reading another process's \
-             descriptors {why} (said once)"
+/// A client's open files could not be read, so it holds no GPU here; the
+/// log says why once for each cause an operator can change. A folder that
+/// cannot be listed is a process of another user and no
+/// `CAP_DAC_READ_SEARCH`; a refusal to show a descriptor (`EACCES`,
+/// `EPERM`: a process of another user, or one with capabilities the daemon
+/// lacks) is a missing `CAP_SYS_PTRACE`; the rest at debug level.
+fn unreadable(why: NotRead) {
+    static UNLISTED: AtomicBool = AtomicBool::new(false);
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+    match why {
+        NotRead::Unlisted if !UNLISTED.swap(true, Ordering::Relaxed) => tracing::warn!(
+            "cannot list the open files of a client process of another user (/proc/<pid>/fd is its owner's), \
+             so no GPU counts as its own: listing them {}; they are not read another way, since copying a \
+             descriptor out of the process or reading every descriptor's fdinfo can wait without end on a \
+             file system the client serves (said once)",
+            crate::caps::lacking(crate::caps::Cap::DacReadSearch)
         ),
-        _ => tracing::debug!(error = %e, "cannot read a client's open files"),
+        NotRead::Refused(e) => match crate::caps::refusal(e as i32, crate::caps::Cap::SysPtrace) {
+            Some(why) if !REFUSED.swap(true, Ordering::Relaxed) => tracing::warn!(
+                error = %e,
+                "cannot read a client's open files, so no GPU counts as its own: reading another \
+                 process's descriptors {why} (said once)"
+            ),
+            _ => tracing::debug!(error = %e, "cannot read a client's open files"),
+        },
+        _ => tracing::debug!("a client's open files were not read: {why}"),
     }
 }
 
 /// Whether `open` lists a regular file (which may stand in for a simulated GPU).
 fn has_regular(open: &[OpenFile]) -> bool {
     open.iter().any(|f| matches!(f, OpenFile::Regular { .. }))
-}
-
-/// The GPUs that the process behind `pidfd`, whose pid is not visible here,
-/// holds open: its descriptors through the pidfd, a simulated GPU's stand-in
-/// inside its mount namespace.
-fn gpus_of_hidden(pidfd: BorrowedFd<'_>, devices: &GpuDevices) -> (u64, Option<bool>) {
-    let open = match held::open_files_of_pidfd(pidfd, held::SCAN_LIMIT, devices) {
-        Ok(open) => open,
-        Err(e) => {
-            unreadable(e);
-            return (0, None);
-        }
-    };
-    let (beyond, open) = (open.beyond_limit, open.files);
-    let stand_ins = match has_regular(&open) {
-        true => pidfd_ns(pidfd, PIDFD_GET_MNT_NAMESPACE)
-            .map(|ns| stand_ins_in_mount_ns(ns.as_fd(), devices))
-            .unwrap_or_default(),
-        false => Vec::new(),
-    };
-    (held::held_gpus(&open, devices, &stand_ins), beyond)
-}
-
-/// The simulated GPUs' stand-ins in mount namespace `ns`, looked up from a
-/// thread that enters it (its own filesystem context first, so nothing else moves).
-fn stand_ins_in_mount_ns(ns: BorrowedFd<'_>, devices: &GpuDevices) -> Vec<Option<FileId>> {
-    let raw = ns.as_raw_fd();
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            // SAFETY: `raw` stays open for the scope (borrowed by the caller).
-            let ns = unsafe { BorrowedFd::borrow_raw(raw) };
-            let entered = nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)
-                .and_then(|_| nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNS));
-            match entered.map_err(std::io::Error::from).and_then(|()| std::fs::File::open("/")) {
-                Ok(root) => held::stand_ins_under(root.as_fd(), devices),
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot enter a client's mount namespace");
-                    Vec::new()
-                }
-            }
-        })
-        .join()
-        .unwrap_or_default()
-    })
-}
-
-/// The cgroup2 mount point in `mounts` (the text of `/proc/self/mounts`).
-pub fn cgroup2_mount(mounts: &str) -> Option<std::path::PathBuf> {
-    mounts.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.get(2) == Some(&"cgroup2")).then(|| std::path::PathBuf::from(f[1]))
-    })
 }
 
 #[cfg(test)]
@@ -383,21 +356,15 @@ mod tests {
     }
 
     #[test]
-    fn cgroup2_mount_is_found_in_a_hybrid_layout() {
-        let mounts = "tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
-        assert_eq!(cgroup2_mount(mounts), Some("/sys/fs/cgroup/unified".into()));
-        assert_eq!(cgroup2_mount("proc /proc proc rw 0 0\n"), None);
-    }
-
-    #[test]
     fn this_process_is_its_own_tenant() {
-        let own = crate::identity::pidfd_open(std::process::id()).unwrap();
+        let own = Pidfd::own().unwrap();
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
         let root = cgroup2_mount(&mounts);
         let devices = GpuDevices { minors: vec![0, 1], simulated: true };
+        let rule = workload::Rule::Layouts;
         let t =
-            identify(own.as_fd(), Some(std::process::id()), &devices, root.as_deref()).expect("identified");
-        if let Ok(id) = peer::pidfd_cgroup_id(own.as_fd()) {
+            identify(&own, Some(std::process::id()), &devices, root.as_deref(), rule).expect("identified");
+        if let Ok(id) = own.cgroup_id() {
             assert_eq!(t.cgroup_id, id);
         }
         if let (Some(root), Some(path)) = (root, &t.cgroup) {
@@ -410,15 +377,16 @@ mod tests {
     #[test]
     fn a_process_that_has_exited_is_nobody_even_before_it_is_reaped() {
         let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pidfd = crate::identity::pidfd_open(child.id()).unwrap();
-        while !peer::exited(pidfd.as_fd()) {
+        let pidfd = Pidfd::open(child.id()).unwrap();
+        while !pidfd.exited() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let devices = GpuDevices { minors: vec![0], simulated: true };
         // A zombie: its pid is its own still, and nothing it held is left.
-        assert_eq!(identify(pidfd.as_fd(), Some(child.id()), &devices, None).err(), Some(Unread::Exited));
-        assert_eq!(proc_dir(pidfd.as_fd(), child.id()).err(), Some(Unread::Exited));
+        let rule = workload::Rule::Layouts;
+        assert_eq!(identify(&pidfd, Some(child.id()), &devices, None, rule).err(), Some(Unread::Exited));
+        assert_eq!(proc_dir(&pidfd, child.id()).err(), Some(Unread::Exited));
         child.wait().unwrap();
-        assert_eq!(identify(pidfd.as_fd(), Some(child.id()), &devices, None).err(), Some(Unread::Exited));
+        assert_eq!(identify(&pidfd, Some(child.id()), &devices, None, rule).err(), Some(Unread::Exited));
     }
 }

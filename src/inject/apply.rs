@@ -85,12 +85,14 @@ fn kept_options(opts: &Options, prior: &Record, spec: &Value) -> (Options, Vec<S
     if !g.privileged {
         o.privileged = prior.privileged;
     }
+    // The earlier injection's requests (none included) decide, as given:
+    // a converted daemon's are not taken again.
     let request = |k: &str| d.get("resources")?.get("requests")?.get(k)?.as_str().map(String::from);
     if !g.cpu {
-        o.cpu = request("cpu");
+        (o.cpu, o.given.cpu) = (request("cpu"), true);
     }
     if !g.memory {
-        o.memory = request("memory");
+        (o.memory, o.given.memory) = (request("memory"), true);
     }
     (o, daemon::chosen(prior.mode, &migrate::argv(d)))
 }

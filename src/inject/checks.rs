@@ -9,18 +9,8 @@ use serde_norway::Value;
 use super::daemon::VOLUMES;
 use super::lists::LISTS;
 use super::migrate;
-use super::{is_gpu, name_of, show, InjectError, Nccl, ANNOTATION, DAEMON};
+use super::{is_gpu, name_of, InjectError, Nccl, ANNOTATION, DAEMON};
 use crate::nccl::env::{CONFIGMAP_NAME, UNIX_CLIENT_PREFIX};
-
-/// GKE's multi-networking annotations: the Pod gets extra NICs in a
-/// network namespace of its own, which a host-network Pod has not.
-const MULTI_NETWORK: [&str; 2] = ["networking.gke.io/interfaces", "networking.gke.io/default-interface"];
-
-/// Why inject needs `hostNetwork: true`, and what it does not support.
-const HOST_NETWORK: &str = "inject runs the daemon in the node's network namespace \
-    (hostNetwork: true), where the GPU NICs are, as GKE's TCPX guide does. It does not write Pods \
-    that get their NICs through GKE multi-networking (a network namespace of their own): such a Pod \
-    needs a daemon container written by hand (deploy/README.md, Least privileges)";
 
 /// Whether an `envFrom` entry is the ConfigMap `--nccl=configmap` adds.
 pub fn is_our_configmap(e: &Value) -> bool {
@@ -35,25 +25,10 @@ fn shown(v: Option<&str>) -> String {
     }
 }
 
-/// The pod as a whole: its network, its lists, its container names.
-pub fn pod(annotations: Option<&Value>, spec: &Value, object: &str, at: &str) -> Result<(), InjectError> {
+/// The pod as a whole: its lists, its container names (its network is
+/// [`super::network`]'s).
+pub fn pod(spec: &Value, object: &str, at: &str) -> Result<(), InjectError> {
     let err = |field: String, why: String| InjectError::field(object, format!("{at}{field}"), why);
-    match spec.get("hostNetwork") {
-        None | Some(Value::Bool(true)) => {}
-        Some(Value::Bool(false)) => {
-            return Err(err(
-                "spec.hostNetwork".into(),
-                format!("false; {HOST_NETWORK}. Remove the field or set it true"),
-            ))
-        }
-        Some(v) => return Err(err("spec.hostNetwork".into(), format!("{} is not a boolean", show(v)))),
-    }
-    if let Some(k) = MULTI_NETWORK.iter().find(|k| annotations.and_then(|a| a.get(**k)).is_some()) {
-        return Err(err(
-            format!("metadata.annotations[{k}]"),
-            format!("GKE multi-networking, which a host-network Pod cannot use; {HOST_NETWORK}. Remove the multi-networking annotations to use inject"),
-        ));
-    }
     for list in LISTS {
         if spec.get(list).is_some_and(|v| !v.is_sequence()) {
             return Err(err(format!("spec.{list}"), "not a list".into()));

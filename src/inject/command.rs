@@ -10,6 +10,7 @@ use serde_norway::Value;
 
 use super::record::Outcome;
 use super::{files, kinds, InjectError, Options, DEFAULT_IMAGE, GPU_RESOURCE, VERSION};
+use crate::types::exit::Exit;
 
 /// What `inject` was asked, beyond what decides the change itself.
 #[derive(Debug, Clone)]
@@ -98,13 +99,14 @@ fn without_gpu(applied: &[kinds::Applied]) -> Option<&kinds::Applied> {
     })
 }
 
-/// Runs the command; returns the exit code.
-pub fn main(inv: Invocation) -> u8 {
+/// Runs the command: failed when a template cannot be changed, usage for a
+/// bad option or input.
+pub fn main(inv: Invocation) -> Exit {
     let sources = match files::read(&inv.files, inv.recursive) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("tcpx-rxdm inject: {e}");
-            return e.exit_code();
+            return e.exit();
         }
     };
     let (mut outs, mut applied) = (Vec::new(), Vec::new());
@@ -119,7 +121,7 @@ pub fn main(inv: Invocation) -> u8 {
                              {GPU_RESOURCE} (--require-gpu); nothing written",
                             a.object
                         );
-                        return 1;
+                        return Exit::Failed;
                     }
                 }
                 outs.extend(Some(out).filter(|o| !o.is_empty()));
@@ -127,7 +129,7 @@ pub fn main(inv: Invocation) -> u8 {
             }
             Err(e) => {
                 eprintln!("tcpx-rxdm inject: {from}{e}; nothing written");
-                return if matches!(e, InjectError::Option(_)) { 2 } else { 1 };
+                return if matches!(e, InjectError::Option(_)) { Exit::Usage } else { Exit::Failed };
             }
         }
     }
@@ -142,5 +144,5 @@ pub fn main(inv: Invocation) -> u8 {
         eprintln!("tcpx-rxdm inject: {line}");
     }
     print!("{}", outs.join("---\n"));
-    0
+    Exit::Done
 }

@@ -21,11 +21,13 @@ pub enum FilesError {
 }
 
 impl FilesError {
-    /// The exit status: 2 for a command line that cannot be right, 1 for input not there.
-    pub fn exit_code(&self) -> u8 {
+    /// How the command ends: usage for a command line that cannot be right,
+    /// failed for input not there.
+    pub fn exit(&self) -> crate::types::exit::Exit {
+        use crate::types::exit::Exit;
         match self {
-            FilesError::StdinTwice | FilesError::Url(_) => 2,
-            _ => 1,
+            FilesError::StdinTwice | FilesError::Url(_) => Exit::Usage,
+            _ => Exit::Failed,
         }
     }
 }
@@ -151,11 +153,11 @@ mod tests {
         assert_eq!(got, ["b", "a"]);
         let e = read(&["/nonexistent/x.yaml".into()], false).unwrap_err();
         assert_eq!(
-            (e.to_string().as_str(), e.exit_code()),
-            ("/nonexistent/x.yaml: no such file or folder", 1)
+            (e.to_string().as_str(), e.exit()),
+            ("/nonexistent/x.yaml: no such file or folder", crate::types::exit::Exit::Failed)
         );
         let e = read(&["-".into(), "-".into()], false).unwrap_err();
-        assert_eq!(e.exit_code(), 2);
+        assert_eq!(e.exit(), crate::types::exit::Exit::Usage);
         let e = read(&["https://example.com/job.yaml".into()], false).unwrap_err();
         assert!(
             e.to_string().contains("curl -fsSL https://example.com/job.yaml | tcpx-rxdm inject -f -"),

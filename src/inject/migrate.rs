@@ -9,7 +9,7 @@
 use serde_norway::Value;
 
 use super::pod_flags::not_for_a_pod;
-use super::{is_gpu, name_of, InjectError};
+use super::{is_gpu, name_of, script, values, InjectError};
 use crate::config::flags::{Flags, BOOL_FLAGS};
 
 /// Flags of the reference that mean the same for the injected daemon.
@@ -64,6 +64,22 @@ pub struct Reference {
     pub privileged: bool,
     /// Its image, where it is this daemon's (`tcpx-rxdm`): kept.
     pub image: Option<String>,
+    /// Started by a shell script: the shell and the job-end file it waited for.
+    pub script: Option<Started>,
+    /// The Pod's volume it mounted at its socket folder.
+    pub socket_volume: Option<Value>,
+    /// Its `cpu` and `memory` requests, where they are quantities.
+    pub requests: [Option<String>; 2],
+}
+
+/// A daemon a shell script started ([`script`]).
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub shell: String,
+    /// The file its loop waited for, and its container's mount that holds
+    /// the file: inject's daemon keeps that mount and ends when the file
+    /// appears (`--shutdown_file`).
+    pub wait: Option<(String, Value)>,
 }
 
 /// The words of a `command` or `args` list; a number or boolean as its YAML
@@ -83,11 +99,22 @@ pub fn argv(c: &Value) -> Vec<String> {
     argv
 }
 
-/// Which daemon `c` runs, if any: by its image or its binary. A
-/// `tcpx-rxdm` running one of its commands (`nccl-env`, …) is no daemon.
+/// Which daemon `c` runs, if any: by its image or its binary, which a
+/// shell script may start. A `tcpx-rxdm` running one of its commands
+/// (`nccl-env`, …) is no daemon. A script inject cannot read is a
+/// reference daemon where it names `tcpgpudmarxd` in a container without
+/// GPUs (so that it is refused, not run beside inject's daemon).
 pub fn kind(c: &Value) -> Option<Kind> {
     let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
-    let argv = argv(c);
+    let mut argv = argv(c);
+    match script::started(&argv) {
+        Some(Ok(s)) => argv = s.argv,
+        Some(Err(_)) => {
+            let named = !is_gpu(c) && argv.iter().any(|w| w.contains("tcpgpudmarxd"));
+            return (image.contains("tcpgpudmarxd") || named).then_some(Kind::Reference);
+        }
+        None => {}
+    }
     let binary = argv.first().filter(|w| !w.starts_with('-')).map(|w| w.rsplit('/').next().unwrap_or(w));
     if image.contains("tcpgpudmarxd") || binary == Some("tcpgpudmarxd") {
         return Some(Kind::Reference);
@@ -147,7 +174,22 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
             format!("a {what} that requests GPUs; convert it by hand"),
         ));
     }
-    let mut argv = argv(c);
+    let (mut argv, script) = match script::started(&argv(c)) {
+        None => (argv(c), None),
+        Some(Ok(s)) => (s.argv, Some((s.shell, s.wait_file))),
+        Some(Err(why)) => {
+            return Err(InjectError::field(
+                object,
+                field("command"),
+                format!(
+                    "{what} {name} is started by a shell script, which inject cannot read: {why}. {}; \
+                     replace the script with the daemon's command line (command and args), or convert \
+                     this container by hand",
+                    script::READS
+                ),
+            ))
+        }
+    };
     if argv.first().is_some_and(|a| !a.starts_with('-')) {
         argv.remove(0);
     }
@@ -201,7 +243,104 @@ pub fn find(spec: &Value, object: &str, at: &str) -> Result<Option<Reference>, I
         }
         carried.push(word);
     }
+    let script = match script {
+        Some((shell, Some(file))) => {
+            let m = holding(c, &file).ok_or_else(|| {
+                InjectError::field(
+                    object,
+                    field("volumeMounts"),
+                    format!(
+                        "{what} {name}: its script waits for {file}, which is on none of its volumes, so \
+                         no other container can create it; mount the volume the workload writes it on, \
+                         or convert this container by hand"
+                    ),
+                )
+            })?;
+            if !volumes(spec).any(|v| name_of(v) == name_of(&m)) {
+                return Err(InjectError::field(
+                    object,
+                    field("volumeMounts"),
+                    format!(
+                        "{what} {name}: its script waits for {file} on volume {}, which the Pod does not \
+                         have; add the volume (the workload creates the file there)",
+                        name_of(&m)
+                    ),
+                ));
+            }
+            carried.push(format!("--shutdown_file={file}"));
+            Some(Started { shell, wait: Some((file, m)) })
+        }
+        Some((shell, None)) => Some(Started { shell, wait: None }),
+        None => None,
+    };
+    // Its socket folder: as given, else the default of the daemon it ran.
+    let default = if kind == Kind::Reference { REFERENCE_UDS } else { "/run/tcpx" };
+    let uds = carried.iter().rev().find_map(|w| w.strip_prefix("--uds_path=")).unwrap_or(default);
+    let socket_volume = mounts(c)
+        .find(|m| same_path(m, uds))
+        .and_then(|m| volumes(spec).find(|v| name_of(v) == name_of(m)))
+        .cloned();
+    let request = |k: &str, valid: fn(&str) -> Result<String, String>| {
+        let v = c.get("resources")?.get("requests")?.get(k)?;
+        let text = match v {
+            Value::String(t) => t.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => return None,
+        };
+        valid(&text).ok()
+    };
+    let requests = [request("cpu", values::cpu), request("memory", values::memory)];
     let privileged = c.get("securityContext").and_then(|s| s.get("privileged")) == Some(&Value::Bool(true));
     let image = c.get("image").and_then(Value::as_str).filter(|i| i.contains("tcpx-rxdm")).map(String::from);
-    Ok(Some(Reference { kind, list: list.to_string(), name, carried, dropped, privileged, image }))
+    Ok(Some(Reference {
+        kind,
+        list: list.to_string(),
+        name,
+        carried,
+        dropped,
+        privileged,
+        image,
+        script,
+        socket_volume,
+        requests,
+    }))
+}
+
+/// The reference's socket folder when it is given no `--uds_path`.
+const REFERENCE_UDS: &str = "/tmp";
+
+fn mounts(c: &Value) -> impl Iterator<Item = &Value> {
+    c.get("volumeMounts").and_then(Value::as_sequence).into_iter().flatten()
+}
+
+fn volumes(spec: &Value) -> impl Iterator<Item = &Value> {
+    spec.get("volumes").and_then(Value::as_sequence).into_iter().flatten()
+}
+
+/// A mount's path, without a trailing `/`.
+fn mount_path(m: &Value) -> &str {
+    let p = m.get("mountPath").and_then(Value::as_str).unwrap_or_default();
+    match p.trim_end_matches('/') {
+        "" if p.starts_with('/') => "/",
+        t => t,
+    }
+}
+
+fn same_path(m: &Value, path: &str) -> bool {
+    let want = match path.trim_end_matches('/') {
+        "" => "/",
+        t => t,
+    };
+    mount_path(m) == want
+}
+
+/// The mount of `c` that holds `file` (the deepest one).
+fn holding(c: &Value, file: &str) -> Option<Value> {
+    mounts(c)
+        .filter(|m| {
+            let at = mount_path(m);
+            at == "/" || file.strip_prefix(at).is_some_and(|rest| rest.starts_with('/') && rest.len() > 1)
+        })
+        .max_by_key(|m| mount_path(m).len())
+        .cloned()
 }

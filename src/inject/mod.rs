@@ -11,8 +11,12 @@
 //! - [`record`]: that annotation (never trusted to remove what it names),
 //!   and what was done to a template.
 //! - [`migrate`]: a TCPX daemon the Pod already runs, converted;
+//!   [`script`]: one a shell script starts (`bash -c`), read;
 //!   [`restore`]: kept in the template, and given back by `--uninject`.
+//! - [`network`]: which network namespace the daemon runs in: the node's,
+//!   or the Pod's own where GKE multi-networking gives it the GPU NICs.
 //! - [`daemon`]: the daemon container of each mode and its flags;
+//!   [`devices`]: GKE's device annotation that gives it the GPUs;
 //!   [`pod_flags`]: the daemon flags that make no sense in a Pod;
 //!   [`probe`]: its probes, which follow `--metrics_address`.
 //! - [`values`]: inject's own option values (image, quantities).
@@ -35,6 +39,7 @@ pub mod certs;
 pub mod checks;
 pub mod command;
 pub mod daemon;
+pub mod devices;
 pub mod files;
 pub mod kinds;
 pub mod limits;
@@ -42,6 +47,7 @@ pub mod lists;
 pub mod machine;
 pub mod mig;
 pub mod migrate;
+pub mod network;
 pub mod patch;
 pub mod platform;
 pub mod pod_flags;
@@ -49,6 +55,7 @@ pub mod probe;
 pub mod record;
 pub mod report;
 pub mod restore;
+pub mod script;
 pub mod serve;
 pub mod template;
 pub mod transport;

@@ -86,7 +86,8 @@ pub fn details(
 }
 
 /// What may not work as the template's author expects.
-pub fn warnings(opts: &Options, flags: &DaemonFlags, asked: u64) -> Vec<String> {
+/// `own_netns`: the Pod has a network namespace of its own (its port is its own).
+pub fn warnings(opts: &Options, flags: &DaemonFlags, asked: u64, own_netns: bool) -> Vec<String> {
     let mut out = Vec::new();
     if opts.privileged && opts.mode != Mode::Node {
         out.push(
@@ -100,8 +101,8 @@ pub fn warnings(opts: &Options, flags: &DaemonFlags, asked: u64) -> Vec<String> 
     let has = machine::gpus(&opts.machine);
     if let Some(has) = has.filter(|has| asked < *has && opts.mode != Mode::Node) {
         let port = match flags.parsed.metrics_address.0 {
-            Some(a) => format!(" and port {}", a.port()),
-            None => String::new(),
+            Some(a) if !own_netns => format!(" and port {}", a.port()),
+            _ => String::new(),
         };
         out.push(format!(
             "asks for {asked} of the {has} GPUs ({GPU_RESOURCE}) of a node of machine type {}, but its daemon \

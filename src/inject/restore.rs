@@ -42,6 +42,9 @@ pub fn remove(spec: &mut Value, r: &Reference) -> Result<(String, String), Strin
             (saved.index, saved.container) = (i, cs.remove(i));
         }
     }
+    // The volume of a job-end file its script waited for stays: the
+    // workload creates the file there, and inject's daemon watches it.
+    let kept = r.script.as_ref().and_then(|s| s.wait.as_ref()).map(|(_, m)| name_of(m));
     let gone: Vec<String> = saved
         .container
         .get("volumeMounts")
@@ -49,6 +52,7 @@ pub fn remove(spec: &mut Value, r: &Reference) -> Result<(String, String), Strin
         .into_iter()
         .flatten()
         .map(name_of)
+        .filter(|v| Some(v) != kept.as_ref())
         .collect();
     let mut still_used = Vec::new();
     for list in LISTS {
@@ -99,8 +103,12 @@ pub fn remove(spec: &mut Value, r: &Reference) -> Result<(String, String), Strin
             d.join(" ")
         ),
     };
+    let started = match &r.script {
+        Some(s) => format!(", started by a {} -c script", s.shell),
+        None => String::new(),
+    };
     let line = format!(
-        "converted {} {} ({flags}; volumes removed: {}; --uninject brings it back)",
+        "converted {} {}{started} ({flags}; volumes removed: {}; --uninject brings it back)",
         r.kind.describe(),
         r.name,
         if removed.is_empty() { "none".to_string() } else { removed.join(", ") }

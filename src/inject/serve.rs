@@ -28,6 +28,7 @@
 mod connection;
 pub mod conns;
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,6 +45,7 @@ use super::certs;
 use super::transport::{held_bytes, read_body, BodyError, BodyRules, Budget};
 use super::webhook::{self, OnError, Verdict};
 use super::Options;
+use crate::types::exit::Exit;
 
 /// The server's settings.
 #[derive(Debug, Clone)]
@@ -341,17 +343,15 @@ fn log_review(o: &webhook::Outcome, took: Duration) {
     }
 }
 
-/// Runs the server; returns the exit code.
-pub fn main(cfg: ServeConfig) -> u8 {
+/// Runs the server until SIGTERM or ^C (done); failed when it cannot start.
+pub fn main(cfg: ServeConfig) -> Exit {
     // Before the runtime's threads take their arenas.
     tune_allocator();
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_ansi(ansi).with_writer(std::io::stderr).try_init();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("tcpx-rxdm inject serve: {e}");
-            return 1;
+            let _ = writeln!(std::io::stderr(), "tcpx-rxdm inject serve: {e}");
+            return Exit::Failed;
         }
     };
     rt.block_on(async {
@@ -359,20 +359,20 @@ pub fn main(cfg: ServeConfig) -> u8 {
             Ok((addr, serve)) => {
                 let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 else {
-                    eprintln!("tcpx-rxdm inject serve: cannot handle SIGTERM");
-                    return 1;
+                    let _ = writeln!(std::io::stderr(), "tcpx-rxdm inject serve: cannot handle SIGTERM");
+                    return Exit::Failed;
                 };
                 tracing::info!(%addr, "serving admission reviews on /mutate");
                 // The kubelet's SIGTERM (or ^C) ends it; the API server retries elsewhere.
                 tokio::select! {
-                    _ = serve => 0,
-                    _ = term.recv() => 0,
-                    _ = tokio::signal::ctrl_c() => 0,
+                    _ = serve => Exit::Done,
+                    _ = term.recv() => Exit::Done,
+                    _ = tokio::signal::ctrl_c() => Exit::Done,
                 }
             }
             Err(e) => {
-                eprintln!("tcpx-rxdm inject serve: {e}");
-                1
+                let _ = writeln!(std::io::stderr(), "tcpx-rxdm inject serve: {e}");
+                Exit::Failed
             }
         }
     })

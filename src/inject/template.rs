@@ -9,8 +9,10 @@ use serde_norway::{Mapping, Value};
 
 use super::checks::{self, Adds};
 use super::daemon::{self, map, s, DaemonFlags};
+use super::devices;
 use super::lists::{seq_mut, LISTS};
 use super::migrate;
+use super::network::{self, Layout};
 use super::record::{Record, GRACE_SECONDS};
 use super::restore::{self, SAVED};
 use super::{
@@ -50,7 +52,8 @@ pub fn inject(
     };
     // MIG: whole GPUs only.
     super::mig::refuse(spec, object, at)?;
-    checks::pod(meta.get("annotations"), spec, object, at)?;
+    let layout = network::layout(meta.get("annotations"), spec, opts.mode, object, at)?;
+    checks::pod(spec, object, at)?;
     let asked = limits::check(spec, &opts.machine, object, at)?;
     if asked == 0 {
         return Ok(None);
@@ -60,24 +63,40 @@ pub fn inject(
         .filter_map(|l| spec.get(*l).and_then(Value::as_sequence))
         .flat_map(|cs| cs.iter().filter(|c| is_gpu(c)).map(name_of))
         .collect();
-    let devices = (!opts.privileged && opts.mode != Mode::Node && opts.platform.gke_devices())
-        .then(daemon::device_annotation);
-    if let Some((k, _)) =
-        devices.as_ref().filter(|(k, _)| meta.get("annotations").and_then(|a| a.get(k.as_str())).is_some())
-    {
-        return Err(err(
-            format!("metadata.annotations[{k}]"),
-            "set already; inject writes its own, which gives the daemon its GPUs (remove it, or use \
-             --privileged, which needs none)"
-                .into(),
-        ));
-    }
+    // GKE's device annotation: inject's, or the Pod's own where it lists every device.
+    let wants_devices = !opts.privileged && opts.mode != Mode::Node && opts.platform.gke_devices();
+    let own_devices = match devices::given(meta.get("annotations")) {
+        devices::Given::Short(why) if wants_devices => {
+            let what = "the daemon needs the eight GPUs, /dev/nvidiactl and /dev/nvidia-uvm: add them, or \
+                        remove the annotation (inject writes its own), or use --privileged, which needs none";
+            let key = devices::device_annotation().0;
+            return Err(err(format!("metadata.annotations[{key}]"), format!("{why}; {what}")));
+        }
+        given => wants_devices && given == devices::Given::All,
+    };
+    let devices = (wants_devices && !own_devices).then(devices::device_annotation);
     let reference = migrate::find(spec, object, at)?;
-    // A converted daemon that ran this daemon's image keeps it, unless --image says otherwise.
+    // A converted daemon that ran this daemon's image keeps it, and its
+    // requests stay, unless --image, --daemon-cpu, --daemon-memory say otherwise.
     let adopted;
-    let opts = match reference.as_ref().and_then(|r| r.image.as_ref()).filter(|_| !opts.given.image) {
-        Some(image) => {
-            adopted = Options { image: image.clone(), ..opts.clone() };
+    let mut requested = Vec::new();
+    let opts = match &reference {
+        Some(r) => {
+            let mut o = opts.clone();
+            if let Some(image) = r.image.as_ref().filter(|_| !opts.given.image) {
+                o.image = image.clone();
+            }
+            let [cpu, memory] = &r.requests;
+            for (given, mine, theirs, what) in [
+                (opts.given.cpu, &mut o.cpu, cpu, "cpu"),
+                (opts.given.memory, &mut o.memory, memory, "memory"),
+            ] {
+                if let (false, None, Some(v)) = (given, &mine, theirs) {
+                    *mine = Some(v.clone());
+                    requested.push(format!("{what} {v}"));
+                }
+            }
+            adopted = o;
             &adopted
         }
         None => opts,
@@ -85,12 +104,13 @@ pub fn inject(
     let mut carried = kept.to_vec();
     carried.extend(reference.iter().flat_map(|r| r.carried.iter().cloned()));
     let flags = DaemonFlags::new(opts, &carried)?;
+    network::check_nics(&layout, &flags, &opts.machine, object, at)?;
     let uds = flags.uds_path();
     let nccl = match opts.nccl {
         Nccl::Inline => Some(machine::nccl_env(&opts.machine, &flags.parsed)?),
         _ => None,
     };
-    let mut details = Vec::new();
+    let mut details = vec![layout.describe()];
     let gpus_via = if opts.platform.gke_devices() { "GKE's device annotation" } else { "the NVIDIA runtime" };
     let saved = match &reference {
         Some(r) => {
@@ -101,7 +121,7 @@ pub fn inject(
                 )
             })?;
             details.push(line);
-            if r.privileged && !opts.privileged {
+            if r.privileged && !opts.privileged && opts.mode != Mode::Node {
                 details.push(format!(
                     "{} {} ran privileged: true; inject's daemon does not (only the capabilities it needs, \
                      the GPUs through {gpus_via}): --privileged keeps privileged: true",
@@ -109,10 +129,24 @@ pub fn inject(
                     r.name,
                 ));
             }
+            details.extend(job_end(r, opts.mode));
+            if !requested.is_empty() && opts.mode != Mode::Node {
+                details.push(format!(
+                    "daemon requests {}, as {} asked (--daemon-cpu and --daemon-memory replace them)",
+                    requested.join(", "),
+                    r.name
+                ));
+            }
             Some(text)
         }
         None => None,
     };
+    if own_devices {
+        details.push(format!(
+            "GPUs: the Pod's own {} annotation lists every device the daemon needs; kept as it is",
+            devices::device_annotation().0
+        ));
+    }
     checks::names_free(spec, object, at)?;
 
     // The GPU containers: refuse conflicts before changing anything.
@@ -137,9 +171,10 @@ pub fn inject(
     let kept = checks::gpu_containers(spec, &adds, object, at)?;
 
     let mut pod = Vec::new();
+    let host = matches!(layout, Layout::Node { .. });
     // ClusterFirst, the API server's default, would give a host-network Pod
     // the node's resolver: it becomes ClusterFirstWithHostNet, recorded.
-    if spec.get("hostNetwork").is_none() && spec.get("dnsPolicy") == Some(&s("ClusterFirst")) {
+    if host && spec.get("hostNetwork").is_none() && spec.get("dnsPolicy") == Some(&s("ClusterFirst")) {
         spec.as_mapping_mut().expect("a mapping").insert(s("dnsPolicy"), s("ClusterFirstWithHostNet"));
         pod.push("dnsPolicy:ClusterFirst".into());
     }
@@ -149,8 +184,11 @@ pub fn inject(
             pod.push(key.to_string());
         }
     };
-    set(spec, "hostNetwork", Value::Bool(true));
-    set(spec, "dnsPolicy", s("ClusterFirstWithHostNet"));
+    // A multi-networking Pod stays in its own network namespace.
+    if host {
+        set(spec, "hostNetwork", Value::Bool(true));
+        set(spec, "dnsPolicy", s("ClusterFirstWithHostNet"));
+    }
     // The platform's runtime class (GPU Operator); one the Pod names is kept.
     if let Some(class) = opts.platform.runtime_class() {
         set(spec, "runtimeClassName", s(class));
@@ -163,10 +201,25 @@ pub fn inject(
         }
         set(spec, "terminationGracePeriodSeconds", Value::Number(GRACE_SECONDS.into()));
     }
-    let volumes = daemon::volumes(opts);
+    let mut volumes = daemon::volumes(opts);
+    // In its own namespace, the Pod's socket folder stays the kind it was
+    // (an emptyDir where hostPath is not allowed, on Autopilot).
+    let kept_socket =
+        reference.as_ref().and_then(|r| r.socket_volume.as_ref()).and_then(network::socket_volume);
+    if let (false, Some(v)) = (host, kept_socket) {
+        volumes.iter_mut().filter(|x| name_of(x) == "tcpx-socket").for_each(|x| *x = v.clone());
+        details.push(format!(
+            "socket folder: tcpx-socket is {}, the kind of volume the Pod's daemon kept its sockets in",
+            if v.get("emptyDir").is_some() { "an emptyDir" } else { "a host path" }
+        ));
+    }
     seq_mut(spec, "volumes").extend(volumes.iter().cloned());
     let daemon_list = if opts.mode == Mode::NativeSidecar { "initContainers" } else { "containers" };
-    if let Some(c) = daemon::container(opts, &flags) {
+    if let Some(mut c) = daemon::container(opts, &flags) {
+        if let Some(r) = &reference {
+            keep_job_end_mount(&mut c, r)
+                .map_err(|why| err(format!("spec.{}[{}].volumeMounts", r.list, r.name), why))?;
+        }
         seq_mut(spec, daemon_list).insert(0, c);
     }
     let mut added = Vec::new();
@@ -220,8 +273,50 @@ pub fn inject(
         if opts.platform.runtime_class().is_some() { ", gpu-operator" } else { "" },
         if opts.privileged && opts.mode != Mode::Node { ", privileged daemon (--privileged)" } else { "" }
     );
-    let warnings = super::report::warnings(opts, &flags, asked);
+    let warnings = super::report::warnings(opts, &flags, asked, !host);
     Ok(Some(Injected { summary, details, warnings, image: opts.image.clone() }))
+}
+
+/// The report's line on the job-end file a converted daemon's script waited for.
+fn job_end(r: &migrate::Reference, mode: Mode) -> Option<String> {
+    let (file, m) = r.script.as_ref()?.wait.as_ref()?;
+    let (v, at) = (name_of(m), m.get("mountPath").and_then(Value::as_str).unwrap_or_default());
+    Some(match mode {
+        Mode::Node => format!(
+            "job end: {}'s script waited for {file}; the node-wide daemon does not end with a job (volume \
+             {v} stays with the workload)",
+            r.name
+        ),
+        _ => format!(
+            "job end: {}'s script waited for {file}; inject's daemon ends when it appears \
+             (--shutdown_file={file}), volume {v} still mounted at {at}",
+            r.name
+        ),
+    })
+}
+
+/// The mount of the job-end file a converted daemon's script waited for,
+/// added to inject's daemon container; refused where that holds a mount at
+/// its path already.
+fn keep_job_end_mount(c: &mut Value, r: &migrate::Reference) -> Result<(), String> {
+    let Some((file, m)) = r.script.as_ref().and_then(|s| s.wait.as_ref()) else { return Ok(()) };
+    let at = |m: &Value| {
+        m.get("mountPath").and_then(Value::as_str).unwrap_or_default().trim_end_matches('/').to_string()
+    };
+    let mounts = seq_mut(c, "volumeMounts");
+    if let Some(ours) = mounts.iter().find(|x| at(x) == at(m)) {
+        return Err(format!(
+            "{} {}: its script waits for {file} on volume {} at {}, where inject's daemon mounts {} (its \
+             own); mount that volume elsewhere in both containers, or convert this container by hand",
+            r.kind.describe(),
+            r.name,
+            name_of(m),
+            at(m),
+            name_of(ours)
+        ));
+    }
+    mounts.push(m.clone());
+    Ok(())
 }
 
 /// Sets annotations, creating `metadata` (first) where the template has none.

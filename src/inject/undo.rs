@@ -6,7 +6,7 @@ use serde_norway::Value;
 
 use super::checks::is_our_configmap;
 use super::daemon::DaemonFlags;
-use super::daemon::{self, s, VOLUMES};
+use super::daemon::{s, VOLUMES};
 use super::lists::LISTS;
 use super::lists::{drop_empty, retain_list};
 use super::record::{set_value, Record};
@@ -110,7 +110,7 @@ pub fn remove(tpl: &mut Value, rec: &Record, object: &str, at: &str) -> Result<C
             if saved.is_some() {
                 ann.remove(SAVED);
             }
-            let (k, v) = daemon::device_annotation();
+            let (k, v) = super::devices::device_annotation();
             if rec.pod.iter().any(|f| f == "devices") && ann.get(k.as_str()) == Some(&s(&v)) {
                 ann.remove(k.as_str());
             }

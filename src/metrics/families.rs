@@ -10,8 +10,8 @@ use prometheus::{
 };
 
 use super::{
-    LeaseMetrics, Metrics, RuleOp, RuleSeries, ENDPOINT_KINDS, KNOWN_ERRNOS, LINK_EVENT_KINDS, POOL_KINDS,
-    RECENT_ERRORS,
+    LeaseMetrics, Metrics, RuleOp, RuleSeries, ENDPOINT_KINDS, HTTP_TURNED_AWAY, KNOWN_ERRNOS,
+    LINK_EVENT_KINDS, POOL_KINDS, RECENT_ERRORS,
 };
 use crate::types::status::ALL_CODES;
 
@@ -99,7 +99,15 @@ impl Metrics {
                 &r,
                 IntCounter::new(
                     "tcpx_rxdm_audit_flow_checks_skipped_total",
-                    "IPv4 installs whose flow audit mode did not look up: their tenant had had 1000 looked up in the last second.",
+                    "IPv4 installs whose flow audit mode did not look up: 4096 checks already waited.",
+                )
+                .expect("valid metric"),
+            ),
+            connections_over_share: reg(
+                &r,
+                IntCounter::new(
+                    "tcpx_rxdm_connections_over_share_total",
+                    "Registry and pool connections refused because their workload held three quarters of --max_connections.",
                 )
                 .expect("valid metric"),
             ),
@@ -125,6 +133,11 @@ impl Metrics {
                 "tcpx_rxdm_connections_total",
                 "Accepted client connections per endpoint kind.",
                 &["endpoint"],
+            ),
+            http_turned_away: counter(
+                "tcpx_rxdm_http_turned_away_total",
+                "HTTP connections let go unserved: evicted (closed unanswered, no request head yet when a newer connection needed its place) or busy (told 503, every request slot taken).",
+                &["reason"],
             ),
             link_events: counter(
                 "tcpx_rxdm_link_events_total",
@@ -173,6 +186,14 @@ impl Metrics {
                     IntCounter::new(
                         "tcpx_rxdm_tenant_reads_refused_total",
                         "New client processes not identified because too many of their cgroup's waited to be read.",
+                    )
+                    .expect("valid metric"),
+                ),
+                tenant_reads_slow: reg(
+                    &r,
+                    IntCounter::new(
+                        "tcpx_rxdm_tenant_reads_slow_total",
+                        "Tenant reads still running when a connection had waited 2 s for them: its request got UNAVAILABLE, and the read's thread stopped counting as a reader.",
                     )
                     .expect("valid metric"),
                 ),
@@ -253,6 +274,9 @@ impl Metrics {
             m.connections_total.with_label_values(&[e]);
         }
         m.restore_failures.with_label_values(&["host"]);
+        for r in HTTP_TURNED_AWAY {
+            m.http_turned_away.with_label_values(&[r]);
+        }
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::for_self();
@@ -337,13 +361,16 @@ mod tests {
             r#"tcpx_rxdm_ipv6_repair_lookups_total{outcome="busy"} 0"#,
             "tcpx_rxdm_ipv6_repair_dumps_total 0",
             "tcpx_rxdm_audit_flow_checks_skipped_total 0",
+            "tcpx_rxdm_connections_over_share_total 0",
             "tcpx_rxdm_ipv6_repairs_waiting 0",
             r#"tcpx_rxdm_link_events_total{kind="reset",nic="eth1"} 0"#,
             r#"tcpx_rxdm_connections{endpoint="rule_manager"} 0"#,
+            r#"tcpx_rxdm_http_turned_away_total{reason="evicted"} 0"#,
             "tcpx_rxdm_lease_clients 0",
             "tcpx_rxdm_connections_without_lease_total 0",
             "tcpx_rxdm_tenant_reads_waiting 0",
             "tcpx_rxdm_tenant_reads_refused_total 0",
+            "tcpx_rxdm_tenant_reads_slow_total 0",
             "tcpx_rxdm_ready 0",
             r#"tcpx_rxdm_pool_size_bytes{gpu="0000:8b:00.0"} 0"#,
             r#"tcpx_rxdm_rules_by_queue{nic="eth4",queue="15"} 0"#,

@@ -40,6 +40,10 @@ pub const ENDPOINT_KINDS: [&str; 8] = [
     "status",
 ];
 
+/// Why the HTTP server let a connection go unserved (`http_turned_away_total{reason}`),
+/// as `server::http::TurnedAway` names it.
+pub const HTTP_TURNED_AWAY: [&str; 2] = ["evicted", "busy"];
+
 /// Link event kinds (`link_events_total{kind}`).
 pub const LINK_EVENT_KINDS: [&str; 3] = ["link_down", "removed", "reset"];
 
@@ -98,13 +102,17 @@ pub struct Metrics {
     pub ipv6_repair_lookups: IntCounterVec,
     /// Dumps of a namespace's connections made for them.
     pub ipv6_repair_dumps: IntCounter,
-    /// Audit mode's flow checks left out: their tenant's second's share was used.
+    /// Audit mode's flow checks left out: the audit thread's queue was full.
     pub audit_flow_checks_skipped: IntCounter,
+    /// Connections refused because their workload held its most already.
+    pub connections_over_share: IntCounter,
     /// Garbled IPv6 installs waiting to be looked up now.
     pub ipv6_repairs_waiting: IntGauge,
     pub registered_apps: IntGauge,
     pub connections: IntGaugeVec,
     pub connections_total: IntCounterVec,
+    /// HTTP connections let go unserved, by `reason` ([`HTTP_TURNED_AWAY`]).
+    pub http_turned_away: IntCounterVec,
     pub link_events: IntCounterVec,
     pub ready: IntGauge,
     /// NIC operations that failed, by NIC, operation and errno name.
@@ -140,4 +148,7 @@ pub struct LeaseMetrics {
     pub tenant_reads_waiting: IntGauge,
     /// New processes whose tenant read was refused (too many waiting).
     pub tenant_reads_refused: IntCounter,
+    /// Tenant reads still running when a connection had waited its limit
+    /// for them (each read counted once).
+    pub tenant_reads_slow: IntCounter,
 }

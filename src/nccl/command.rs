@@ -1,12 +1,14 @@
-//! `tcpx-rxdm nccl-env [--format=env|json|configmap] [--machine PROFILE]
-//! [--check [--env-file FILE] [--json]] [DAEMON FLAGS]`: the topology from
-//! the daemon's flags, the node from `--sysfs_root` (or a machine profile).
+//! `tcpx-rxdm nccl-env [--format=env|text|json|configmap] [--machine PROFILE]
+//! [--check [--env-file FILE] [--format=text|json]] [DAEMON FLAGS]`: the
+//! topology from the daemon's flags, the node from `--sysfs_root` (or a
+//! machine profile).
 
 use std::path::PathBuf;
 
 use super::{check, check_env, generate, machine, process_env, NodeView, Sysfs};
 use crate::config::flags::Flags;
 use crate::config::presets;
+use crate::types::exit::Exit;
 
 /// Output forms of the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,14 +44,14 @@ pub struct Options {
     pub machine: Option<String>,
 }
 
-fn fail(msg: impl std::fmt::Display, code: u8) -> u8 {
+fn fail(msg: impl std::fmt::Display, end: Exit) -> Exit {
     eprintln!("tcpx-rxdm nccl-env: {msg}");
-    code
+    end
 }
 
-/// Runs the subcommand; returns the exit code (0 fine, 1 problems found or
-/// the node unreadable, 2 bad flags or topology).
-pub fn main(flags: &Flags, opts: &Options) -> u8 {
+/// Runs the subcommand: failed when problems were found or the node cannot
+/// be read; usage for bad flags or topology.
+pub fn main(flags: &Flags, opts: &Options) -> Exit {
     // The file first: a file that is not there is the error to report, not
     // a topology that the flags did not name.
     let file_vars = match &opts.env_file {
@@ -57,14 +59,14 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
         Some(path) => {
             let text = match std::fs::read_to_string(path) {
                 Ok(t) => t,
-                Err(e) => return fail(format_args!("--env-file {}: {e}", path.display()), 2),
+                Err(e) => return fail(format_args!("--env-file {}: {e}", path.display()), Exit::Usage),
             };
             match check::parse_env_file(&text) {
                 Ok(v) => Some(v),
                 Err(line) => {
                     return fail(
                         format_args!("--env-file {} line {line}: expected NAME=value", path.display()),
-                        2,
+                        Exit::Usage,
                     )
                 }
             }
@@ -73,13 +75,13 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
     let mut flags = flags.clone();
     let view: Box<dyn NodeView> = match opts.machine.as_deref() {
         Some(m) => {
-            let Some(view) = machine::view(m) else { return fail(machine::unknown(m), 2) };
+            let Some(view) = machine::view(m) else { return fail(machine::unknown(m), Exit::Usage) };
             if flags.gpu_nic_preset == "auto" {
                 flags.gpu_nic_preset = machine::preset(m).unwrap_or("auto").to_string();
             }
             Box::new(view)
         }
-        None => Box::new(Sysfs::new(&flags.sysfs_root())),
+        None => Box::new(Sysfs::for_flags(&flags)),
     };
     let topo = match presets::resolve_topology(&flags) {
         Ok((t, _)) => t,
@@ -91,10 +93,10 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
                      --gpu_nic_preset=a3vm with this node's CPUs)",
                     machine::DEFAULT
                 ),
-                2,
+                Exit::Usage,
             )
         }
-        Err(e) => return fail(e, 2),
+        Err(e) => return fail(e, Exit::Usage),
     };
     if opts.check {
         let vars = file_vars.unwrap_or_else(|| process_env().0);
@@ -104,7 +106,7 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
         } else {
             print!("{}", report.text());
         }
-        return if report.ok { 0 } else { 1 };
+        return Exit::of(report.ok);
     }
     match generate(view.as_ref(), &topo, &flags.uds_path) {
         Ok(env) => {
@@ -118,11 +120,11 @@ pub fn main(flags: &Flags, opts: &Options) -> u8 {
                 }
                 Format::ConfigMap => print!("{}", env.to_configmap()),
             }
-            0
+            Exit::Done
         }
         Err(e) => {
-            let code = if e.is_flag_error() { 2 } else { 1 };
-            fail(e, code)
+            let end = if e.is_flag_error() { Exit::Usage } else { Exit::Failed };
+            fail(e, end)
         }
     }
 }

@@ -1,11 +1,14 @@
 //! What the NCCL settings need to know of the node, behind a trait: which
 //! NUMA node each NIC sits on, the CPUs of each node, which CPUs are SMT
-//! siblings, and the interfaces. [`Sysfs`] reads it under a sysfs root (the
-//! daemon's `--sysfs_root`, so tests point it at a fabricated tree);
+//! siblings, and the interfaces. [`Sysfs`] reads it through the daemon's
+//! sysfs views (`--sysfs_root` and its own `/sys`, so tests point it at
+//! fabricated trees);
 //! [`FakeNode`] holds it in memory for unit tests.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::config::views::SysfsViews;
 
 use super::cpus;
 
@@ -23,32 +26,46 @@ pub trait NodeView {
     fn interfaces(&self) -> Vec<(String, bool)>;
 }
 
-/// [`NodeView`] read from a sysfs tree.
+/// [`NodeView`] read from sysfs: the NICs through the daemon's two views
+/// (`config::views`: its own namespace's interfaces, their PCI devices
+/// wherever a view shows them), CPUs and NUMA nodes under the root.
 #[derive(Debug, Clone)]
 pub struct Sysfs {
-    root: PathBuf,
+    views: SysfsViews,
 }
 
 impl Sysfs {
+    /// One sysfs tree (a fabricated one in tests), as `--sysfs_root=ROOT`.
     pub fn new(root: &Path) -> Sysfs {
-        Sysfs { root: root.to_path_buf() }
+        Sysfs { views: SysfsViews::single(root) }
+    }
+
+    /// The daemon's views for these flags.
+    pub fn for_flags(flags: &crate::config::flags::Flags) -> Sysfs {
+        Sysfs { views: SysfsViews::new(flags) }
+    }
+
+    /// Given views (two fabricated trees in tests).
+    pub fn with_views(views: SysfsViews) -> Sysfs {
+        Sysfs { views }
     }
 
     fn read(&self, rel: impl AsRef<Path>) -> Option<String> {
-        std::fs::read_to_string(self.root.join(rel)).ok()
+        std::fs::read_to_string(self.views.root().join(rel)).ok()
     }
 }
 
 impl NodeView for Sysfs {
     fn nic_numa_node(&self, ifname: &str) -> Option<u32> {
-        let text = self.read(format!("class/net/{ifname}/device/numa_node"))?;
+        let device = self.views.device(ifname).ok()??;
+        let text = std::fs::read_to_string(device.path.join("numa_node")).ok()?;
         // -1 (no affinity) fails to parse as u32, which is what it means.
         text.trim().parse().ok()
     }
 
     fn nodes(&self) -> Vec<(u32, BTreeSet<u32>)> {
         let mut out = Vec::new();
-        if let Ok(dir) = std::fs::read_dir(self.root.join("devices/system/node")) {
+        if let Ok(dir) = std::fs::read_dir(self.views.root().join("devices/system/node")) {
             for e in dir.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let Some(n) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else { continue };
@@ -74,20 +91,8 @@ impl NodeView for Sysfs {
     }
 
     fn interfaces(&self) -> Vec<(String, bool)> {
-        let dir = self.root.join("class/net");
-        let mut out: Vec<(String, bool)> = std::fs::read_dir(&dir)
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .map(|name| {
-                        let device = dir.join(&name).join("device").exists();
-                        (name, device)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        out.sort_by(|a, b| crate::config::discovery::natural_cmp(&a.0, &b.0));
-        out
+        let names = self.views.interfaces().unwrap_or_default();
+        names.into_iter().map(|name| (name.clone(), self.views.has_device(&name))).collect()
     }
 }
 
@@ -145,7 +150,7 @@ impl FakeNode {
             self.numa.insert(ifname.to_string(), n);
         }
         self.interfaces.push((ifname.to_string(), true));
-        self.interfaces.sort_by(|a, b| crate::config::discovery::natural_cmp(&a.0, &b.0));
+        self.interfaces.sort_by(|a, b| crate::types::ifname::natural_cmp(&a.0, &b.0));
         self
     }
 }

@@ -18,6 +18,7 @@ pub mod queue_stats;
 mod recording;
 pub mod sim;
 pub mod steering_miss;
+pub(crate) mod veth_standin;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -207,19 +208,6 @@ pub trait NicInfo {
     /// queue); empty when the driver does not count per queue.
     fn queue_rx_bytes(&self, ifname: &str) -> NicResult<queue_stats::QueueBytes> {
         Err(NicError::new(ifname, NicOp::Stat, Errno::EOPNOTSUPP))
-    }
-    /// The backend's own state of the NICs, for a takeover. Real NICs keep
-    /// their state in the kernel: nothing to hand on.
-    fn handover_state(&self) -> Vec<crate::wire::handover::SimNic> {
-        Vec::new()
-    }
-    /// Takes on state handed on by [`Self::handover_state`] of the daemon
-    /// this one took over from.
-    fn adopt_state(&self, state: &[crate::wire::handover::SimNic]) -> Result<(), String> {
-        match state {
-            [] => Ok(()),
-            _ => Err(format!("the {} NIC backend keeps no state of its own", self.backend())),
-        }
     }
 }
 

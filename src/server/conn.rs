@@ -45,9 +45,9 @@ pub async fn serve(
     done: mpsc::Sender<()>,
     start: Start,
 ) {
-    let gauge = state.metrics.connections.with_label_values(&[endpoint.kind()]);
+    let gauge = state.shared.metrics.connections.with_label_values(&[endpoint.kind()]);
     gauge.inc();
-    state.metrics.connections_total.with_label_values(&[endpoint.kind()]).inc();
+    state.shared.metrics.connections_total.with_label_values(&[endpoint.kind()]).inc();
     // The peer's credentials cost a syscall: fetched only where they are used.
     let mut pid = None;
     if endpoint == Endpoint::Registry || tracing::enabled!(tracing::Level::DEBUG) {
@@ -56,15 +56,52 @@ pub async fn serve(
         tracing::debug!(endpoint = endpoint.kind(), pid, uid = cred.map(|c| c.uid), "client connected");
     }
     let mut ctx = ConnContext { pid, registered: start.registered, client: None };
+    // Charged to its workload before anything is read: connections that
+    // never ask for anything count as much as any other.
+    let _share = match charge_workload(&stream, endpoint, state, &mut ctx).await {
+        Ok(share) => share,
+        Err(reply) => {
+            let _ = write_reply(&mut stream, Reply::Close(reply)).await;
+            gauge.dec();
+            return;
+        }
+    };
     let mut done = Some(done);
     let r = run(&mut stream, endpoint, state, &mut ctx, &mut shutdown, &mut done, start.input).await;
     if let Err(e) = r {
         tracing::debug!(endpoint = endpoint.kind(), error = %e, "connection ended with an error");
     }
     if ctx.registered {
-        state.registry.unregister(&state.metrics);
+        state.registry.unregister(&state.shared.metrics);
     }
     gauge.dec();
+}
+
+/// The connection's share of its workload's (where tenants are read, so
+/// that workloads are known); `Err`: the reply for a workload that holds its
+/// most of the connection's kind already.
+async fn charge_workload(
+    stream: &UnixStream,
+    endpoint: Endpoint,
+    state: &ServerState,
+    ctx: &mut ConnContext,
+) -> Result<Option<budget::WorkloadShare>, crate::wire::proto::UnixSocketProto> {
+    if !state.shared.tenants.checks() {
+        return Ok(None);
+    }
+    // Its client, found now rather than at its first request; one that
+    // cannot be told is charged with all such (`NOBODY_WORKLOAD`).
+    let _ = identify(stream, endpoint, state, ctx).await;
+    let tenant = ctx.client.as_ref().and_then(|c| c.tenant.clone());
+    let key = tenant.as_ref().map_or(budget::NOBODY_WORKLOAD, |t| t.workload.id);
+    match state.shared.conn_limit.charge_workload(key, endpoint) {
+        Ok(share) => Ok(Some(share)),
+        Err(over) => {
+            state.shared.metrics.connections_over_share.inc();
+            let name = tenant.map(|t| t.name());
+            Err(frame::error(StatusCode::ResourceExhausted, over.message(name.as_deref())))
+        }
+    }
 }
 
 /// Whether requests on `endpoint` tie the connection to its client process
@@ -84,10 +121,15 @@ async fn identify(
     state: &ServerState,
     ctx: &mut ConnContext,
 ) -> Result<(), identity::IdentifyError> {
-    if ctx.client.is_some() || !(tracks_client(endpoint) || state.tenants.checks()) {
+    // A client is the process that opened the connection while it lives:
+    // once it has exited, it is asked again (and is nobody, whoever sends).
+    if ctx.client.as_ref().is_some_and(|c| c.process.as_ref().is_some_and(|l| !l.alive())) {
+        ctx.client = None;
+    }
+    if ctx.client.is_some() || !(tracks_client(endpoint) || state.shared.tenants.checks()) {
         return Ok(());
     }
-    match state.clients.who_async(stream.as_fd()).await {
+    match state.shared.clients.who_async(stream.as_fd()).await {
         Ok(c) => {
             ctx.client = Some(c);
             Ok(())
@@ -96,7 +138,7 @@ async fn identify(
             tracing::debug!(endpoint = endpoint.kind(), pid = ctx.pid.unwrap_or(0), error = %e, "client not identified in time");
             let decides =
                 matches!(endpoint, Endpoint::GpuFd(_) | Endpoint::GpuMetadata(_) | Endpoint::GpuIpcHandle);
-            match decides && state.tenants.mode == TenantIsolation::Enforce {
+            match decides && state.shared.tenants.mode == TenantIsolation::Enforce {
                 true => Err(e),
                 false => Ok(()),
             }
@@ -119,17 +161,21 @@ async fn run(
 ) -> io::Result<()> {
     let mut buf: Vec<u8> = input;
     buf.reserve(512);
-    let mut gate = state.gate.subscribe();
+    let mut gate = state.shared.gate.subscribe();
     let mut stopping = false;
     // The registry serves on through shutdown; everything else stops reading.
     let serves_through_shutdown = endpoint == Endpoint::Registry;
-    let idle_limit = state.conn_limit.idle_limit(endpoint);
+    let idle_limit = state.shared.conn_limit.idle_limit(endpoint);
+    let first_limit = state.shared.conn_limit.first_request_limit();
+    // A registration handed over by a takeover asked long ago.
+    let mut asked = ctx.registered;
     let mut last_request = tokio::time::Instant::now();
     loop {
         match frame::parse(&buf) {
             Ok(Some((msg, used))) => {
                 buf.drain(..used);
                 last_request = tokio::time::Instant::now();
+                asked = true;
                 // A large frame grew the buffer: give the memory back.
                 memory::shrink_buffer(&mut buf);
                 let reply = if stopping && !serves_through_shutdown {
@@ -184,9 +230,10 @@ async fn run(
                 ctx.registered = false;
                 return Ok(());
             }
-            _ = budget::idle_expired(idle_limit, last_request) => {
+            _ = budget::idle_expired(if asked { idle_limit } else { first_limit }, last_request) => {
                 // No request pending: nothing owed. Part of a frame: an error reply.
-                if let (false, Some(limit)) = (buf.is_empty(), idle_limit) {
+                let limit = if asked { idle_limit } else { first_limit };
+                if let (false, Some(limit)) = (buf.is_empty(), limit) {
                     write_reply(stream, Reply::Close(budget::incomplete_reply(&buf, limit))).await?;
                 }
                 return Ok(());
@@ -212,7 +259,7 @@ fn park(stream: &UnixStream, endpoint: Endpoint, state: &ServerState, ctx: &Conn
             None
         }
     };
-    state.gate.park_task(parked);
+    state.shared.gate.park_task(parked);
 }
 
 /// Reads what the client already sent, without waiting for more.

@@ -71,11 +71,11 @@ fn registry(state: &ServerState, msg: UnixSocketProto, ctx: &mut ConnContext) ->
     let want = r.register_client.unwrap_or(false);
     if want && !ctx.registered {
         ctx.registered = true;
-        state.registry.register(&state.metrics);
+        state.registry.register(&state.shared.metrics);
         tracing::info!(pid = ctx.pid, apps = state.registry.count(), "application registered");
     } else if !want && ctx.registered {
         ctx.registered = false;
-        state.registry.unregister(&state.metrics);
+        state.registry.unregister(&state.shared.metrics);
     }
     Reply::Message(frame::ok())
 }
@@ -103,20 +103,20 @@ fn pool_for(
 
 /// The tenant check of a pool request for `want`: the refusal to send, if any.
 fn refused(state: &ServerState, ctx: &ConnContext, kind: &str, want: Option<PciAddr>) -> Option<Reply> {
-    if !state.tenants.checks() {
+    if !state.shared.tenants.checks() {
         return None;
     }
     let pci = want?;
     let gpu = state.gpus.get(&pci)?;
     let who = ctx.client.clone().unwrap_or_default();
     let endpoint = format!("gpu_{kind}");
-    let denied = state.tenants.check_gpu(&endpoint, &who, gpu.slot.ordinal, &pci).err()?;
+    let denied = state.shared.tenants.check_gpu(&endpoint, &who, gpu.slot.ordinal, &pci).err()?;
     count(state, kind, denied.code());
     Some(Reply::Message(frame::error(denied.code(), denied.message)))
 }
 
 fn count(state: &ServerState, kind: &str, code: StatusCode) {
-    state.metrics.pool_requests.with_label_values(&[kind, code.name()]).inc();
+    state.shared.metrics.pool_requests.with_label_values(&[kind, code.name()]).inc();
 }
 
 fn pool_fd(state: &ServerState, msg: UnixSocketProto, gpu: PciAddr, ctx: &ConnContext) -> Reply {

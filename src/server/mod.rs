@@ -15,20 +15,17 @@ pub(crate) mod socket_dir;
 pub mod status;
 
 use foldhash::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::endpoint::accept_backoff;
-use crate::endpoint::budget::ConnBudget;
-use crate::endpoint::pause::{self, Gate, Parked};
+use crate::endpoint::pause::{self, Parked};
 use crate::endpoint::{stopped, Endpoint};
 use crate::gpu::RxPool;
-use crate::identity::{ClientTracker, TenantPolicy};
 use crate::metrics::Metrics;
-use crate::steering::{GpuSlot, RulePath};
+use crate::steering::{GpuSlot, RulePath, Shared};
 use crate::types::pci::PciAddr;
 
 /// One managed GPU as the handlers see it.
@@ -78,18 +75,8 @@ pub struct ServerState {
     /// (`GpuEntry::nic` indexes `rules.nics`).
     pub rules: Arc<RulePath>,
     pub registry: AppRegistry,
-    pub metrics: Arc<Metrics>,
-    /// `--max_connections`, with a share kept for registry and pool endpoints.
-    pub conn_limit: Arc<ConnBudget>,
-    /// Client processes and their leases.
-    pub clients: Arc<ClientTracker>,
-    /// Tenant isolation: who may fetch which pool.
-    pub tenants: Arc<TenantPolicy>,
-    /// Set when shutdown starts: the NIC threads answer requests not yet
-    /// started with UNAVAILABLE.
-    pub stopping: Arc<AtomicBool>,
-    /// A takeover's pause: no accepting, connections parked between requests.
-    pub gate: Arc<Gate>,
+    /// What every endpoint shares (the rule path's own).
+    pub shared: Arc<Shared>,
 }
 
 /// Serves a connection taken over from another daemon (registered there,
@@ -106,10 +93,10 @@ pub fn spawn_adopted(
         .and_then(|()| tokio::net::UnixStream::from_std(std))
         .map_err(|err| socket_dir::SocketDirError::Bind { path: p.endpoint.socket_name().into(), err })?;
     if p.registered {
-        state.registry.register(&state.metrics);
+        state.registry.register(&state.shared.metrics);
     }
-    let live = state.gate.enter();
-    let permit = state.conn_limit.try_acquire(p.endpoint);
+    let live = state.shared.gate.enter();
+    let permit = state.shared.conn_limit.try_acquire(p.endpoint);
     let start = conn::Start { registered: p.registered, input: p.input };
     tokio::spawn(async move {
         conn::serve(stream, p.endpoint, &state, shutdown, done, start).await;
@@ -135,7 +122,7 @@ pub fn spawn_endpoint(
 ) {
     tokio::spawn(async move {
         let mut backoff = accept_backoff::AcceptBackoff::new(endpoint.kind());
-        let mut gate = state.gate.subscribe();
+        let mut gate = state.shared.gate.subscribe();
         loop {
             // Paused for a takeover: clients wait in the backlog for whoever serves next.
             tokio::select! {
@@ -146,13 +133,13 @@ pub fn spawn_endpoint(
             // The permit is only probed here: an idle listener must not hold one.
             tokio::select! {
                 _ = stopped(&mut shutdown) => return,
-                p = state.conn_limit.acquire(endpoint) => drop(p),
+                p = state.shared.conn_limit.acquire(endpoint) => drop(p),
             }
-            let live = state.gate.enter();
+            let live = state.shared.gate.enter();
             let stream = tokio::select! {
                 _ = stopped(&mut shutdown) => return,
                 _ = pause::closing(&mut gate) => {
-                    state.gate.park_task(None);
+                    state.shared.gate.park_task(None);
                     pause::settled(&mut gate).await;
                     continue;
                 }
@@ -174,7 +161,7 @@ pub fn spawn_endpoint(
                     }
                 },
             };
-            let permit = match state.conn_limit.try_acquire(endpoint) {
+            let permit = match state.shared.conn_limit.try_acquire(endpoint) {
                 Some(p) => Some(p),
                 None => match wait_for_permit(&stream, endpoint, &state, &mut gate, &mut shutdown).await {
                     Waited::Permit(p) => Some(p),
@@ -216,7 +203,7 @@ async fn wait_for_permit(
     loop {
         tokio::select! {
             _ = stopped(shutdown) => return Waited::Stopping,
-            p = state.conn_limit.acquire(endpoint) => return Waited::Permit(p),
+            p = state.shared.conn_limit.acquire(endpoint) => return Waited::Permit(p),
             _ = pause::closing(gate) => {
                 let parked = match stream.as_fd().try_clone_to_owned() {
                     Ok(fd) => Some(Parked { fd, endpoint, registered: false, input: Vec::new(), peeked: 0 }),
@@ -225,7 +212,7 @@ async fn wait_for_permit(
                         None
                     }
                 };
-                state.gate.park_task(parked);
+                state.shared.gate.park_task(parked);
                 if !pause::settled(gate).await {
                     return Waited::HandedOver;
                 }

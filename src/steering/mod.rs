@@ -74,8 +74,17 @@ pub struct RulePath {
     gpus: HashMap<PciAddr, GpuSlot>,
     /// Local address → NIC index, for requests without a GPU.
     addresses: RwLock<HashMap<IpAddr, usize>>,
+    /// What the rule path shares with every other endpoint.
+    pub shared: Arc<Shared>,
+    /// Where garbled IPv6 installs wait to be repaired.
+    pub repairs: repair::Repairs,
+}
+
+/// What every endpoint, the rule path and its NIC threads share: one
+/// value, held by each through an `Arc`.
+pub struct Shared {
     pub metrics: Arc<Metrics>,
-    /// `--max_connections`, shared with every other endpoint.
+    /// `--max_connections`, with a share kept for registry and pool endpoints.
     pub conn_limit: Arc<ConnBudget>,
     /// Client processes and their leases.
     pub clients: Arc<ClientTracker>,
@@ -84,35 +93,41 @@ pub struct RulePath {
     pub stopping: Arc<AtomicBool>,
     /// Tenant isolation: which GPU and which flow a client may use.
     pub tenants: Arc<TenantPolicy>,
-    /// A takeover's pause (shared with the async endpoints).
+    /// A takeover's pause: no accepting, connections parked between requests.
     pub gate: Arc<Gate>,
-    /// Where garbled IPv6 installs wait to be repaired.
-    pub repairs: repair::Repairs,
+}
+
+impl Shared {
+    /// For unit tests: nothing tracked, no isolation, room for 64 connections.
+    #[cfg(test)]
+    pub fn for_tests() -> Shared {
+        let metrics = Arc::new(Metrics::new());
+        let tenants = Arc::new(TenantPolicy::off());
+        let policy = crate::identity::LeasePolicy { track: false, reclaim: false };
+        let (clients, _) = ClientTracker::new(policy, metrics.clone(), tenants.clone());
+        Shared {
+            metrics,
+            conn_limit: Arc::new(ConnBudget::new(64, None)),
+            clients,
+            stopping: Arc::new(AtomicBool::new(false)),
+            tenants,
+            gate: Arc::new(Gate::default()),
+        }
+    }
 }
 
 impl RulePath {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         nics: Vec<NicRuleThread>,
         gpus: impl IntoIterator<Item = (PciAddr, GpuSlot)>,
-        metrics: Arc<Metrics>,
-        conn_limit: Arc<ConnBudget>,
-        clients: Arc<ClientTracker>,
-        stopping: Arc<AtomicBool>,
-        tenants: Arc<TenantPolicy>,
-        gate: Arc<Gate>,
+        shared: Arc<Shared>,
     ) -> RulePath {
         RulePath {
-            repairs: repair::Repairs::new(metrics.clone()),
-            gate,
+            repairs: repair::Repairs::new(shared.metrics.clone()),
             nics,
             gpus: gpus.into_iter().collect(),
             addresses: Default::default(),
-            metrics,
-            conn_limit,
-            clients,
-            stopping,
-            tenants,
+            shared,
         }
     }
 
@@ -158,7 +173,7 @@ impl From<Client> for Requester {
         let owner = Owner {
             pid: c.pid,
             lease: c.lease.as_ref().map(|l| l.id()),
-            tenant: c.tenant_id(),
+            tenant: c.workload_id(),
             repaired: false,
         };
         Requester { owner, client: c, garbled: false }
@@ -171,7 +186,7 @@ pub const NOBODY_TURN: u64 = u64::MAX;
 impl Requester {
     /// What its requests take turns by, wherever they wait with others'
     /// (a rule I/O thread's ready connections, a NIC thread's batch): its
-    /// tenant (cgroup id), else its process (lease), else nobody's.
+    /// workload, else its process (lease), else nobody's.
     pub fn turn(&self) -> u64 {
         turn_of(&self.client)
     }
@@ -192,7 +207,7 @@ impl Requester {
 /// [`Requester::turn`] of a client.
 pub fn turn_of(c: &Client) -> u64 {
     match (&c.tenant, &c.process) {
-        (Some(t), _) => t.cgroup_id & !(1 << 63),
+        (Some(t), _) => t.workload.id & !(1 << 63),
         (None, Some(l)) => (1 << 63) | u64::from(l.id().get()),
         (None, None) => NOBODY_TURN,
     }

@@ -55,12 +55,12 @@ pub fn start_rule(
         Some(Payload::FlowSteerRuleRequest(req)) => match flow::parse(req) {
             Ok(req) => req,
             Err(f) => {
-                rules.metrics.rule_done(op, f.code, started.elapsed().as_secs_f64());
+                rules.shared.metrics.rule_done(op, f.code, started.elapsed().as_secs_f64());
                 return RuleStart::Answered(Reply::Close(frame::error(f.code, f.message)));
             }
         },
         _ => {
-            rules.metrics.rule_done(op, StatusCode::InvalidArgument, started.elapsed().as_secs_f64());
+            rules.shared.metrics.rule_done(op, StatusCode::InvalidArgument, started.elapsed().as_secs_f64());
             return RuleStart::Answered(invalid("expected a flow_steer_rule_request"));
         }
     };
@@ -91,7 +91,7 @@ fn start_parsed(
 ) -> RuleStart {
     let op = if install { RuleOp::Install } else { RuleOp::Uninstall };
     let answered = |code: StatusCode, reply: Reply| {
-        rules.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
+        rules.shared.metrics.rule_done(op, code, started.elapsed().as_secs_f64());
         RuleStart::Answered(reply)
     };
     let mut who = who;
@@ -132,7 +132,7 @@ pub async fn uninstall_everywhere(rules: &RulePath, req: RuleRequest, mut who: R
             (f.code, Reply::Message(frame::error(f.code, f.message)))
         }
     };
-    rules.metrics.rule_done(RuleOp::Uninstall, code, started.elapsed().as_secs_f64());
+    rules.shared.metrics.rule_done(RuleOp::Uninstall, code, started.elapsed().as_secs_f64());
     reply
 }
 
@@ -170,7 +170,7 @@ fn resolve(rules: &RulePath, req: &RuleRequest) -> Result<(PciAddr, GpuSlot), Ru
 /// that connection (and counted); one that fits several is refused in every
 /// mode ([`ambiguous`]). `found`: the lookup of a garbled install, made by
 /// `steering::repair`. An uninstall is not looked up: a garbled one is
-/// marked, and its NIC thread finds the client's rule it means.
+/// marked, and its NIC thread finds the rule of the client's process it means.
 fn repair(
     rules: &RulePath,
     req: &mut RuleRequest,
@@ -185,17 +185,17 @@ fn repair(
     let e = match found {
         Some(found) => TenantPolicy::examined(req.flow, found),
         None => {
-            let check = !rules.tenants.checks_flow_later(&req.flow);
-            rules.tenants.examine(&who.client, req.flow, check)
+            let check = !rules.shared.tenants.checks_flow_later(&req.flow);
+            rules.shared.tenants.examine(&who.client, req.flow, check)
         }
     };
     if e.repaired {
         tracing::debug!(op = op.name(), sent = %req.flow, steered = %e.flow, "IPv6 flow repaired");
-        rules.metrics.ipv6_flows_repaired.with_label_values(&[op.name()]).inc();
+        rules.shared.metrics.ipv6_flows_repaired.with_label_values(&[op.name()]).inc();
         req.flow = e.flow;
         who.owner.repaired = true;
     } else if let Some(all) = e.ambiguous() {
-        return Err(ambiguous(&req.flow, all, who.client.tenant_id()));
+        return Err(ambiguous(&req.flow, all, who.client.cgroup_id()));
     }
     Ok(e)
 }
@@ -238,7 +238,7 @@ fn check_install(
     pci: PciAddr,
     slot: GpuSlot,
 ) -> Result<(), RuleFailure> {
-    let t = &rules.tenants;
+    let t = &rules.shared.tenants;
     if !t.checks() {
         return Ok(());
     }

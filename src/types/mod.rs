@@ -3,6 +3,7 @@
 //! turns between tenants ([`fair`]). Plain data and pure functions; this
 //! module imports no other module of the crate.
 
+pub mod exit;
 pub mod fair;
 pub mod flow;
 pub mod ifname;
@@ -27,6 +28,9 @@ pub fn plural_list<T: std::fmt::Display>(noun: &str, items: &[T]) -> String {
 pub fn secs(d: std::time::Duration) -> String {
     format!("{}s", (d.as_secs_f64() * 1e3).round() / 1e3)
 }
+
+#[cfg(test)]
+pub mod planted;
 
 #[cfg(test)]
 mod tests {

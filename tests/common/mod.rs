@@ -63,10 +63,22 @@ pub fn install_frame(sport: i32, gpu: &str) -> Vec<u8> {
 }
 
 /// Polls until `cond` holds; returns how long it took (panics after `limit`).
-pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+pub fn wait_until(limit: Duration, cond: impl FnMut() -> bool) -> Duration {
+    wait_until_or(limit, cond, || format!("condition not met within {limit:?}"))
+}
+
+/// [`wait_until`], failing with `why()` (what the test saw) when `limit`,
+/// a guard against a hang and never a measure, runs out.
+pub fn wait_until_or(
+    limit: Duration,
+    mut cond: impl FnMut() -> bool,
+    why: impl FnOnce() -> String,
+) -> Duration {
     let t = Instant::now();
     while !cond() {
-        assert!(t.elapsed() < limit, "condition not met within {limit:?}");
+        if t.elapsed() >= limit {
+            panic!("{}", why());
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     t.elapsed()
@@ -169,6 +181,10 @@ impl Daemon {
         }
         if !extra.iter().any(|a| a.starts_with("--metrics_address")) {
             cmd.arg("--metrics_address=127.0.0.1:0");
+        }
+        // The tests read the rule tables through /debug/flows (off by default).
+        if !extra.iter().any(|a| a.starts_with("--debug_endpoints")) {
+            cmd.arg("--debug_endpoints=local");
         }
         cmd.args(extra)
             .env("RUST_LOG", "info")

@@ -131,3 +131,61 @@ impl FakeSysfs {
         self
     }
 }
+
+impl FakeSysfs {
+    /// Adds `bus/pci/devices/<pci>` for every PCI function under
+    /// `devices/pci*`, each a relative link to its folder, as the kernel has them.
+    pub fn bus_links(&self) -> &Self {
+        fn walk(dir: &Path, rel: &Path, bus: &Path) {
+            for e in fs::read_dir(dir).unwrap().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !e.file_type().unwrap().is_dir() || name.len() != 12 || name.as_bytes()[4] != b':' {
+                    continue;
+                }
+                let rel = rel.join(&name);
+                let link = bus.join(&name);
+                if !link.exists() {
+                    symlink(Path::new("../../..").join(&rel), &link).unwrap();
+                }
+                walk(&e.path(), &rel, bus);
+            }
+        }
+        let bus = self.root().join("bus/pci/devices");
+        fs::create_dir_all(&bus).unwrap();
+        for e in fs::read_dir(self.root().join("devices")).unwrap().flatten() {
+            if e.file_name().to_string_lossy().starts_with("pci") {
+                walk(&e.path(), &Path::new("devices").join(e.file_name()), &bus);
+            }
+        }
+        self
+    }
+
+    /// The PCI function of `ifname`'s device, relative to the root
+    /// (`devices/pci…/…/<pci>`).
+    pub fn device_of(&self, ifname: &str) -> PathBuf {
+        let root = self.root().canonicalize().unwrap();
+        let dev = self.root().join("class/net").join(ifname).join("device").canonicalize().unwrap();
+        dev.strip_prefix(root).unwrap().to_path_buf()
+    }
+
+    /// Removes `class/net/<ifname>`: the NIC was moved into a Pod's network
+    /// namespace, so the host's sysfs no longer lists it.
+    pub fn moved_away(&self, ifname: &str) -> &Self {
+        fs::remove_file(self.root().join("class/net").join(ifname)).unwrap();
+        self
+    }
+}
+
+/// A Pod's own sysfs: `class/net/<if>` for each of `nics`, with a `device`
+/// link to the PCI function at `devices/<path>`, which this tree lacks
+/// (only the host's sysfs shows the PCI tree); `lo` and a veth `eth0`.
+pub fn pod_sysfs(nics: &[(&str, PathBuf)]) -> FakeSysfs {
+    let fs = FakeSysfs::new();
+    fs.virtual_if("lo").virtual_if("eth0");
+    for (ifname, device) in nics {
+        let dir = fs.root().join("class/net").join(ifname);
+        fs::create_dir_all(&dir).unwrap();
+        symlink(Path::new("../../..").join(device), dir.join("device")).unwrap();
+    }
+    fs
+}

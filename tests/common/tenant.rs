@@ -15,9 +15,12 @@ use tcpx_rxdm::wire::proto::UnixSocketProto;
 
 use super::encoded;
 
-/// A cgroup v2 group of the test's own, removed at the end.
+/// A cgroup v2 group of the test's own, removed at the end (with any made
+/// below it).
 pub struct Cgroup {
     pub path: PathBuf,
+    /// Where cgroup2 is mounted.
+    root: PathBuf,
 }
 
 impl Cgroup {
@@ -32,21 +35,44 @@ impl Cgroup {
             .expect("a cgroup2 mount");
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = PathBuf::from(root).join(format!("tcpx-test-{}-{n}-{name}", std::process::id()));
+        let root = PathBuf::from(root);
+        let path = root.join(format!("tcpx-test-{}-{n}-{name}", std::process::id()));
         std::fs::create_dir(&path).unwrap();
-        Cgroup { path }
+        Cgroup { path, root }
     }
 
     /// The path as `/proc/<pid>/cgroup` shows it (relative to the cgroup2 root).
     pub fn name(&self) -> String {
-        format!("/{}", self.path.file_name().unwrap().to_string_lossy())
+        format!("/{}", self.path.strip_prefix(&self.root).unwrap().display())
     }
+
+    /// A cgroup at `rel` below this one (each missing level made), as a
+    /// container runtime or Slurm nests them. Dropping a cgroup removes
+    /// everything below it too, deepest first, so the levels in between go
+    /// with the one it was made below.
+    pub fn below(&self, rel: &str) -> Cgroup {
+        let path = self.path.join(rel);
+        std::fs::create_dir_all(&path).unwrap();
+        Cgroup { path, root: self.root.clone() }
+    }
+}
+
+/// Removes `path` and the cgroups below it, deepest first.
+fn remove_tree(path: &Path) -> bool {
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    std::fs::remove_dir(path).is_ok()
 }
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
         for _ in 0..50 {
-            if std::fs::remove_dir(&self.path).is_ok() {
+            if remove_tree(&self.path) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -70,9 +96,15 @@ impl Drop for Cgroup {
 /// one it cannot open is left out. `open PATH [rw|ro|wo|path]` (`O_RDWR`,
 /// the default, `O_RDONLY`, `O_WRONLY`, `O_PATH`) and `close PATH` do the
 /// same later and print `opened`, `error N` or `closed`; `pid` prints its
-/// pid as it sees it; `exit` ends it.
+/// pid as it sees it; `epoll PATH` adds the file held at `PATH` to a new
+/// epoll instance from a thread of its own, which stays in `epoll_ctl` for
+/// as long as the file's `poll` takes, and prints `epoll` at once; `exit`
+/// ends it.
 const AGENT_PY: &str = r#"
-import os, socket, sys
+import os, resource, socket, sys
+# Room for a thousand connections and their requests at once.
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(_hard, 65536), _hard))
 held = []
 files = {}
 MODES = {"rw": os.O_RDWR, "ro": os.O_RDONLY, "wo": os.O_WRONLY, "path": os.O_PATH}
@@ -94,6 +126,11 @@ for line in sys.stdin:
         out("pid %d" % os.getpid())
     elif cmd[0] == "exit":
         os._exit(0)
+    elif cmd[0] == "epoll":
+        import select, threading
+        ep = select.epoll(); held.append(ep)
+        threading.Thread(target=ep.register, args=(files[cmd[1]], select.EPOLLIN), daemon=True).start()
+        out("epoll")
     elif cmd[0] == "close":
         os.close(files.pop(cmd[1])); out("closed")
     elif cmd[0] == "conn":
@@ -128,21 +165,25 @@ for line in sys.stdin:
         c.connect_ex((cmd[1], int(cmd[2])))
         held.append(c)
         out("syn")
-    elif cmd[0] == "reqs":
+    elif cmd[0] in ("reqs", "keep"):
         us = []
         for h in cmd[2:]:
             u = socket.socket(socket.AF_UNIX); u.connect(cmd[1]); us.append((u, bytes.fromhex(h)))
         for u, b in us:
-            u.sendall(b)
+            # A connection refused at once may be closed before its request.
+            try: u.sendall(b)
+            except OSError: pass
         got = []
         for u, b in us:
             msg = b""
             while len(msg) < 2 or len(msg) < 2 + int.from_bytes(msg[:2], "big"):
-                more = u.recv(4096)
+                try: more = u.recv(4096)
+                except OSError: more = b""
                 if not more: break
                 msg += more
             got.append(msg.hex() or "-")
-            u.close()
+            if cmd[0] == "keep": held.append(u)
+            else: u.close()
         out("replies " + " ".join(got))
     elif cmd[0] == "req":
         u = socket.socket(socket.AF_UNIX); u.connect(cmd[1]); u.sendall(bytes.fromhex(cmd[2]))
@@ -166,6 +207,30 @@ pub fn python() -> &'static str {
         let out = super::python3().args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     })
+}
+
+/// A Python interpreter that user `uid` may run (the test's own may sit in
+/// root's home): the test's, else the system's.
+pub fn python_for(uid: u32) -> String {
+    let runs = |py: &str| {
+        Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "--",
+                py,
+                "-c",
+                "",
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    [python(), "/usr/local/bin/python3", "/usr/bin/python3"]
+        .into_iter()
+        .find(|py| runs(py))
+        .unwrap_or_else(|| panic!("this test needs a python3 that user {uid} may run (setpriv, python3)"))
+        .to_string()
 }
 
 /// Setup that gives a client an empty `/dev` of its own.
@@ -221,26 +286,45 @@ impl Agent {
     /// `setup` (shell, run as root there; [`FRESH_DEV`] gives it a `/dev` of
     /// its own) planted what it wants, holding `hold` open.
     pub fn planted(cg: &Cgroup, setup: &str, hold: &[&str]) -> Agent {
-        Agent::spawn(cg, setup, hold, None, &[])
+        Agent::spawn(cg, setup, hold, None, &[], None)
+    }
+
+    /// [`Agent::planted`], the client itself running as user and group
+    /// `uid` (after `setup`, which runs as root): a process of another user
+    /// than the daemon's, whose `/proc/<pid>/fd` only its owner (or a
+    /// holder of `CAP_DAC_READ_SEARCH`) may list.
+    pub fn planted_as(cg: &Cgroup, setup: &str, hold: &[&str], uid: u32) -> Agent {
+        Agent::spawn(cg, setup, hold, None, &[], Some(uid))
     }
 
     /// [`Agent::start`] in network namespace `netns` (a name under `/run/netns`).
     pub fn start_in(cg: &Cgroup, minor: u32, netns: &str) -> Agent {
         let node = format!("/dev/nvidia{minor}");
-        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], Some(netns), &[])
+        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], Some(netns), &[], None)
     }
 
     /// [`Agent::start`] started through `prefix` (a command that runs the
     /// rest of its arguments: see `common::pidns`).
     pub fn start_under(cg: &Cgroup, minor: u32, prefix: &[String]) -> Agent {
         let node = format!("/dev/nvidia{minor}");
-        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], None, prefix)
+        Agent::spawn(cg, &format!("{FRESH_DEV} && : > {node}"), &[&node], None, prefix, None)
     }
 
-    fn spawn(cg: &Cgroup, setup: &str, hold: &[&str], netns: Option<&str>, prefix: &[String]) -> Agent {
+    fn spawn(
+        cg: &Cgroup,
+        setup: &str,
+        hold: &[&str],
+        netns: Option<&str>,
+        prefix: &[String],
+        uid: Option<u32>,
+    ) -> Agent {
         super::require_python3();
         // The cgroup is joined first: `ip netns exec` mounts a /sys of its own.
-        let script = r#"echo $$ > "$CG/cgroup.procs" && exec $NETNS_EXEC unshare -m --propagation private sh -c 'eval "$SETUP" && exec "$PY" -u -c "$AGENT_PY"'"#;
+        let script = r#"echo $$ > "$CG/cgroup.procs" && exec $NETNS_EXEC unshare -m --propagation private sh -c 'eval "$SETUP" && exec $AS_USER "$PY" -u -c "$AGENT_PY"'"#;
+        let (as_user, py) = match uid {
+            Some(uid) => (format!("setpriv --reuid={uid} --regid={uid} --clear-groups --"), python_for(uid)),
+            None => (String::new(), python().to_string()),
+        };
         let netns_exec = netns.map(|ns| format!("ip netns exec {ns}")).unwrap_or_default();
         let mut cmd = match prefix.split_first() {
             Some((program, args)) => {
@@ -256,7 +340,8 @@ impl Agent {
             .arg(script)
             .env("CG", &cg.path)
             .env("SETUP", setup)
-            .env("PY", python())
+            .env("PY", py)
+            .env("AS_USER", as_user)
             .env("HOLD", hold.join(" "))
             .env("AGENT_PY", AGENT_PY)
             .stdin(Stdio::piped())
@@ -332,12 +417,21 @@ impl Agent {
         assert_eq!(a, "syn");
     }
 
+    /// [`Agent::reqs`], keeping every connection open afterwards (until the agent exits).
+    pub fn keep(&mut self, path: &Path, msgs: &[UnixSocketProto]) -> Vec<Option<Reply>> {
+        self.send_all("keep", path, msgs)
+    }
+
     /// Sends every request of `msgs` at once, each on a connection of its
     /// own, then reads the replies (`None`: closed without one).
     pub fn reqs(&mut self, path: &Path, msgs: &[UnixSocketProto]) -> Vec<Option<Reply>> {
+        self.send_all("reqs", path, msgs)
+    }
+
+    fn send_all(&mut self, verb: &str, path: &Path, msgs: &[UnixSocketProto]) -> Vec<Option<Reply>> {
         let hex = |m: &UnixSocketProto| encoded(m).iter().map(|b| format!("{b:02x}")).collect::<String>();
         let all: Vec<String> = msgs.iter().map(hex).collect();
-        let a = self.ask(&format!("reqs {} {}", path.display(), all.join(" ")));
+        let a = self.ask(&format!("{verb} {} {}", path.display(), all.join(" ")));
         let got: Vec<Option<Reply>> = a
             .strip_prefix("replies ")
             .unwrap_or_else(|| panic!("reqs: {a}"))

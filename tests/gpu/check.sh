@@ -29,7 +29,7 @@ start_daemon() { # name, extra flags...
     shift
     UDS=$(mktemp -d /tmp/rxdm-uds.XXXXXX)
     "$RXDM_BIN" --gpu_nic_preset sim --gpu_backend cuda --uds_path "$UDS" --monitor_shutdown=false \
-        --metrics_address 127.0.0.1:19467 "$@" >"$OUT/daemon-$name.log" 2>&1 &
+        --metrics_address 127.0.0.1:19467 --debug_endpoints=local "$@" >"$OUT/daemon-$name.log" 2>&1 &
     DPID=$!
     local t0=$SECONDS
     while ! grep -q 'Buffer manager initialization completed.' "$OUT/daemon-$name.log"; do

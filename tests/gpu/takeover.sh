@@ -73,7 +73,7 @@ await() {
 }
 
 UDS=$(mktemp -d /tmp/rxdm-uds.XXXXXX)
-FLAGS=(--gpu_nic_preset sim --gpu_backend cuda --uds_path "$UDS" --monitor_shutdown=false --metrics_address "$METRICS")
+FLAGS=(--gpu_nic_preset sim --gpu_backend cuda --uds_path "$UDS" --monitor_shutdown=false --metrics_address "$METRICS" --debug_endpoints=local)
 "$RXDM_BIN" "${FLAGS[@]}" >"$OUT/daemon-A.log" 2>&1 &
 APID=$!
 if ! await "$OUT/daemon-A.log" "$READY" "$APID"; then

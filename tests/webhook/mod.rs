@@ -171,16 +171,9 @@ pub fn gpu(name: &str, n: u32) -> Value {
     serde_json::json!({"name": name, "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": n}}})
 }
 
+/// The review's `patch` field, decoded (strict base64).
 pub fn base64_decode(s: &str) -> Vec<u8> {
-    let abc = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let vals: Vec<u32> =
-        s.bytes().filter(|b| *b != b'=').map(|b| abc.iter().position(|x| *x == b).unwrap() as u32).collect();
-    let mut out = Vec::new();
-    for c in vals.chunks(4) {
-        let n = c.iter().enumerate().fold(0, |acc, (i, v)| acc | v << (18 - 6 * i));
-        out.extend(n.to_be_bytes()[1..c.len()].iter());
-    }
-    out
+    tcpx_rxdm::inject::webhook::base64_decode(s).expect("strict base64")
 }
 
 /// RFC 6902 add/replace/remove on object members and list items, as the API server applies them.

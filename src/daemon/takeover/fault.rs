@@ -10,7 +10,8 @@
 //! daemon's: `hello` (hello read, nothing paused or sent), `adopted`
 //! (adopted read, commit not sent), `commit` (commit sent, serving not
 //! read). Actions: `exit` (status 3), `kill` (SIGKILL to itself), `panic`,
-//! `stall` (sleeps an hour). A bare `exit` or `stall` is
+//! `stall` (sleeps an hour), `stop` (SIGSTOP to itself: a test then kills the
+//! other daemon at exactly this step, and SIGCONT lets this one go on). A bare `exit` or `stall` is
 //! `new:state:` that action.
 
 /// Where in the sequence.
@@ -49,6 +50,9 @@ pub(super) fn at(side: Side, step: Step) {
             std::process::exit(3);
         }
         "panic" => panic!("{VAR}={spec}: a panic on purpose"),
+        "stop" => {
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        }
         _ => std::thread::sleep(std::time::Duration::from_secs(3600)),
     }
 }
@@ -71,7 +75,7 @@ fn parse(spec: &str) -> Option<(Side, Step, &str)> {
         "serving" => Step::Serving,
         _ => return None,
     };
-    matches!(action, "exit" | "kill" | "panic" | "stall").then_some((side, step, action))
+    matches!(action, "exit" | "kill" | "panic" | "stall" | "stop").then_some((side, step, action))
 }
 
 #[cfg(test)]
@@ -87,6 +91,7 @@ mod tests {
         assert_eq!(parse("old:commit:kill"), Some((Side::Old, Step::Commit, "kill")));
         assert_eq!(parse("old:hello:kill"), Some((Side::Old, Step::Hello, "kill")));
         assert_eq!(parse("new:serving:kill"), Some((Side::New, Step::Serving, "kill")));
+        assert_eq!(parse("old:adopted:stop"), Some((Side::Old, Step::Adopted, "stop")));
         assert_eq!(parse("old:later:kill"), None);
         assert_eq!(parse("new:commit:explode"), None);
     }

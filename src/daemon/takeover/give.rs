@@ -169,41 +169,11 @@ async fn run(
     state: Option<Arc<ServerState>>,
     mut abort: watch::Receiver<bool>,
 ) -> Outcome {
-    let timeout = ctx.timeout;
     let Candidate { conn, process, hello, via, peer } = successor;
     let who = Who { process: &process, peer: &peer, via };
-    // A successor this daemon started may first wait for its NICs and open
-    // its GPUs; nothing is paused meanwhile.
-    let (mut conn, hello) = match hello {
-        Some(h) => (conn, Ok(h)),
-        None => {
-            let _ = handover::set_timeouts(&conn, ctx.child_wait);
-            let read = blocking(move || {
-                let mut conn = conn;
-                let h = handover::recv::<Hello>(&mut conn, "reading hello");
-                (conn, h)
-            })
-            .await;
-            match read {
-                Some(v) => v,
-                None => {
-                    return Outcome::ServesOn {
-                        paused: None,
-                        pid: peer.pid,
-                        why: "the session failed".into(),
-                    }
-                }
-            }
-        }
-    };
-    let _ = handover::set_timeouts(&conn, timeout);
-    let hello = match hello {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(peer = %peer, error = %e, "takeover attempt ended before it began");
-            who.end_child().await;
-            return Outcome::ServesOn { paused: None, pid: peer.pid, why: e.to_string() };
-        }
+    let (conn, hello) = match greeted(conn, hello, &ctx, who).await {
+        Ok(v) => v,
+        Err(outcome) => return outcome,
     };
     fault::at(Side::Old, Step::Hello);
     // Its pid as this daemon (and the service manager beside it) sees it.
@@ -227,59 +197,111 @@ async fn run(
             return refused(conn, why.clone(), why, who).await;
         }
     };
-    let t = Instant::now();
     tracing::info!(pid, via = %via, "takeover asked: pausing");
-    let mut paused = Paused::start(state.gate.clone());
-    let parked = tokio::select! {
-        p = paused.gate().quiesced(timeout) => p.ok_or_else(|| format!("connections still busy after {}", crate::types::secs(timeout))),
-        _ = aborted(&mut abort) => Err("this daemon is stopping".to_string()),
+    let mut frozen = match freeze(handout, &state, &ctx, &mut abort).await {
+        Ok(f) => f,
+        Err(why) => return refused(conn, why.clone(), why, who).await,
     };
-    let parked = match parked {
-        Ok(p) => p,
-        Err(why) => {
-            drop(paused);
-            return refused(conn, why.clone(), why, who).await;
+    // From here the new daemon holds a copy of everything: this one serves
+    // again only once it is gone.
+    frozen.paused.handing_to(process, pid);
+    hand_over(conn, frozen, pid).await
+}
+
+/// The successor's hello: read by the session for a successor this daemon
+/// started (which may first wait for its NICs and open its GPUs; nothing is
+/// paused meanwhile), else read already while it proved itself.
+async fn greeted(
+    conn: UnixStream,
+    hello: Option<Hello>,
+    ctx: &Context,
+    who: Who<'_>,
+) -> Result<(UnixStream, Hello), Outcome> {
+    let (conn, hello) = match hello {
+        Some(h) => (conn, Ok(h)),
+        None => {
+            let _ = handover::set_timeouts(&conn, ctx.child_wait);
+            let read = blocking(move || {
+                let mut conn = conn;
+                let h = handover::recv::<Hello>(&mut conn, "reading hello");
+                (conn, h)
+            })
+            .await;
+            read.ok_or_else(|| Outcome::ServesOn {
+                paused: None,
+                pid: who.peer.pid,
+                why: "the session failed".into(),
+            })?
         }
     };
+    let _ = handover::set_timeouts(&conn, ctx.timeout);
+    match hello {
+        Ok(h) => Ok((conn, h)),
+        Err(e) => {
+            tracing::warn!(peer = %who.peer, error = %e, "takeover attempt ended before it began");
+            let pid = who.peer.pid;
+            who.end_child().await;
+            Err(Outcome::ServesOn { paused: None, pid, why: e.to_string() })
+        }
+    }
+}
+
+/// The state to hand over, taken while every connection is parked and
+/// every NIC thread holds its table.
+struct Frozen {
+    paused: Paused,
+    state: crate::wire::handover::State,
+    fds: crate::handover::FdList,
+    started: Instant,
+    /// When the connections were parked, the tables frozen, the state built.
+    quiesced_ms: f64,
+    frozen_ms: f64,
+    built_ms: f64,
+}
+
+/// Pauses the daemon (connections parked, NIC tables frozen) and builds
+/// the state; why not, undone, where it cannot.
+async fn freeze(
+    handout: Handout,
+    state: &Arc<ServerState>,
+    ctx: &Context,
+    abort: &mut watch::Receiver<bool>,
+) -> Result<Frozen, String> {
+    let (t, timeout) = (Instant::now(), ctx.timeout);
+    let mut paused = Paused::start(state.shared.gate.clone());
+    let parked = tokio::select! {
+        p = paused.gate().quiesced(timeout) => p.ok_or_else(|| format!("connections still busy after {}", crate::types::secs(timeout))),
+        _ = aborted(abort) => Err("this daemon is stopping".to_string()),
+    }?;
     let quiesced_ms = super::super::ms(t);
     // Every NIC thread writes its table at once.
     let asked: Vec<_> = state.rules.nics.iter().map(|n| n.freeze()).collect();
     let mut tables = Vec::with_capacity(asked.len());
     for a in asked {
-        let got = match a {
-            Some((table, hold)) => {
-                paused.hold(hold);
-                tokio::select! {
-                    t = table => t.map_err(|_| "a NIC thread is gone".to_string()),
-                    _ = aborted(&mut abort) => Err("this daemon is stopping".to_string()),
-                }
-            }
-            None => Err("a NIC thread is gone".to_string()),
-        };
-        match got {
-            Ok(table) => tables.push(table),
-            Err(why) => {
-                drop(paused);
-                return refused(conn, why.clone(), why, who).await;
-            }
-        }
+        let (table, hold) = a.ok_or("a NIC thread is gone")?;
+        paused.hold(hold);
+        tables.push(tokio::select! {
+            t = table => t.map_err(|_| "a NIC thread is gone".to_string()),
+            _ = aborted(abort) => Err("this daemon is stopping".to_string()),
+        }?);
     }
     let frozen_ms = super::super::ms(t);
-    let (st, fds) = match handout.finish(&state, parked, tables, ctx.nic.as_ref()) {
-        Ok(v) => v,
-        Err(e) => {
-            drop(paused);
-            let why = format!("collecting the state: {e}");
-            return refused(conn, why.clone(), why, who).await;
-        }
-    };
+    let (st, fds) = handout
+        .finish(state, parked, tables, ctx.sim.as_deref())
+        .map_err(|e| format!("collecting the state: {e}"))?;
     let built_ms = super::super::ms(t);
+    Ok(Frozen { paused, state: st, fds, started: t, quiesced_ms, frozen_ms, built_ms })
+}
+
+/// Sends the state, and once the new daemon adopted it, commits; done when
+/// it says it serves. Any failure after the state left: the new daemon is
+/// fenced off and this one serves on.
+async fn hand_over(conn: UnixStream, frozen: Frozen, pid: u32) -> Outcome {
+    let Frozen { paused, state: st, fds, started: t, quiesced_ms, frozen_ms, built_ms } = frozen;
     let rules = st.tables.iter().map(|t| t.rules.len() / crate::wire::handover::RECORD).sum::<usize>();
     let conns = st.connections.len();
-    // From here the new daemon holds a copy of everything: this one serves
-    // again only once it is gone.
-    paused.handing_to(process, pid);
     let Some((mut conn, verdict)) = blocking(move || {
+        let mut conn = conn;
         let v = handover::send_state(&mut conn, st, &fds)
             .and_then(|()| handover::recv::<Verdict>(&mut conn, "waiting for the verdict"));
         drop(fds);

@@ -8,6 +8,7 @@
 //! panic anywhere else keeps unwinding as it always has (a client task's
 //! panic ends that task, not the node's daemon).
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
@@ -26,7 +27,8 @@ pub(super) fn arm() {
             // The message only: the usual hook may resolve a backtrace
             // (RUST_BACKTRACE), which takes seconds on a busy machine while
             // the old daemon waits for an answer, and outlasts its patience.
-            eprintln!("{info}");
+            // Written so that a closed standard error cannot panic in here.
+            let _ = writeln!(std::io::stderr(), "{info}");
             tracing::error!(
                 "a panic while taking over: exiting at once, undoing nothing; the daemon taken over from serves on"
             );

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use crate::endpoint::pause::Parked;
 use crate::handover::{FdList, State, VERSION};
-use crate::nic::{NicClaim, NicControl};
+use crate::nic::sim::SimNic;
+use crate::nic::NicClaim;
 use crate::server::ServerState;
 use crate::wire::handover as wire;
 
@@ -41,7 +42,8 @@ pub(super) struct Context {
     /// may wait for its NICs and open its GPUs first.
     pub child_wait: Duration,
     pub fingerprint: HashMap<String, String>,
-    pub nic: std::sync::Arc<dyn NicControl>,
+    /// The simulated NICs, whose state goes with the takeover.
+    pub sim: Option<std::sync::Arc<SimNic>>,
 }
 
 /// The part of the state that does not change while the daemon serves,
@@ -50,6 +52,7 @@ pub(super) struct Handout {
     fds: FdList,
     lock_fd: u32,
     listeners: Vec<wire::Listener>,
+    created: Vec<wire::Folder>,
     claims: Vec<wire::Claim>,
     pools: Vec<wire::Pool>,
     bindings: Vec<wire::Binding>,
@@ -64,7 +67,7 @@ impl Giver<'_> {
             timeout: self.config.flags.takeover_timeout,
             child_wait: self.config.flags.takeover_timeout + self.config.flags.wait_for_nics + CHILD_START,
             fingerprint: fingerprint(self.config, self.backends),
-            nic: self.backends.nic.clone(),
+            sim: self.backends.sim.clone(),
         }
     }
 
@@ -72,11 +75,22 @@ impl Giver<'_> {
     pub(super) fn handout(&self) -> io::Result<Handout> {
         let mut fds = FdList::default();
         let node = self.node;
-        let (lock, listeners) = node.dir.handover();
+        let (lock, listeners, made) = node.dir.handover();
         let lock_fd = fds.push(lock.ok_or_else(|| io::Error::other("the folder is not locked"))?)?;
         let mut ls = Vec::new();
         for (name, fd) in listeners {
             ls.push(wire::Listener { name: name.to_string(), fd: fds.push(fd)? });
+        }
+        let mut created = Vec::new();
+        for c in made {
+            use std::os::unix::ffi::OsStrExt;
+            let (parent, name, path, own) = c.parts();
+            created.push(wire::Folder {
+                name: name.as_bytes().to_vec(),
+                path: path.as_os_str().as_bytes().to_vec(),
+                parent_fd: fds.push(parent)?,
+                own_fd: fds.push(own)?,
+            });
         }
         if let Some(h) = self.http {
             ls.push(wire::Listener { name: String::new(), fd: fds.push(h)? });
@@ -104,6 +118,7 @@ impl Giver<'_> {
             fds,
             lock_fd,
             listeners: ls,
+            created,
             claims,
             pools,
             bindings,
@@ -121,7 +136,7 @@ impl Handout {
         state: &ServerState,
         parked: Vec<Parked>,
         tables: Vec<wire::RuleTable>,
-        nic: &dyn NicControl,
+        sim: Option<&SimNic>,
     ) -> io::Result<(State, FdList)> {
         let mut fds = self.fds;
         let mut connections = Vec::new();
@@ -134,7 +149,7 @@ impl Handout {
                 fd: fds.push_owned(p.fd),
             });
         }
-        let (leases, next_lease) = state.clients.handover(&mut fds)?;
+        let (leases, next_lease) = state.shared.clients.handover(&mut fds)?;
         let st = State {
             version: VERSION,
             pid: std::process::id(),
@@ -150,8 +165,9 @@ impl Handout {
             tables,
             primed: self.primed,
             tuning: self.tuning,
-            sim: nic.handover_state(),
+            sim: sim.map(SimNic::export).unwrap_or_default(),
             takeovers: self.takeovers + 1,
+            created: self.created,
         };
         Ok((st, fds))
     }

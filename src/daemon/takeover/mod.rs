@@ -17,12 +17,15 @@
 //! The transport is `handover`; the protocol is in docs/ARCHITECTURE.md.
 
 pub(super) mod admit;
+mod error;
 mod fault;
 pub(super) mod give;
 mod guard;
 pub(super) mod handout;
 mod paused;
 pub(super) mod take;
+
+pub use error::TakeoverError;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -31,6 +34,7 @@ use crate::endpoint::pause::Parked;
 use crate::endpoint::Endpoint;
 use crate::gpu::{AdoptedBinding, HandedPool};
 use crate::handover::{FdSet, State};
+use crate::host::shared_dir::Created;
 use crate::host::tuning::HostTuning;
 use crate::nic::prime::PrimedNic;
 use crate::server::socket_dir::SocketDir;
@@ -52,6 +56,14 @@ pub(super) fn fingerprint(config: &Config, backends: &Backends) -> HashMap<Strin
         ("tenant_isolation", f.tenant_isolation.name().to_string()),
     ]
     .into_iter()
+    // How workloads are told, where not by the layouts: a daemon telling
+    // them otherwise could not say which workload a rule handed over is. The
+    // layouts leave the key out, so that a daemon from before workloads (its
+    // tenants cgroups, each inside one workload) is taken over from.
+    .chain(
+        (f.workload_cgroup_depth != 0)
+            .then(|| ("workload_cgroup_depth", f.workload_cgroup_depth.to_string())),
+    )
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
@@ -67,6 +79,7 @@ pub(super) fn setting(key: &str) -> &str {
         "bind_backend" => "--bind_backend",
         "gpu_shmem_type" => "--gpu_shmem_type",
         "tenant_isolation" => "--tenant_isolation",
+        "workload_cgroup_depth" => "--workload_cgroup_depth",
         other => other,
     }
 }
@@ -94,6 +107,8 @@ pub(super) struct Handed {
     pub lock: Option<OwnedFd>,
     /// Folder listeners by socket name.
     pub listeners: HashMap<String, OwnedFd>,
+    /// The folders the first daemon made for the socket folder.
+    pub created: Vec<Created>,
     pub http: Option<OwnedFd>,
     pub claims: Vec<(String, OwnedFd)>,
     pub pools: Vec<HandedPool>,
@@ -102,8 +117,6 @@ pub(super) struct Handed {
     pub leases: Vec<wire::Lease>,
     pub next_lease: u32,
     pub tables: Vec<wire::RuleTable>,
-    /// The tables rebuilt for this daemon's NICs, in topology order (by the prime step).
-    pub rules: Vec<Option<crate::rules::table::NicRules>>,
     pub primed: Vec<PrimedNic>,
     pub tuning: Option<HostTuning>,
     pub sim: Vec<wire::SimNic>,
@@ -164,6 +177,15 @@ impl Handed {
         }
         let primed = st.primed.iter().map(|j| PrimedNic::from_json(j)).collect::<Result<Vec<_>, _>>()?;
         let lock = fds.take(st.lock_fd, "folder lock")?;
+        let mut created = Vec::new();
+        for f in &st.created {
+            use std::os::unix::ffi::OsStrExt;
+            let (parent, own) = (fds.take(f.parent_fd, "made folder")?, fds.take(f.own_fd, "made folder")?);
+            let name = std::ffi::OsStr::from_bytes(&f.name).to_os_string();
+            let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&f.path));
+            created
+                .push(Created::from_parts(parent, name, path, own).map_err(|e| format!("made folder: {e}"))?);
+        }
         // Last, and disarmed: dropping it restores nothing.
         let tuning = match st.tuning.is_empty() {
             true => None,
@@ -173,6 +195,7 @@ impl Handed {
             pid: st.pid,
             lock: Some(lock),
             listeners,
+            created,
             http,
             claims,
             pools,
@@ -181,7 +204,6 @@ impl Handed {
             leases: st.leases,
             next_lease: st.next_lease,
             tables: st.tables,
-            rules: Vec::new(),
             primed,
             tuning,
             sim: st.sim,

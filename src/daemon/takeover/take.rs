@@ -18,7 +18,7 @@ use nix::unistd::Gid;
 
 use super::super::{Backends, Config, DaemonError};
 use super::fault::{self, Side, Step};
-use super::{fingerprint, guard, Handed};
+use super::{fingerprint, guard, Handed, TakeoverError};
 
 /// How long the old daemon may take to end after its side of the
 /// connection closed (a process's files close a moment before it has
@@ -47,18 +47,14 @@ pub(in crate::daemon) struct Committed {
     conn: Option<UnixStream>,
 }
 
-fn failed(why: impl std::fmt::Display) -> DaemonError {
-    DaemonError::Takeover(why.to_string())
-}
-
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, DaemonError> {
-    tokio::task::spawn_blocking(f).await.map_err(failed)
+    tokio::task::spawn_blocking(f).await.map_err(|e| TakeoverError::Step(e.to_string()).into())
 }
 
 /// Tells the old daemon why this one gives up; the error to exit with.
 fn refuse(conn: &mut UnixStream, why: String) -> DaemonError {
     let _ = handover::send(conn, "verdict", &Verdict { answer: Some(verdict::Answer::Failed(why.clone())) });
-    failed(why)
+    TakeoverError::Unfit(why).into()
 }
 
 /// How this daemon reached the one it takes over from.
@@ -90,17 +86,13 @@ fn reach(config: &Config) -> Result<Option<(UnixStream, Process, Via)>, DaemonEr
                 tracing::info!(path = %path.display(), "no daemon to take over from; starting normally");
                 return Ok(None);
             }
-            return Err(failed(format!(
-                "no daemon serves {} to take over from ({e})",
-                flags.uds_path.display()
-            )));
+            return Err(TakeoverError::NoDaemon { dir: flags.uds_path.clone(), source: e }.into());
         }
-        Err(e) => return Err(failed(format!("connecting to {}: {e}", path.display()))),
+        Err(e) => return Err(TakeoverError::Connect { path, source: e }.into()),
     };
     // The serving daemon's process as the kernel names it: the one that
     // listens on the handover socket (each daemon listens anew when it serves).
-    let old = Process::of_peer(conn.as_fd())
-        .map_err(|e| failed(format!("holding the process that serves {}: {e}", path.display())))?;
+    let old = Process::of_peer(conn.as_fd()).map_err(|source| TakeoverError::HoldPeer { path, source })?;
     Ok(Some((conn, old, Via::Socket)))
 }
 
@@ -167,9 +159,9 @@ pub(in crate::daemon) async fn fetch(
     // clients then wait only for the handover itself (opening a GPU's
     // context takes about 100 ms).
     let gpus: Vec<_> = config.topology.gpus().map(|(_, g)| g.pci).collect();
-    backends.alloc.prepare(&gpus).map_err(|e| failed(format!("preparing the GPUs: {e}")))?;
+    backends.alloc.prepare(&gpus).map_err(TakeoverError::PrepareGpus)?;
     let Some((conn, old, via)) = reach(config)? else { return Ok(None) };
-    handover::set_timeouts(&conn, flags.takeover_timeout).map_err(failed)?;
+    handover::set_timeouts(&conn, flags.takeover_timeout).map_err(TakeoverError::Channel)?;
     // From here until the commit, a panic ends this process without unwinding.
     guard::arm();
     let hello = Hello {
@@ -205,12 +197,7 @@ pub(in crate::daemon) async fn fetch(
     .await?;
     let (state, fds) = match offer {
         Ok(v) => v,
-        Err(e) if e.is_refusal() => {
-            return Err(failed(match cannot {
-                Some(why) => format!("{why}; {e}"),
-                None => e.to_string(),
-            }))
-        }
+        Err(e) if e.is_refusal() => return Err(TakeoverError::Refused { cannot, refusal: e }.into()),
         Err(e) => return ended_before_the_state(config, &old, e.to_string()).await,
     };
     fault::at(Side::New, Step::State);
@@ -233,14 +220,15 @@ async fn ended_before_the_state(
     error: String,
 ) -> Result<Option<(Taking, Handed)>, DaemonError> {
     let pid = old.own_pid();
-    let dup = old.dup().map_err(failed)?;
+    let dup =
+        old.dup().map_err(|e| TakeoverError::Step(format!("holding the running daemon's process: {e}")))?;
     let gone = blocking(move || dup.wait_exit(GONE_GRACE)).await?;
     let who = pid.map_or("the running daemon".to_string(), |p| format!("pid {p}"));
     if !gone {
-        return Err(failed(format!("{who} did not hand over ({error}); it serves on")));
+        return Err(TakeoverError::NotHandedOver { who, error }.into());
     }
     if config.flags.takeover != Takeover::Auto {
-        return Err(failed(format!("{who} ended before it handed over ({error}); nothing to take over")));
+        return Err(TakeoverError::EndedBefore { who, error }.into());
     }
     tracing::warn!(error = %error, "{who} ended before it handed over; starting normally");
     guard::disarm();

@@ -28,7 +28,7 @@ struct Settings {
 }
 
 impl SimNic {
-    pub(super) fn export(&self) -> Vec<wire::SimNic> {
+    pub fn export(&self) -> Vec<wire::SimNic> {
         let mut out: Vec<_> = self
             .nics
             .iter()
@@ -76,7 +76,7 @@ impl SimNic {
     }
 
     /// Replaces the named NICs' state; every NIC handed on must exist here.
-    pub(super) fn import(&self, state: &[wire::SimNic]) -> Result<(), String> {
+    pub fn import(&self, state: &[wire::SimNic]) -> Result<(), String> {
         let mut staged = Vec::with_capacity(state.len());
         for n in state {
             let slot = self
@@ -125,7 +125,7 @@ impl SimNic {
 #[cfg(test)]
 mod tests {
     use crate::nic::sim::SimNic;
-    use crate::nic::{FlowSpec, NicInfo, NicSetup, RuleControl, FEATURE_NTUPLE};
+    use crate::nic::{FlowSpec, NicSetup, RuleControl, FEATURE_NTUPLE};
 
     #[test]
     fn a_second_sim_takes_on_the_first_ones_table_and_settings() {
@@ -135,12 +135,12 @@ mod tests {
         let f = FlowSpec { src: "10.0.0.1:4000".parse().unwrap(), dst: "192.168.1.2:5000".parse().unwrap() };
         a.add_rule("eth1", &f, 3, 17).unwrap();
         let b = SimNic::new(&["eth1", "eth2"]);
-        b.adopt_state(&a.handover_state()).unwrap();
+        b.import(&a.export()).unwrap();
         assert_eq!(b.list_rules("eth1").unwrap(), a.list_rules("eth1").unwrap());
         assert_eq!(b.rss_table("eth1").unwrap(), a.rss_table("eth1").unwrap());
         assert!(b.feature("eth1", FEATURE_NTUPLE).unwrap());
         assert!(b.list_rules("eth2").unwrap().is_empty());
         let c = SimNic::new(&["eth9"]);
-        assert!(c.adopt_state(&a.handover_state()).unwrap_err().contains("eth1 is not configured here"));
+        assert!(c.import(&a.export()).unwrap_err().contains("eth1 is not configured here"));
     }
 }

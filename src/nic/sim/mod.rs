@@ -167,14 +167,6 @@ impl NicInfo for SimNic {
         self.with(ifname, NicOp::Stat, |s| Ok(s.stats.get(name).copied()))
     }
 
-    fn handover_state(&self) -> Vec<crate::wire::handover::SimNic> {
-        self.export()
-    }
-
-    fn adopt_state(&self, state: &[crate::wire::handover::SimNic]) -> Result<(), String> {
-        self.import(state)
-    }
-
     fn queue_rx_bytes(&self, ifname: &str) -> NicResult<QueueBytes> {
         self.with(ifname, NicOp::Stat, |s| {
             Ok((0..s.channels).map(|q| (q, s.rx_bytes.get(q as usize).copied().unwrap_or(0))).collect())

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::identity::TenantPolicy;
 use crate::metrics::Metrics;
 use crate::nic::{FlowSpec, NicControl, NicError, NicRule};
 use crate::rules::engine::{Installed, NicRuleEngine};
@@ -41,7 +40,7 @@ mod reply;
 mod thread;
 mod turns;
 
-use super::{Job, Requester, SocketReply};
+use super::{Job, Requester, Shared, SocketReply};
 use queue::JobQueue;
 use reply::{answer, booked_rule};
 use thread::NicThread;
@@ -80,7 +79,7 @@ pub struct BookedRule {
     pub pid: Option<u32>,
     /// Whether the rule goes away by itself when that process exits.
     pub lease: bool,
-    /// The cgroup id of its tenant (tenant isolation on).
+    /// Its tenant's workload id (tenant isolation on; see `identity::workload`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<u64>,
     /// The NIC refused to delete it; the daemon is retrying.
@@ -138,17 +137,15 @@ impl NicRuleThread {
     /// Starts the rule thread of NIC `ifname`, over `adopted` (a table taken
     /// over from another daemon) or an empty table. Once `stopping` is set,
     /// requests not yet started are answered UNAVAILABLE.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ifname: &str,
         capacity: u32,
         gpus: Vec<(PciAddr, Vec<u32>)>,
         nic: Arc<dyn NicControl>,
-        metrics: Arc<Metrics>,
-        stopping: Arc<AtomicBool>,
-        tenants: Arc<TenantPolicy>,
+        shared: &Shared,
         adopted: Option<NicRules>,
     ) -> std::io::Result<NicRuleThread> {
+        let metrics = shared.metrics.clone();
         let queues: Vec<Vec<u32>> = gpus.iter().map(|(_, q)| q.clone()).collect();
         metrics.rule_slots.with_label_values(&[ifname]).set(capacity as i64);
         let gpu_names: Arc<[String]> = gpus.iter().map(|(p, _)| p.to_string()).collect();
@@ -162,9 +159,9 @@ impl NicRuleThread {
             gpu_names.clone(),
             nic.clone(),
             metrics.clone(),
-            stopping,
+            shared.stopping.clone(),
             fast.clone(),
-            tenants,
+            shared.tenants.clone(),
         );
         state.gauges_from_table();
         let core = Arc::new(NicCore { jobs: JobQueue::new(), state: Mutex::new(state), fast });

@@ -19,9 +19,7 @@ fn setup() -> (Arc<SimNic>, NicRuleThread) {
         1000,
         vec![(gpu, vec![8, 9])],
         nic.clone(),
-        Arc::new(Metrics::new()),
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(TenantPolicy::off()),
+        &crate::steering::Shared::for_tests(),
         None,
     )
     .unwrap();
@@ -104,18 +102,10 @@ async fn a_frozen_thread_writes_its_table_and_runs_nothing_until_released() {
     // A thread started over the table books exactly what it held.
     let adopted = NicRules::from_wire(&table, 1000, &[vec![8, 9]]).unwrap();
     let gpu: PciAddr = "0000:04:00.0".parse().unwrap();
-    let metrics = Arc::new(Metrics::new());
-    let t2 = NicRuleThread::new(
-        "eth1",
-        1000,
-        vec![(gpu, vec![8, 9])],
-        nic.clone(),
-        metrics.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(TenantPolicy::off()),
-        Some(adopted),
-    )
-    .unwrap();
+    let shared = crate::steering::Shared::for_tests();
+    let metrics = shared.metrics.clone();
+    let t2 = NicRuleThread::new("eth1", 1000, vec![(gpu, vec![8, 9])], nic.clone(), &shared, Some(adopted))
+        .unwrap();
     assert_eq!(t2.booked_copy().await.rules.len(), 5);
     assert_eq!(metrics.rules_installed.with_label_values(&["eth1"]).get(), 5);
     assert!(matches!(t2.install(flow(3), 0, None, Requester::unchecked()).await, Ok(Installed::Existing(_))));

@@ -129,7 +129,7 @@ pub fn spawn(
     let inboxes: Vec<_> = workers.iter().map(|w| w.inbox.clone()).collect();
     {
         // A takeover's pause and its end wake every thread.
-        let (mut gate, inboxes) = (state.gate.subscribe(), inboxes.clone());
+        let (mut gate, inboxes) = (state.shared.gate.subscribe(), inboxes.clone());
         tokio::spawn(async move {
             while gate.changed().await.is_ok() {
                 for i in &inboxes {
@@ -146,7 +146,7 @@ pub fn spawn(
         });
     }
     for w in workers {
-        state.gate.add_io_thread();
+        state.shared.gate.add_io_thread();
         let name = format!("rule-io-{}", w.id);
         if let Err(e) = std::thread::Builder::new().name(name).spawn(move || w.run()) {
             shared.request_stop(&inboxes);

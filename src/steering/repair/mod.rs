@@ -4,8 +4,8 @@
 //! their own (started with the first such install), so no flood of them
 //! grows the daemon or holds a thread another tenant's requests need.
 //!
-//! Each install joins its tenant's queue ([`board`]): its cgroup with tenant
-//! isolation on, else its client process. Workers serve the queues in turn
+//! Each install joins its tenant's queue ([`board`]): its workload (see
+//! `identity::workload`) with tenant isolation on, else its client process. Workers serve the queues in turn
 //! and look each install up by exact lookups; one those do not settle waits
 //! on its network namespace for a dump, which then serves every install of
 //! the namespace waiting with it. A tenant may have [`BACKLOG`] installs
@@ -78,7 +78,7 @@ impl Drop for Repairs {
 
 /// Whose queue `who`'s installs join.
 fn key_of(tenants: &TenantPolicy, who: &Client) -> Key {
-    match (tenants.checks().then(|| who.tenant_id()).flatten(), &who.process) {
+    match (tenants.checks().then(|| who.workload_id()).flatten(), &who.process) {
         (Some(t), _) => Key::Tenant(t),
         (None, Some(p)) => Key::Process(p.id()),
         (None, None) => Key::Nobody,
@@ -111,9 +111,9 @@ impl Repairs {
         conn: Arc<Handoff>,
         started: Instant,
     ) {
-        let key = key_of(&rules.tenants, &who.client);
+        let key = key_of(&rules.shared.tenants, &who.client);
         // Its namespace (0: none to be had; its lookup fails).
-        let space = rules.tenants.netns_of(&who.client).map_or(0, |ns| ns.inode);
+        let space = rules.shared.tenants.netns_of(&who.client).map_or(0, |ns| ns.inode);
         let p = Pending { rules: rules.clone(), req, who, conn, started };
         let mut board = self.shared.board();
         let refused = board.push(key, space, p).err();
@@ -122,7 +122,7 @@ impl Repairs {
         if let Some(p) = refused {
             self.shared.metrics.ipv6_repair_lookups.with_label_values(&["busy"]).inc();
             let reply = frame::error(StatusCode::Unavailable, BUSY);
-            p.rules.metrics.rule_done(
+            p.rules.shared.metrics.rule_done(
                 RuleOp::Install,
                 StatusCode::Unavailable,
                 p.started.elapsed().as_secs_f64(),
@@ -192,12 +192,12 @@ fn work(shared: &Shared) {
 fn look(shared: &Shared, key: Key, space: u64, p: Pending) {
     let found = {
         let client = &p.who.client;
-        match p.rules.tenants.netns_of(client) {
+        match p.rules.shared.tenants.netns_of(client) {
             Err(e) => Err(e),
             Ok(ns) => {
                 let conn = &p.conn;
                 let held = |inodes: &[u32]| flows::held_by_opener(conn.sock(), inodes);
-                flows::look(ns, &p.req.flow, client.tenant_id(), held)
+                flows::look(ns, &p.req.flow, client.cgroup_id(), held)
             }
         }
     };
@@ -229,7 +229,7 @@ fn dump(shared: &Shared, space: u64, batch: Vec<(Key, Pending)>) {
         batch.iter().map(|(_, p)| (p.req.flow.dst.port(), p.req.flow.src.port())).collect();
     pairs.sort_unstable();
     pairs.dedup();
-    let listed = match batch[0].1.rules.tenants.netns_of(&batch[0].1.who.client) {
+    let listed = match batch[0].1.rules.shared.tenants.netns_of(&batch[0].1.who.client) {
         Ok(ns) => flows::dump(ns, &pairs),
         Err(e) => Err(e),
     };
@@ -240,7 +240,7 @@ fn dump(shared: &Shared, space: u64, batch: Vec<(Key, Pending)>) {
             Ok(all) => {
                 let conn = &p.conn;
                 let held = |inodes: &[u32]| flows::held_by_opener(conn.sock(), inodes);
-                Ok(flows::choose(flows::fitting(&p.req.flow, all), p.who.client.tenant_id(), held))
+                Ok(flows::choose(flows::fitting(&p.req.flow, all), p.who.client.cgroup_id(), held))
             }
             Err(e) => Err(e.clone()),
         };
