@@ -176,7 +176,11 @@ fn a_takeover_keeps_a_workloads_rules_its_own_and_counted() {
     assert_eq!(rules_of(&folder, &pod), 5);
     // The Pod's budget still counts the rules installed before: 5 more, not 10.
     let theirs: Vec<_> = (0..6).map(|_| b.conn(false)).map(|(l, r)| rule(l, r, GPU)).collect();
-    let codes: Vec<i32> = b.reqs(&rm, &theirs).iter().map(|r| r.as_ref().map_or(-1, Reply::code)).collect();
+    // Sent on six connections at once, served by whichever thread is free:
+    // which one is refused is not decided, how many are.
+    let mut codes: Vec<i32> =
+        b.reqs(&rm, &theirs).iter().map(|r| r.as_ref().map_or(-1, Reply::code)).collect();
+    codes.sort_unstable();
     assert_eq!(codes, [0, 0, 0, 0, 0, RESOURCE_EXHAUSTED]);
     assert_eq!(rules_of(&folder, &pod), 10);
 }
