@@ -192,7 +192,7 @@ pub fn handover_tables(data: &[u8]) -> Option<(Vec<Result<usize, String>>, bool)
     for n in &st.sim {
         let _ = Record::unpack_all(&n.rules).map(|r| r.count());
     }
-    let primed = st.primed.iter().all(|p| crate::nic::prime::PrimedNic::from_json(p).is_ok());
-    let tuning = st.tuning.is_empty() || crate::host::tuning::HostTuning::from_json(&st.tuning).is_ok();
+    let primed = st.primed.into_iter().all(|p| crate::nic::prime::PrimedNic::from_wire(p).is_ok());
+    let tuning = st.tuning.is_none_or(|t| crate::host::tuning::HostTuning::from_wire(t).is_ok());
     Some((tables, primed && tuning))
 }

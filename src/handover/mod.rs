@@ -39,8 +39,12 @@ pub use peer::Process;
 
 /// The protocol version both daemons must speak (2: the commit is answered;
 /// 3: a successor on the handover socket proves itself first, and answers
-/// the commit once it serves).
-pub const VERSION: u32 = 3;
+/// the commit once it serves; 4: the NICs', the host's and the simulated
+/// NICs' undo logs are messages of their own, no longer JSON).
+pub const VERSION: u32 = 4;
+/// The refusal of a peer that speaks another [`VERSION`] (the words of
+/// version 3 too, so that a successor can tell it from other refusals).
+pub const OTHER_PROTOCOL: &str = "the running daemon speaks another version of the takeover protocol";
 /// The handover socket's name in the socket folder (owner only).
 pub const SOCKET: &str = ".rxdm-handover";
 /// The whole answer to a peer on the handover socket that did not prove it

@@ -46,6 +46,13 @@ pub enum TakeoverError {
         #[source]
         refusal: HandoverError,
     },
+    /// The running daemon speaks another version of the takeover
+    /// protocol: this upgrade cannot be a takeover.
+    #[error(
+        "{0}: the two versions cannot hand over to each other, so this upgrade needs a restart \
+         (stop the running daemon on a drained node, then start this one); the running daemon serves on"
+    )]
+    OtherProtocol(#[source] HandoverError),
     /// What was handed over does not fit this daemon (it told the running
     /// daemon so).
     #[error("{0}")]

@@ -180,7 +180,7 @@ async fn run(
     let pid = process.pid_here().or(peer.pid).unwrap_or(hello.pid);
     if hello.version != VERSION {
         let why = format!("protocol version {} asked, this daemon speaks {VERSION}", hello.version);
-        let to_peer = "the running daemon speaks another version of the takeover protocol".to_string();
+        let to_peer = handover::OTHER_PROTOCOL.to_string();
         return refused(conn, to_peer, why, who).await;
     }
     if let Some(d) = handover::fingerprint_differs(&ctx.fingerprint, &hello.fingerprint) {

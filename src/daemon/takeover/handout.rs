@@ -56,8 +56,8 @@ pub(super) struct Handout {
     claims: Vec<wire::Claim>,
     pools: Vec<wire::Pool>,
     bindings: Vec<wire::Binding>,
-    primed: Vec<Vec<u8>>,
-    tuning: Vec<u8>,
+    primed: Vec<wire::PrimedNic>,
+    tuning: Option<wire::HostTuning>,
     takeovers: u32,
 }
 
@@ -122,8 +122,8 @@ impl Giver<'_> {
             claims,
             pools,
             bindings,
-            primed: node.primed.iter().map(|p| p.to_json()).collect(),
-            tuning: node.tuning.as_ref().map(|t| t.to_json()).unwrap_or_default(),
+            primed: node.primed.iter().map(|p| p.to_wire()).collect(),
+            tuning: node.tuning.as_ref().map(|t| t.to_wire()),
             takeovers: self.takeovers,
         })
     }

@@ -175,7 +175,7 @@ impl Handed {
                 peeked: c.peeked as usize,
             });
         }
-        let primed = st.primed.iter().map(|j| PrimedNic::from_json(j)).collect::<Result<Vec<_>, _>>()?;
+        let primed = st.primed.into_iter().map(PrimedNic::from_wire).collect::<Result<Vec<_>, _>>()?;
         let lock = fds.take(st.lock_fd, "folder lock")?;
         let mut created = Vec::new();
         for f in &st.created {
@@ -187,10 +187,7 @@ impl Handed {
                 .push(Created::from_parts(parent, name, path, own).map_err(|e| format!("made folder: {e}"))?);
         }
         // Last, and disarmed: dropping it restores nothing.
-        let tuning = match st.tuning.is_empty() {
-            true => None,
-            false => Some(HostTuning::from_json(&st.tuning)?),
-        };
+        let tuning = st.tuning.map(HostTuning::from_wire).transpose()?;
         Ok(Handed {
             pid: st.pid,
             lock: Some(lock),
@@ -223,9 +220,10 @@ mod tests {
     use super::*;
 
     /// A tuning undo log whose restore would write `before` back to `path`.
-    fn tuning_log(path: &std::path::Path, before: &str) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({"files": [[path, before]], "routes": [], "teardown": null}))
-            .unwrap()
+    fn tuning_log(path: &std::path::Path, before: &str) -> Option<wire::HostTuning> {
+        use std::os::unix::ffi::OsStrExt;
+        let file = wire::TunedFile { path: path.as_os_str().as_bytes().to_vec(), before: before.into() };
+        Some(wire::HostTuning { files: vec![file], ..Default::default() })
     }
 
     #[test]

@@ -197,7 +197,7 @@ pub(in crate::daemon) async fn fetch(
     .await?;
     let (state, fds) = match offer {
         Ok(v) => v,
-        Err(e) if e.is_refusal() => return Err(TakeoverError::Refused { cannot, refusal: e }.into()),
+        Err(e) if e.is_refusal() => return Err(refused(e, cannot).into()),
         Err(e) => return ended_before_the_state(config, &old, e.to_string()).await,
     };
     fault::at(Side::New, Step::State);
@@ -337,5 +337,36 @@ impl Committed {
         }
         // The old daemon lets go from here: panics unwind again.
         guard::disarm();
+    }
+}
+
+/// The running daemon's refusal, with what this one knows about it: another
+/// protocol version means another kind of upgrade.
+fn refused(refusal: HandoverError, cannot: Option<String>) -> TakeoverError {
+    match &refusal {
+        HandoverError::Refused(why) if why == handover::OTHER_PROTOCOL => {
+            TakeoverError::OtherProtocol(refusal)
+        }
+        _ => TakeoverError::Refused { cannot, refusal },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_protocol_version_says_the_upgrade_needs_a_restart() {
+        let e = refused(HandoverError::Refused(handover::OTHER_PROTOCOL.into()), None);
+        let said = e.to_string();
+        assert!(matches!(e, TakeoverError::OtherProtocol(_)), "{said}");
+        assert!(
+            said.starts_with("the running daemon refused: the running daemon speaks another version"),
+            "{said}"
+        );
+        assert!(said.contains("this upgrade needs a restart") && said.ends_with("serves on"), "{said}");
+        // Any other refusal keeps its words and why this one could not prove itself.
+        let e = refused(HandoverError::Refused("busy".into()), Some("no CAP_SYS_PTRACE".into()));
+        assert_eq!(e.to_string(), "no CAP_SYS_PTRACE; the running daemon refused: busy");
     }
 }

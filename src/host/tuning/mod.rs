@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 use crate::netlink::rtnl::{self, Route, RTAX_INITCWND, RTAX_QUICKACK, RTAX_RTO_MIN};
 use crate::netlink::{NlConn, NlError};
 
+mod handover;
 mod knobs;
 pub use knobs::{knob_states, sysctl_dir, KnobState, Scope};
 use knobs::{knobs, normalize, Knob, Target, Tree};
@@ -142,8 +143,8 @@ fn route_hint(e: &NlError) -> String {
 
 /// Applied tuning and what it takes to undo it. Restore in the network
 /// namespace `apply` ran in: `/proc/sys/net` and rtnetlink follow the calling
-/// thread's namespace.
-#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+/// thread's namespace. A takeover hands it on (`handover.rs`).
+#[derive(Debug, Default)]
 pub struct HostTuning {
     /// Files changed, with their previous contents, in the order written.
     files: Vec<(PathBuf, String)>,
@@ -152,24 +153,10 @@ pub struct HostTuning {
     /// `teardown.sh` still to run.
     teardown: Option<PathBuf>,
     /// Whether dropping it restores (see [`HostTuning::arm`]); never handed on.
-    #[serde(skip)]
     armed: bool,
 }
 
 impl HostTuning {
-    /// The undo log as a takeover hands it on.
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("plain data serialises")
-    }
-
-    /// The undo log handed on by the daemon this one took over from,
-    /// disarmed: dropping it restores nothing, because until the takeover
-    /// commits the tuning is the other daemon's, which still serves.
-    /// [`HostTuning::restore`] still restores.
-    pub fn from_json(bytes: &[u8]) -> Result<HostTuning, String> {
-        serde_json::from_slice(bytes).map_err(|e| format!("host tuning undo log: {e}"))
-    }
-
     /// Dropping it restores from now on (the takeover committed).
     pub fn arm(&mut self) {
         self.armed = true;

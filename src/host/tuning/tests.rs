@@ -145,13 +145,16 @@ fn an_undo_log_handed_to_a_successor_restores_the_same() {
     let p = proc_.path();
     assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "0");
     // The first daemon goes away without restoring; its successor restores.
-    let json = t.to_json();
+    let handed_on = t.to_wire();
     std::mem::forget(t);
-    let mut handed = HostTuning::from_json(&json).unwrap();
+    let mut handed = HostTuning::from_wire(handed_on.clone()).unwrap();
     handed.restore().unwrap();
     assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "1");
     assert_eq!(read(p, "sys/net/ipv4/tcp_max_syn_backlog"), "128");
-    assert!(HostTuning::from_json(b"[1]").unwrap_err().starts_with("host tuning undo log"));
+    let mut short = handed_on;
+    short.routes.push(crate::wire::handover::Route { header: vec![0; 4], attrs: vec![] });
+    let err = HostTuning::from_wire(short).unwrap_err();
+    assert_eq!(err, "the host tuning's undo log: a route header of 4 bytes, not 12");
 }
 
 #[test]
@@ -161,13 +164,13 @@ fn a_handed_log_restores_nothing_when_dropped_until_armed() {
     let plan = TuningPlan::Native { procfs_root: proc_.path().into(), sysfs_root: sys.path().into() };
     let (t, _) = HostTuning::apply(&NO_ROUTES, &plan);
     let p = proc_.path();
-    let json = t.to_json();
+    let handed_on = t.to_wire();
     std::mem::forget(t);
     // A successor that gives up before the commit: the serving daemon's tuning stays.
-    drop(HostTuning::from_json(&json).unwrap());
+    drop(HostTuning::from_wire(handed_on.clone()).unwrap());
     assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "0");
     // Once committed, dropping restores (the safety net of the daemon's own).
-    let mut handed = HostTuning::from_json(&json).unwrap();
+    let mut handed = HostTuning::from_wire(handed_on.clone()).unwrap();
     handed.arm();
     drop(handed);
     assert_eq!(read(p, "sys/net/ipv4/tcp_mtu_probing"), "1");

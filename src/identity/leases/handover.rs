@@ -22,9 +22,9 @@ impl ClientTracker {
             let Some(pidfd) = l.with_pidfd(|p| fds.push(p.as_fd())) else { continue };
             let pidfd = pidfd?;
             let (key_kind, key) = match l.key {
-                ProcKey::Inode(i) => (1, i),
-                ProcKey::Pid(p) => (2, p.into()),
-                ProcKey::Unique(u) => (3, u),
+                ProcKey::Inode(i) => (wire::KeyKind::PidfsInode, i),
+                ProcKey::Pid(p) => (wire::KeyKind::Pid, p.into()),
+                ProcKey::Unique(u) => (wire::KeyKind::Unique, u),
             };
             let tenant = match &l.tenant {
                 Some(tn) => Some(wire::Tenant {
@@ -41,7 +41,7 @@ impl ClientTracker {
                 id: l.id.get(),
                 pid: l.pid.map_or(0, NonZeroU32::get),
                 pidfd,
-                key_kind,
+                key_kind: key_kind.into(),
                 key,
                 tenant,
             });
@@ -79,11 +79,15 @@ impl ClientTracker {
         let mut watches: Vec<(OwnedFd, Arc<Lease>)> = Vec::with_capacity(leases.len());
         for w in leases {
             let id = NonZeroU32::new(w.id).ok_or("a lease numbered 0")?;
-            let key = match w.key_kind {
-                1 => ProcKey::Inode(w.key),
-                2 => ProcKey::Pid(u32::try_from(w.key).map_err(|_| "a pid key out of range")?),
-                3 => ProcKey::Unique(w.key),
-                k => return Err(format!("lease {id}: unknown key kind {k}")),
+            let key = match wire::KeyKind::try_from(w.key_kind) {
+                Ok(wire::KeyKind::PidfsInode) => ProcKey::Inode(w.key),
+                Ok(wire::KeyKind::Pid) => {
+                    ProcKey::Pid(u32::try_from(w.key).map_err(|_| "a pid key out of range")?)
+                }
+                Ok(wire::KeyKind::Unique) => ProcKey::Unique(w.key),
+                Ok(wire::KeyKind::Unset) | Err(_) => {
+                    return Err(format!("lease {id}: unknown key kind {}", w.key_kind))
+                }
             };
             let pidfd = fds.take(w.pidfd, "lease pidfd")?;
             let tenant = match &w.tenant {

@@ -140,7 +140,7 @@ pub fn parse_link(payload: &[u8]) -> Result<LinkMsg, NlError> {
 
 /// A route as dumped: the raw `rtmsg` header and its attributes, kept whole
 /// so that a replace puts back everything but what we change.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub header: [u8; 12],
     pub attrs: Vec<(u16, Vec<u8>)>,

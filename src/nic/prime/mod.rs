@@ -10,7 +10,7 @@ use super::{
 };
 
 /// One applied change and the value it replaced.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Undo {
     Feature(String, bool),
     PrivFlag(String, bool),
@@ -271,4 +271,4 @@ mod tests {
     }
 }
 
-mod handover;
+pub(crate) mod handover;

@@ -2,29 +2,14 @@
 //! settings and rule table in the kernel when the daemon is replaced; the
 //! simulated one lives in the daemon's memory, so it is handed on.
 
-use std::net::IpAddr;
-
 use foldhash::HashMap;
-use serde::{Deserialize, Serialize};
 
 use super::{SimNic, SimRule, SimState};
-use crate::nic::{DataSplit, RxRing};
+use crate::nic::prime::handover::data_split;
 use crate::wire::handover::{self as wire, Record};
 
-/// Everything but the rules.
-#[derive(Serialize, Deserialize)]
-struct Settings {
-    index: u32,
-    addresses: Vec<IpAddr>,
-    channels: u32,
-    capacity: u32,
-    features: Vec<(String, bool)>,
-    priv_flags: Vec<(String, bool)>,
-    data_split: DataSplit,
-    rx_ring: RxRing,
-    rss: Vec<u32>,
-    stats: Vec<(String, u64)>,
-    rx_bytes: Vec<u64>,
+fn flags<'a>(all: impl Iterator<Item = (&'a String, &'a bool)>) -> Vec<wire::Flag> {
+    all.map(|(name, on)| wire::Flag { name: name.clone(), on: *on }).collect()
 }
 
 impl SimNic {
@@ -34,17 +19,21 @@ impl SimNic {
             .iter()
             .map(|(name, st)| {
                 let st = st.lock().expect("sim nic lock");
-                let settings = Settings {
+                let settings = wire::SimSettings {
                     index: st.index,
-                    addresses: st.addresses.clone(),
+                    addresses: st.addresses.iter().map(|a| a.to_string()).collect(),
                     channels: st.channels,
                     capacity: st.capacity,
-                    features: st.features.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-                    priv_flags: st.priv_flags.clone(),
-                    data_split: st.data_split,
-                    rx_ring: st.rx_ring,
+                    features: flags(st.features.iter()),
+                    priv_flags: flags(st.priv_flags.iter().map(|(k, v)| (k, v))),
+                    data_split: wire::DataSplit::from(st.data_split).into(),
+                    rx_ring: Some(st.rx_ring.into()),
                     rss: st.rss.clone(),
-                    stats: st.stats.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                    stats: st
+                        .stats
+                        .iter()
+                        .map(|(k, v)| wire::Counter { name: k.clone(), value: *v })
+                        .collect(),
                     rx_bytes: st.rx_bytes.clone(),
                 };
                 let mut rules = Vec::new();
@@ -64,11 +53,7 @@ impl SimNic {
                     }
                     .pack(&mut rules);
                 }
-                wire::SimNic {
-                    ifname: name.clone(),
-                    settings: serde_json::to_vec(&settings).expect("plain data serialises"),
-                    rules: rules.into(),
-                }
+                wire::SimNic { ifname: name.clone(), settings: Some(settings), rules: rules.into() }
             })
             .collect();
         out.sort_by(|a, b| a.ifname.cmp(&b.ifname));
@@ -83,8 +68,15 @@ impl SimNic {
                 .nics
                 .get(&n.ifname)
                 .ok_or_else(|| format!("simulated NIC {} is not configured here", n.ifname))?;
-            let s: Settings = serde_json::from_slice(&n.settings)
-                .map_err(|e| format!("simulated NIC {}: {e}", n.ifname))?;
+            let bad = |e: String| format!("simulated NIC {}: {e}", n.ifname);
+            let s = n.settings.clone().ok_or_else(|| bad("no settings".into()))?;
+            let addresses = s
+                .addresses
+                .iter()
+                .map(|a| a.parse().map_err(|_| bad(format!("\"{a}\" is no address"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            let data_split = data_split(s.data_split).map_err(bad)?;
+            let rx_ring = s.rx_ring.ok_or_else(|| bad("no RX ring".into()))?;
             let mut rules: Vec<Option<SimRule>> = Vec::new();
             let records =
                 Record::unpack_all(&n.rules).map_err(|e| format!("simulated NIC {}: {e}", n.ifname))?;
@@ -101,16 +93,16 @@ impl SimNic {
             }
             let st = SimState {
                 index: s.index,
-                addresses: s.addresses,
+                addresses,
                 channels: s.channels,
                 capacity: s.capacity,
                 rules,
-                features: s.features.into_iter().collect::<HashMap<_, _>>(),
-                priv_flags: s.priv_flags,
-                data_split: s.data_split,
-                rx_ring: s.rx_ring,
+                features: s.features.into_iter().map(|f| (f.name, f.on)).collect::<HashMap<_, _>>(),
+                priv_flags: s.priv_flags.into_iter().map(|f| (f.name, f.on)).collect(),
+                data_split,
+                rx_ring: rx_ring.into(),
                 rss: s.rss,
-                stats: s.stats.into_iter().collect(),
+                stats: s.stats.into_iter().map(|c| (c.name, c.value)).collect(),
                 rx_bytes: s.rx_bytes,
             };
             staged.push((slot, st));
