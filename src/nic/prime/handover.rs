@@ -6,16 +6,13 @@ use crate::nic::header_split::HeaderSplit;
 use crate::nic::{DataSplit, RxRing};
 use crate::wire::handover::{self as wire, header_split::How, nic_undo::Step};
 
-/// A pair of a name and a setting as the wire holds it.
-fn flag((name, on): &(String, bool)) -> wire::Flag {
-    wire::Flag { name: name.clone(), on: *on }
+/// Named settings (features, private flags) as the wire holds them.
+pub(crate) fn flags<'a>(all: impl IntoIterator<Item = (&'a String, &'a bool)>) -> Vec<wire::Flag> {
+    all.into_iter().map(|(name, on)| wire::Flag { name: name.clone(), on: *on }).collect()
 }
 
-fn flags(flags: &[(String, bool)]) -> Vec<wire::Flag> {
-    flags.iter().map(flag).collect()
-}
-
-fn unflags(flags: Vec<wire::Flag>) -> Vec<(String, bool)> {
+/// Named settings from the wire, in the order sent.
+pub(crate) fn unflags(flags: Vec<wire::Flag>) -> Vec<(String, bool)> {
     flags.into_iter().map(|f| (f.name, f.on)).collect()
 }
 
@@ -55,7 +52,7 @@ impl PrimedNic {
     pub fn to_wire(&self) -> wire::PrimedNic {
         let how = match &self.header_split {
             HeaderSplit::PrivFlags { flags: f, strict, max_rx_buffer } => How::PrivFlags(wire::PrivFlags {
-                flags: flags(f),
+                flags: flags(f.iter().map(|(n, o)| (n, o))),
                 strict: *strict,
                 max_rx_buffer: *max_rx_buffer,
             }),
@@ -68,8 +65,8 @@ impl PrimedNic {
             .iter()
             .map(|u| {
                 let step = match u {
-                    Undo::Feature(name, on) => Step::Feature(flag(&(name.clone(), *on))),
-                    Undo::PrivFlag(name, on) => Step::PrivFlag(flag(&(name.clone(), *on))),
+                    Undo::Feature(name, on) => Step::Feature(wire::Flag { name: name.clone(), on: *on }),
+                    Undo::PrivFlag(name, on) => Step::PrivFlag(wire::Flag { name: name.clone(), on: *on }),
                     Undo::DataSplit(on) => Step::DataSplit(*on),
                     Undo::Rss(table) => Step::Rss(wire::RssTable { queues: table.clone() }),
                     Undo::RxRing(size) => Step::RxRing(*size),

@@ -5,12 +5,8 @@
 use foldhash::HashMap;
 
 use super::{SimNic, SimRule, SimState};
-use crate::nic::prime::handover::data_split;
+use crate::nic::prime::handover::{data_split, flags, unflags};
 use crate::wire::handover::{self as wire, Record};
-
-fn flags<'a>(all: impl Iterator<Item = (&'a String, &'a bool)>) -> Vec<wire::Flag> {
-    all.map(|(name, on)| wire::Flag { name: name.clone(), on: *on }).collect()
-}
 
 impl SimNic {
     pub fn export(&self) -> Vec<wire::SimNic> {
@@ -24,7 +20,7 @@ impl SimNic {
                     addresses: st.addresses.iter().map(|a| a.to_string()).collect(),
                     channels: st.channels,
                     capacity: st.capacity,
-                    features: flags(st.features.iter()),
+                    features: flags(&st.features),
                     priv_flags: flags(st.priv_flags.iter().map(|(k, v)| (k, v))),
                     data_split: wire::DataSplit::from(st.data_split).into(),
                     rx_ring: Some(st.rx_ring.into()),
@@ -97,8 +93,8 @@ impl SimNic {
                 channels: s.channels,
                 capacity: s.capacity,
                 rules,
-                features: s.features.into_iter().map(|f| (f.name, f.on)).collect::<HashMap<_, _>>(),
-                priv_flags: s.priv_flags.into_iter().map(|f| (f.name, f.on)).collect(),
+                features: unflags(s.features).into_iter().collect::<HashMap<_, _>>(),
+                priv_flags: unflags(s.priv_flags),
                 data_split,
                 rx_ring: rx_ring.into(),
                 rss: s.rss,
